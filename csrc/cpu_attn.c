@@ -1,0 +1,253 @@
+/* cpu_attn.c -- the CPU backend: tiled FlashAttention forward with online softmax, in C.
+ *
+ * Work is split over (batch, head, query block) tasks run by OpenMP threads.  Each task keeps its query block
+ * Q_i (Br x d, scaled by scale*log2e), the running row max m_i, row sum l_i and output accumulator acc in float32
+ * buffers, and walks the visible key blocks K_j, V_j (Bc x d):
+ *
+ *   S   = Q_i K_j^T                       (Br x Bc)   masked entries -> -inf
+ *   m'  = max(m_i, rowmax(S))
+ *   P   = exp2(S - m')                    alpha = exp2(m_i - m')
+ *   l_i = alpha * l_i + rowsum(P)
+ *   acc = alpha * acc + P V_j
+ *
+ * and finally writes O_i = acc / l_i and LSE_i = (m_i + log2(l_i)) * ln 2.  Both products go through one
+ * register-blocked micro-kernel (gemm_rows) over float32 operands packed by the task: K_j is packed transposed so
+ * that both products read their right-hand operand row by row.  fp16 and bf16 are converted while packing.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "cpu_attn.h"
+#include "half.h"
+
+typedef float v8f __attribute__((vector_size(32), aligned(32)));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(32)));
+
+#define MR 4  /* micro-tile rows */
+#define NR 16 /* micro-tile columns: two v8f */
+
+fattn_cpu_config fattn_cpu_default_config(void) {
+    fattn_cpu_config c = {.br = 64, .bc = 128, .threads = 0};
+    return c;
+}
+
+static inline float load_elem(const void *base, int64_t i, fattn_dtype dt) {
+    switch (dt) {
+    case FATTN_F16: return fattn_f16_to_f32(((const uint16_t *)base)[i]);
+    case FATTN_BF16: return fattn_bf16_to_f32(((const uint16_t *)base)[i]);
+    default: return ((const float *)base)[i];
+    }
+}
+
+static inline void store_elem(void *base, int64_t i, float x, fattn_dtype dt) {
+    switch (dt) {
+    case FATTN_F16: ((uint16_t *)base)[i] = fattn_f32_to_f16(x); break;
+    case FATTN_BF16: ((uint16_t *)base)[i] = fattn_f32_to_bf16(x); break;
+    default: ((float *)base)[i] = x;
+    }
+}
+
+/* exp2 of 8 lanes: 2^floor(x) * poly(frac) (degree-6 fit, relative error ~1e-7); exactly 0 below -126 (and
+ * for -inf); NaN stays NaN. */
+static inline v8f exp2_v8(v8f x) {
+    v8i under = x < -126.f;                  /* lanes -> 0 */
+    v8f xc = x;
+    v8i clamp_lo = xc < -126.f, clamp_hi = xc > 127.f;
+    xc = (v8f)((clamp_lo & (v8i)((v8f){0} - 126.f)) | (~clamp_lo & (v8i)xc));
+    xc = (v8f)((clamp_hi & (v8i)((v8f){0} + 127.f)) | (~clamp_hi & (v8i)xc));
+    v8i t = __builtin_convertvector(xc, v8i); /* truncation toward zero */
+    v8f fl = __builtin_convertvector(t, v8f);
+    v8i neg = fl > xc;                        /* negative non-integers: floor = trunc - 1 */
+    t += neg;                                 /* neg lanes are -1 */
+    fl = __builtin_convertvector(t, v8f);
+    v8f f = xc - fl; /* [0, 1) */
+    v8f p = f * 2.168343130e-04f + 1.243794637e-03f;
+    p = p * f + 9.679985256e-03f;
+    p = p * f + 5.548215028e-02f;
+    p = p * f + 2.402303083e-01f;
+    p = p * f + 6.931469140e-01f;
+    p = p * f + 1.000000004e+00f;
+    v8i e = (t + 127) << 23;
+    v8f r = p * (v8f)e;
+    r = (v8f)(~under & (v8i)r);
+    v8i nan = x != x; /* NaN stays NaN */
+    return (v8f)((nan & (v8i)x) | (~nan & (v8i)r));
+}
+
+static inline v8f loadv(const float *p) { v8f v; memcpy(&v, p, 32); return v; }
+static inline void storev(float *p, v8f v) { memcpy(p, &v, 32); }
+
+/* C[m][0:n] (+)= sum_k A[m][k] * B[k][0:n] for m < rows; n is a multiple of NR; B and C row-major. */
+static void gemm_rows(const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
+                      int rows, int n, int kdim, int accumulate) {
+    int m = 0;
+    for (; m + MR <= rows; m += MR) {
+        for (int j = 0; j < n; j += NR) {
+            v8f c[MR][2];
+            for (int r = 0; r < MR; r++) {
+                c[r][0] = accumulate ? loadv(C + (m + r) * ldc + j) : (v8f){0};
+                c[r][1] = accumulate ? loadv(C + (m + r) * ldc + j + 8) : (v8f){0};
+            }
+            for (int k = 0; k < kdim; k++) {
+                v8f b0 = loadv(B + k * ldb + j), b1 = loadv(B + k * ldb + j + 8);
+                for (int r = 0; r < MR; r++) {
+                    float a = A[(m + r) * lda + k];
+                    c[r][0] += a * b0;
+                    c[r][1] += a * b1;
+                }
+            }
+            for (int r = 0; r < MR; r++) {
+                storev(C + (m + r) * ldc + j, c[r][0]);
+                storev(C + (m + r) * ldc + j + 8, c[r][1]);
+            }
+        }
+    }
+    for (; m < rows; m++) {
+        for (int j = 0; j < n; j += NR) {
+            v8f c0 = accumulate ? loadv(C + m * ldc + j) : (v8f){0};
+            v8f c1 = accumulate ? loadv(C + m * ldc + j + 8) : (v8f){0};
+            for (int k = 0; k < kdim; k++) {
+                float a = A[m * lda + k];
+                c0 += a * loadv(B + k * ldb + j);
+                c1 += a * loadv(B + k * ldb + j + 8);
+            }
+            storev(C + m * ldc + j, c0);
+            storev(C + m * ldc + j + 8, c1);
+        }
+    }
+}
+
+typedef struct {
+    float *q;  /* Br x dp, scaled by scale_log2 */
+    float *kt; /* dp x Bc: K_j transposed */
+    float *v;  /* Bc x dp */
+    float *s;  /* Br x Bc: S, then P */
+    float *acc; /* Br x dp */
+    float *m, *l; /* Br */
+} scratch;
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* One task: query rows [i0, i0 + br) of head (b, h). */
+static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t h,
+                       int64_t i0) {
+    const int64_t d = p->d, dp = round_up(d, NR), bc = cfg->bc;
+    const int br = (int)(p->sq - i0 < cfg->br ? p->sq - i0 : cfg->br);
+    const int64_t hk = h / p->h_per_kv;
+    const int64_t q_off = b * p->q_stride_b + h * p->q_stride_h;
+    const int64_t k_off = b * p->k_stride_b + hk * p->k_stride_h;
+    const int64_t v_off = b * p->v_stride_b + hk * p->v_stride_h;
+
+    for (int r = 0; r < br; r++) {
+        float *qr = w->q + r * dp;
+        for (int64_t c = 0; c < d; c++)
+            qr[c] = load_elem(p->q, q_off + (i0 + r) * p->q_stride_s + c, p->dtype) * p->scale_log2;
+        for (int64_t c = d; c < dp; c++) qr[c] = 0.f;
+        memset(w->acc + r * dp, 0, sizeof(float) * dp);
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.f;
+    }
+    const int64_t kend = fattn_row_kend(p, i0 + br - 1); /* rows' visible ranges grow with i */
+
+    for (int64_t j0 = 0; j0 < kend; j0 += bc) {
+        const int64_t n = kend - j0 < bc ? kend - j0 : bc;
+        const int64_t np = round_up(n, NR);
+        for (int64_t c = 0; c < np; c++) { /* pack K_j^T and V_j; keys past n are zero, never read */
+            float *vr = w->v + c * dp;
+            if (c < n) {
+                const int64_t ko = k_off + (j0 + c) * p->k_stride_s, vo = v_off + (j0 + c) * p->v_stride_s;
+                for (int64_t e = 0; e < d; e++) {
+                    w->kt[e * bc + c] = load_elem(p->k, ko + e, p->dtype);
+                    vr[e] = load_elem(p->v, vo + e, p->dtype);
+                }
+                for (int64_t e = d; e < dp; e++) vr[e] = 0.f;
+            } else {
+                for (int64_t e = 0; e < d; e++) w->kt[e * bc + c] = 0.f;
+                memset(vr, 0, sizeof(float) * dp);
+            }
+        }
+        /* S = Q_i K_j^T (already in log2 units) */
+        gemm_rows(w->q, dp, w->kt, bc, w->s, bc, br, (int)np, (int)d, 0);
+
+        for (int r = 0; r < br; r++) {
+            float *s = w->s + r * bc;
+            int64_t visible = fattn_row_kend(p, i0 + r) - j0; /* keys [0, visible) of this block */
+            if (visible > n) visible = n;
+            if (visible < 0) visible = 0;
+            for (int64_t c = visible; c < np; c++) s[c] = -INFINITY;
+            float mx = w->m[r];
+            for (int64_t c = 0; c < visible; c++) mx = s[c] > mx ? s[c] : mx;
+            if (mx == -INFINITY) { /* nothing visible yet in this row */
+                memset(s, 0, sizeof(float) * np);
+                continue;
+            }
+            const float alpha = exp2f(w->m[r] - mx);
+            v8f sum = {0};
+            for (int64_t c = 0; c < np; c += 8) {
+                v8f e = exp2_v8(loadv(s + c) - mx);
+                storev(s + c, e);
+                sum += e;
+            }
+            float rs = 0.f;
+            for (int i = 0; i < 8; i++) rs += sum[i];
+            w->l[r] = w->l[r] * alpha + rs;
+            w->m[r] = mx;
+            if (alpha != 1.f) {
+                float *a = w->acc + r * dp;
+                for (int64_t e = 0; e < dp; e++) a[e] *= alpha;
+            }
+        }
+        /* acc += P V_j */
+        gemm_rows(w->s, bc, w->v, dp, w->acc, dp, br, (int)dp, (int)np, 1);
+    }
+
+    for (int r = 0; r < br; r++) {
+        const int64_t i = i0 + r;
+        const float l = w->l[r], inv = l > 0.f ? 1.f / l : 0.f;
+        const int64_t o_off = b * p->o_stride_b + h * p->o_stride_h + i * p->o_stride_s;
+        for (int64_t e = 0; e < d; e++) store_elem(p->o, o_off + e, w->acc[r * dp + e] * inv, p->dtype);
+        if (p->lse)
+            p->lse[b * p->lse_stride_b + h * p->lse_stride_h + i] =
+                l > 0.f ? (w->m[r] + log2f(l)) * FATTN_LN2 : -INFINITY;
+    }
+}
+
+static void *alloc_floats(int64_t n) { return aligned_alloc(64, (size_t)round_up(n * 4, 64)); }
+
+fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg) {
+    fattn_cpu_config c = cfg ? *cfg : fattn_cpu_default_config();
+    if (c.br < 1 || c.bc < NR || c.bc % NR)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "cpu config: br must be >= 1 and bc a multiple of %d", NR);
+    const int64_t nqb = (p->sq + c.br - 1) / c.br, ntask = p->b * p->h * nqb;
+    if (ntask == 0) return FATTN_OK;
+    const int64_t dp = round_up(p->d, NR);
+    int failed = 0;
+#ifdef _OPENMP
+    int nthreads = c.threads > 0 ? c.threads : omp_get_max_threads();
+    if (nthreads > ntask) nthreads = (int)ntask;
+#pragma omp parallel num_threads(nthreads) reduction(| : failed)
+#endif
+    {
+        scratch w = {alloc_floats(c.br * dp), alloc_floats(dp * c.bc), alloc_floats(c.bc * dp),
+                     alloc_floats(c.br * c.bc), alloc_floats(c.br * dp), alloc_floats(c.br), alloc_floats(c.br)};
+        if (!w.q || !w.kt || !w.v || !w.s || !w.acc || !w.m || !w.l) {
+            failed = 1;
+        } else {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t t = 0; t < ntask; t++) {
+                /* last query blocks first: under a causal mask they are the longest */
+                const int64_t nbh = p->b * p->h, qb = nqb - 1 - t / nbh, bh = t % nbh;
+                attn_block(p, &c, &w, bh / p->h, bh % p->h, qb * c.br);
+            }
+        }
+        free(w.q); free(w.kt); free(w.v); free(w.s); free(w.acc); free(w.m); free(w.l);
+    }
+    if (failed) return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backend: out of memory for scratch buffers");
+    return FATTN_OK;
+}

@@ -1,0 +1,99 @@
+/* gpu.c -- CUDA runtime glue in C: device queries, the variant table, device switching around a launch.
+ * Built with -DFATTN_WITH_CUDA when nvcc is present; otherwise every entry point reports that CUDA support was
+ * not compiled in.  The CUDA runtime is linked statically: it loads the driver on first use, so importing fattn
+ * on a machine without a GPU or driver works, and the first GPU call returns a clear error. */
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu.h"
+
+#ifdef FATTN_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#define FATTN_VARIANT_ROW(name, summary, min_sm, dtypes) {#name, summary, min_sm, dtypes, fattn_launch_##name},
+const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW){0}};
+#undef FATTN_VARIANT_ROW
+
+#define CUDA_TRY(expr)                                                                                     \
+    do {                                                                                                   \
+        cudaError_t err_ = (expr);                                                                         \
+        if (err_ != cudaSuccess) {                                                                         \
+            cudaGetLastError();                                                                            \
+            return FATTN_FAIL(FATTN_ERR_CUDA, "%s: %s (%s)", #expr, cudaGetErrorString(err_),              \
+                              cudaGetErrorName(err_));                                                     \
+        }                                                                                                  \
+    } while (0)
+
+int fattn_gpu_compiled(void) { return 1; }
+
+void fattn_gpu_clear_error(void) { (void)cudaGetLastError(); }
+
+fattn_status fattn_gpu_device_count(int *count) {
+    *count = 0;
+    CUDA_TRY(cudaGetDeviceCount(count));
+    return FATTN_OK;
+}
+
+#define MAX_DEVICES 64
+static int sm_cache[MAX_DEVICES], sm_count_cache[MAX_DEVICES];
+
+fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *name, int name_len) {
+    if (device < 0 || device >= MAX_DEVICES) return FATTN_FAIL(FATTN_ERR_INVALID, "device %d out of range", device);
+    if (!sm_cache[device] || name) {
+        int major = 0, minor = 0, count = 0;
+        CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        CUDA_TRY(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+        sm_count_cache[device] = count;
+        sm_cache[device] = major * 10 + minor;
+        if (name && name_len > 0) {
+            struct cudaDeviceProp prop;
+            CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+            snprintf(name, (size_t)name_len, "%s", prop.name);
+        }
+    }
+    *sm = sm_cache[device];
+    *sm_count = sm_count_cache[device];
+    return FATTN_OK;
+}
+
+fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream) {
+    int sm, sm_count, current = -1;
+    fattn_status st = fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0);
+    if (st) return st;
+    if (sm < variant->min_sm)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "variant %s needs compute capability %d.%d, device %d has %d.%d",
+                          variant->name, variant->min_sm / 10, variant->min_sm % 10, device, sm / 10, sm % 10);
+    p->sm_count = sm_count;
+    CUDA_TRY(cudaGetDevice(&current));
+    if (current != device) CUDA_TRY(cudaSetDevice(device));
+    st = variant->launch(p, stream);
+    if (st) cudaGetLastError();
+    if (current != device) {
+        cudaError_t err = cudaSetDevice(current);
+        if (!st && err != cudaSuccess) st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaSetDevice(%d): %s", current,
+                                                       cudaGetErrorString(err));
+    }
+    return st;
+}
+
+#else /* built without CUDA */
+
+const fattn_variant fattn_gpu_variants[] = {{0}};
+
+int fattn_gpu_compiled(void) { return 0; }
+void fattn_gpu_clear_error(void) {}
+
+static fattn_status not_built(void) {
+    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "fattn was built without CUDA support (nvcc was not found at build time)");
+}
+fattn_status fattn_gpu_device_count(int *count) { *count = 0; return not_built(); }
+fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *name, int name_len) {
+    (void)device; (void)sm; (void)sm_count; (void)name; (void)name_len;
+    return not_built();
+}
+fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream) {
+    (void)variant; (void)device; (void)p; (void)stream;
+    return not_built();
+}
+#endif

@@ -1,0 +1,52 @@
+/* gpu.h -- the CUDA side as the C extension sees it: device queries and the table of GPU kernel variants.
+ * Implemented in csrc/gpu.c (runtime calls) and the kernels/ sources (one launcher per variant).  When fattn is built
+ * without nvcc, csrc/gpu.c reports that CUDA support was not compiled in. */
+#ifndef FATTN_GPU_H
+#define FATTN_GPU_H
+
+#include "fattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A launcher runs one forward pass on `stream` (a cudaStream_t) for the current device; it never allocates and
+ * never synchronises.  p->sm_count is filled in by the caller. */
+typedef fattn_status (*fattn_launch_fn)(const attn_params *p, void *stream);
+
+typedef struct {
+    const char *name;    /* "v0", "v1", ... */
+    const char *summary; /* one line: what the version adds */
+    int min_sm;          /* lowest compute capability (major*10+minor) it runs on */
+    int dtypes;          /* bitmask of 1 << fattn_dtype it accepts */
+    fattn_launch_fn launch;
+} fattn_variant;
+
+/* X-macro: every GPU variant, in version order.  X(name, summary, min_sm, dtype mask) */
+#define FATTN_GPU_VARIANTS(X)                                                                                     \
+    X(v0, "naive: one thread per query row, online softmax in registers", 50, 7)                                  \
+    X(v1, "tiled scalar: K/V tiles in shared memory, online softmax, warp reductions", 50, 7)
+
+#define FATTN_DECLARE_LAUNCH(name, summary, min_sm, dtypes) \
+    fattn_status fattn_launch_##name(const attn_params *p, void *stream);
+FATTN_GPU_VARIANTS(FATTN_DECLARE_LAUNCH)
+#undef FATTN_DECLARE_LAUNCH
+
+/* NULL-terminated table built from FATTN_GPU_VARIANTS (empty without CUDA). */
+extern const fattn_variant fattn_gpu_variants[];
+
+/* 1 if fattn was built with CUDA support. */
+int fattn_gpu_compiled(void);
+/* Number of usable CUDA devices; a non-OK status (no driver, no device) comes with a message. */
+fattn_status fattn_gpu_device_count(int *count);
+/* Compute capability (major*10+minor) and multiprocessor count of `device`. */
+fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *name, int name_len);
+/* Runs `variant` on `device`: switches the current device if needed and restores it afterwards. */
+fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream);
+/* Clears a pending CUDA error (if any) so that it never leaks into the caller's next call. */
+void fattn_gpu_clear_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

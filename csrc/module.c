@@ -1,0 +1,408 @@
+/* module.c -- fattn._C: the CPython extension.
+ *
+ *   forward(q, k, v, out, lse, causal, scale, layout, variant, stream) -> None
+ *       q, k, v, out (and lse, or None): DLPack-capable arrays (or capsules), all on one device.
+ *       causal: 0 none, 1 top-left, 2 bottom-right.  scale: float, or None for 1/sqrt(d).
+ *       layout: 0 "bhsd", 1 "bshd".  variant: str, or None for the default.  stream: CUDA stream handle (int) or
+ *       None; passed to __dlpack__ and used for the launch.
+ *   variants(device_type, device_id) -> [(name, summary), ...]   the variants that run there
+ *   cuda_device_count() -> int          raises RuntimeError when no driver / device can be used
+ *   device_info(device_id) -> (name, compute capability, multiprocessors)
+ *   cpu_config() -> (br, bc, threads);  set_cpu_config(br, bc, threads)
+ *
+ * Arguments are checked here, each error naming its argument; C errors come back as RuntimeError with file:line.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+
+#include "cpu_attn.h"
+#include "gpu.h"
+#include "tensor.h"
+
+typedef struct {
+    fattn_names names;
+    fattn_cpu_config cpu;
+} module_state;
+
+static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
+
+/* ---- argument checks ------------------------------------------------------------------------------------- */
+
+/* Shape and strides of a 4-D q/k/v/out in (b, h, s, d) order, whatever the layout. */
+typedef struct {
+    int64_t b, h, s, d;
+    int64_t sb, sh, ss;
+    char *data;
+    fattn_dtype dtype;
+} bhsd_view;
+
+static int dtype_of(const fattn_tensor *t, fattn_dtype *dt) {
+    DLDataType x = t->t->dtype;
+    if (x.lanes != 1) {
+        PyErr_Format(PyExc_TypeError, "%s: vector dtypes (lanes=%u) are not supported", t->arg, x.lanes);
+        return -1;
+    }
+    if (x.code == kDLFloat && x.bits == 32) *dt = FATTN_F32;
+    else if (x.code == kDLFloat && x.bits == 16) *dt = FATTN_F16;
+    else if (x.code == kDLBfloat && x.bits == 16) *dt = FATTN_BF16;
+    else {
+        PyErr_Format(PyExc_TypeError, "%s: dtype (code %u, %u bits) is not supported; use float16, bfloat16 or float32",
+                     t->arg, x.code, x.bits);
+        return -1;
+    }
+    return 0;
+}
+
+/* Strides in elements, compact row-major when the producer gave none. */
+static void strides_of(const DLTensor *t, int64_t *st) {
+    int64_t acc = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        st[i] = t->strides ? t->strides[i] : acc;
+        acc *= t->shape[i];
+    }
+}
+
+static int view_4d(const fattn_tensor *t, int layout, bhsd_view *v) {
+    const DLTensor *x = t->t;
+    if (x->ndim != 4) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a 4-D array (%s), got %d-D", t->arg, layout ? "B, S, H, D" : "B, H, S, D",
+                     x->ndim);
+        return -1;
+    }
+    if (dtype_of(t, &v->dtype) < 0) return -1;
+    int64_t st[4];
+    strides_of(x, st);
+    const int hi = layout ? 2 : 1, si = layout ? 1 : 2;
+    v->b = x->shape[0]; v->h = x->shape[hi]; v->s = x->shape[si]; v->d = x->shape[3];
+    v->sb = st[0]; v->sh = st[hi]; v->ss = st[si];
+    if (st[3] != 1 && v->d > 1) {
+        PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld", t->arg,
+                     (long long)st[3]);
+        return -1;
+    }
+    v->data = (char *)x->data + x->byte_offset;
+    const size_t esize = v->dtype == FATTN_F32 ? 4 : 2;
+    if ((uintptr_t)v->data % esize) {
+        PyErr_Format(PyExc_ValueError, "%s: data pointer is not aligned to its %zu-byte elements", t->arg, esize);
+        return -1;
+    }
+    return 0;
+}
+
+static int same_device(const fattn_tensor *a, const fattn_tensor *ref) {
+    const DLDevice x = a->t->device, y = ref->t->device;
+    if (x.device_type != y.device_type || x.device_id != y.device_id) {
+        PyErr_Format(PyExc_ValueError, "%s: on device (%d, %d) but %s is on (%d, %d); all arrays must share one device",
+                     a->arg, x.device_type, x.device_id, ref->arg, y.device_type, y.device_id);
+        return -1;
+    }
+    return 0;
+}
+
+#define REQUIRE(cond, exc, ...)                                                                                    \
+    do {                                                                                                           \
+        if (!(cond)) {                                                                                             \
+            PyErr_Format(exc, __VA_ARGS__);                                                                        \
+            return -1;                                                                                             \
+        }                                                                                                          \
+    } while (0)
+
+/* Fills p from the taken tensors; every mismatch raises naming the argument. */
+static int build_params(fattn_tensor *ts, int has_lse, int layout, int causal, PyObject *scale, attn_params *p) {
+    bhsd_view q, k, v, o;
+    if (view_4d(&ts[0], layout, &q) || view_4d(&ts[1], layout, &k) || view_4d(&ts[2], layout, &v) ||
+        view_4d(&ts[3], layout, &o))
+        return -1;
+    for (int i = 1; i < 4 + has_lse; i++)
+        if (same_device(&ts[i], &ts[0])) return -1;
+    REQUIRE(k.dtype == q.dtype, PyExc_TypeError, "k: dtype differs from q's; q, k, v and out must share one dtype");
+    REQUIRE(v.dtype == q.dtype, PyExc_TypeError, "v: dtype differs from q's; q, k, v and out must share one dtype");
+    REQUIRE(o.dtype == q.dtype, PyExc_TypeError, "out: dtype differs from q's; q, k, v and out must share one dtype");
+    REQUIRE(q.d % 8 == 0 && q.d >= 8 && q.d <= FATTN_MAX_HEADDIM, PyExc_ValueError,
+            "q: head dim %lld is not supported; use a multiple of 8 from 8 to %d", (long long)q.d, FATTN_MAX_HEADDIM);
+    REQUIRE(k.d == q.d, PyExc_ValueError, "k: head dim %lld differs from q's %lld", (long long)k.d, (long long)q.d);
+    REQUIRE(v.d == q.d, PyExc_ValueError, "v: head dim %lld differs from q's %lld", (long long)v.d, (long long)q.d);
+    REQUIRE(k.b == q.b, PyExc_ValueError, "k: batch %lld differs from q's %lld", (long long)k.b, (long long)q.b);
+    REQUIRE(v.b == q.b && v.h == k.h && v.s == k.s, PyExc_ValueError,
+            "v: shape (B=%lld, H=%lld, S=%lld) differs from k's (B=%lld, H=%lld, S=%lld)", (long long)v.b,
+            (long long)v.h, (long long)v.s, (long long)k.b, (long long)k.h, (long long)k.s);
+    REQUIRE(k.h >= 1 && q.h % k.h == 0, PyExc_ValueError,
+            "k: %lld heads do not divide q's %lld heads (grouped-query attention needs h %% h_kv == 0)", (long long)k.h,
+            (long long)q.h);
+    REQUIRE(o.b == q.b && o.h == q.h && o.s == q.s && o.d == q.d, PyExc_ValueError,
+            "out: shape differs from q's (B=%lld, H=%lld, Sq=%lld, D=%lld in layout %s)", (long long)q.b, (long long)q.h,
+            (long long)q.s, (long long)q.d, layout ? "bshd" : "bhsd");
+    REQUIRE(!ts[3].readonly, PyExc_ValueError, "out: the array is read-only");
+
+    memset(p, 0, sizeof *p);
+    p->q = q.data; p->k = k.data; p->v = v.data; p->o = o.data;
+    p->q_stride_b = q.sb; p->q_stride_h = q.sh; p->q_stride_s = q.ss;
+    p->k_stride_b = k.sb; p->k_stride_h = k.sh; p->k_stride_s = k.ss;
+    p->v_stride_b = v.sb; p->v_stride_h = v.sh; p->v_stride_s = v.ss;
+    p->o_stride_b = o.sb; p->o_stride_h = o.sh; p->o_stride_s = o.ss;
+    p->b = q.b; p->h = q.h; p->h_kv = k.h; p->sq = q.s; p->sk = k.s; p->d = q.d;
+    p->h_per_kv = q.h / k.h;
+    p->dtype = q.dtype;
+
+    if (has_lse) {
+        const fattn_tensor *l = &ts[4];
+        const DLTensor *x = l->t;
+        REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
+        REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
+                "lse: dtype must be float32");
+        REQUIRE(x->shape[0] == q.b && x->shape[1] == q.h && x->shape[2] == q.s, PyExc_ValueError,
+                "lse: shape must be (B=%lld, H=%lld, Sq=%lld)", (long long)q.b, (long long)q.h, (long long)q.s);
+        REQUIRE(!l->readonly, PyExc_ValueError, "lse: the array is read-only");
+        int64_t st[3];
+        strides_of(x, st);
+        REQUIRE(st[2] == 1 || q.s <= 1, PyExc_ValueError, "lse: the last dimension must be contiguous");
+        p->lse = (float *)((char *)x->data + x->byte_offset);
+        REQUIRE((uintptr_t)p->lse % 4 == 0, PyExc_ValueError, "lse: data pointer is not 4-byte aligned");
+        p->lse_stride_b = st[0];
+        p->lse_stride_h = st[1];
+    }
+
+    double sc = 1.0 / sqrt((double)q.d);
+    if (scale != Py_None) {
+        sc = PyFloat_AsDouble(scale);
+        if (sc == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "scale: expected a float or None, got %.200s", Py_TYPE(scale)->tp_name);
+            return -1;
+        }
+        REQUIRE(isfinite(sc), PyExc_ValueError, "scale: must be finite, got %g", sc);
+    }
+    p->scale = (float)sc;
+    p->scale_log2 = (float)(sc * 1.4426950408889634);
+    REQUIRE(causal >= 0 && causal <= 2, PyExc_ValueError, "causal: internal code %d is not 0, 1 or 2", causal);
+    p->causal = causal;
+    p->causal_offset = causal == FATTN_CAUSAL_BOTTOM_RIGHT ? p->sk - p->sq : 0;
+    return 0;
+}
+
+/* ---- dispatch -------------------------------------------------------------------------------------------- */
+
+static const fattn_variant *find_gpu_variant(const char *name) {
+    for (const fattn_variant *v = fattn_gpu_variants; v->name; v++)
+        if (!strcmp(v->name, name)) return v;
+    return NULL;
+}
+
+static PyObject *raise_status(void) {
+    PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
+    return NULL;
+}
+
+static int run_cpu(const module_state *st, const char *variant, attn_params *p) {
+    if (variant && strcmp(variant, "cpu")) {
+        PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
+                     variant);
+        return -1;
+    }
+    fattn_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = fattn_cpu_forward(p, &st->cpu);
+    Py_END_ALLOW_THREADS
+    if (s) { raise_status(); return -1; }
+    return 0;
+}
+
+#define DEFAULT_GPU_VARIANT "v1"
+
+static int run_gpu(const char *variant, int device, attn_params *p, PyObject *stream) {
+    const char *name = variant ? variant : DEFAULT_GPU_VARIANT;
+    const fattn_variant *v = find_gpu_variant(name);
+    if (!v) {
+        if (!fattn_gpu_compiled()) {
+            PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support (nvcc was not found at build time)");
+            return -1;
+        }
+        PyErr_Format(PyExc_ValueError, "variant: unknown GPU variant '%s'; fattn.variants('cuda') lists them", name);
+        return -1;
+    }
+    if (!(v->dtypes >> p->dtype & 1)) {
+        PyErr_Format(PyExc_TypeError, "variant: %s does not support this dtype", name);
+        return -1;
+    }
+    void *s = NULL;
+    if (stream != Py_None) {
+        s = PyLong_AsVoidPtr(stream);
+        if (PyErr_Occurred()) return -1;
+        /* DLPack's 1 and 2 (legacy and per-thread default streams) are also the runtime's cudaStreamLegacy and
+         * cudaStreamPerThread handles, so the value is passed through unchanged. */
+    }
+    if (fattn_gpu_forward(v, device, p, s)) { raise_status(); return -1; }
+    return 0;
+}
+
+static PyObject *py_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "forward() takes 10 positional arguments (%zd given)", nargs);
+        return NULL;
+    }
+    module_state *st = get_state(module);
+    static const char *names[5] = {"q", "k", "v", "out", "lse"};
+    PyObject *causal_o = args[5], *scale = args[6], *layout_o = args[7], *variant_o = args[8], *stream = args[9];
+    const int has_lse = args[4] != Py_None;
+    const long causal = PyLong_AsLong(causal_o), layout = PyLong_AsLong(layout_o);
+    if (PyErr_Occurred()) return NULL;
+    const char *variant = NULL;
+    if (variant_o != Py_None) {
+        variant = PyUnicode_AsUTF8(variant_o);
+        if (!variant) return NULL;
+    }
+    int dev_type = 0, dev_id = 0;
+    if (!fattn_dlpack_device(&st->names, args[0], "q", &dev_type, &dev_id)) return NULL;
+    PyObject *dl_stream = dev_type == kDLCUDA ? stream : Py_None;
+
+    fattn_tensor ts[5];
+    memset(ts, 0, sizeof ts);
+    PyObject *result = NULL;
+    for (int i = 0; i < 4 + has_lse; i++)
+        if (fattn_tensor_take(&st->names, args[i], names[i], dl_stream, &ts[i])) goto done;
+    attn_params p;
+    if (build_params(ts, has_lse, (int)layout, (int)causal, scale, &p)) goto done;
+    if (p.b * p.h * p.sq == 0) { result = Py_NewRef(Py_None); goto done; } /* nothing to compute */
+    if (dev_type == kDLCUDA) {
+        if (run_gpu(variant, dev_id, &p, stream)) goto done;
+    } else {
+        if (run_cpu(st, variant, &p)) goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 5; i++) fattn_tensor_release(&ts[i]);
+    return result;
+}
+
+/* ---- queries --------------------------------------------------------------------------------------------- */
+
+static PyObject *py_cuda_device_count(PyObject *module, PyObject *unused) {
+    (void)module; (void)unused;
+    int n = 0;
+    if (fattn_gpu_device_count(&n)) return raise_status();
+    return PyLong_FromLong(n);
+}
+
+static PyObject *py_device_info(PyObject *module, PyObject *arg) {
+    (void)module;
+    const int dev = (int)PyLong_AsLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int sm = 0, count = 0;
+    char name[256] = "";
+    if (fattn_gpu_device_info(dev, &sm, &count, name, sizeof name)) return raise_status();
+    return Py_BuildValue("(sii)", name, sm, count);
+}
+
+static PyObject *py_variants(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "variants(device_type, device_id)"); return NULL; }
+    const char *type = PyUnicode_AsUTF8(args[0]);
+    const int dev = (int)PyLong_AsLong(args[1]);
+    if (!type || PyErr_Occurred()) return NULL;
+    if (!strcmp(type, "cpu")) return Py_BuildValue("[(ss)]", "cpu", "tiled flash attention in C, OpenMP over (b, h, q-block)");
+    if (strcmp(type, "cuda")) { PyErr_Format(PyExc_ValueError, "device: unknown device type '%s'", type); return NULL; }
+    int sm = 0, count = 0;
+    if (fattn_gpu_device_info(dev, &sm, &count, NULL, 0)) return raise_status();
+    PyObject *list = PyList_New(0);
+    for (const fattn_variant *v = fattn_gpu_variants; list && v->name; v++) {
+        if (sm < v->min_sm) continue;
+        PyObject *row = Py_BuildValue("(ss)", v->name, v->summary);
+        if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
+        Py_XDECREF(row);
+    }
+    return list;
+}
+
+static PyObject *py_all_variants(PyObject *module, PyObject *unused) {
+    (void)module; (void)unused;
+    PyObject *list = PyList_New(0);
+    for (const fattn_variant *v = fattn_gpu_variants; list && v->name; v++) {
+        PyObject *row = Py_BuildValue("(ssi)", v->name, v->summary, v->min_sm);
+        if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
+        Py_XDECREF(row);
+    }
+    return list;
+}
+
+static PyObject *py_cpu_config(PyObject *module, PyObject *unused) {
+    (void)unused;
+    const fattn_cpu_config c = get_state(module)->cpu;
+    return Py_BuildValue("(iii)", c.br, c.bc, c.threads);
+}
+
+static PyObject *py_set_cpu_config(PyObject *module, PyObject *args) {
+    fattn_cpu_config c;
+    if (!PyArg_ParseTuple(args, "iii:set_cpu_config", &c.br, &c.bc, &c.threads)) return NULL;
+    if (c.br < 1 || c.br > 1024 || c.bc < 16 || c.bc > 1024 || c.bc % 16 || c.threads < 0) {
+        PyErr_SetString(PyExc_ValueError, "config: need 1 <= br <= 1024, bc a multiple of 16 in [16, 1024], threads >= 0");
+        return NULL;
+    }
+    get_state(module)->cpu = c;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
+     "forward(q, k, v, out, lse, causal, scale, layout, variant, stream): attention forward into out (and lse)."},
+    {"variants", (PyCFunction)(void (*)(void))py_variants, METH_FASTCALL,
+     "variants(device_type, device_id): [(name, summary)] of the variants that run there."},
+    {"all_gpu_variants", py_all_variants, METH_NOARGS, "[(name, summary, min_sm)] of every compiled GPU variant."},
+    {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of CUDA devices; RuntimeError if none usable."},
+    {"device_info", py_device_info, METH_O, "device_info(id) -> (name, compute capability, multiprocessors)."},
+    {"cpu_config", py_cpu_config, METH_NOARGS, "The CPU backend's (br, bc, threads)."},
+    {"set_cpu_config", py_set_cpu_config, METH_VARARGS, "set_cpu_config(br, bc, threads)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_exec(PyObject *module) {
+    module_state *st = get_state(module);
+    fattn_names *n = &st->names;
+    n->s_dlpack = PyUnicode_InternFromString("__dlpack__");
+    n->s_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
+    n->s_stream = PyUnicode_InternFromString("stream");
+    n->s_max_version = PyUnicode_InternFromString("max_version");
+    n->max_version = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, 1);
+    if (!n->s_dlpack || !n->s_dlpack_device || !n->s_stream || !n->s_max_version || !n->max_version) return -1;
+    st->cpu = fattn_cpu_default_config();
+    if (PyModule_AddIntConstant(module, "cuda_compiled", fattn_gpu_compiled()) < 0) return -1;
+    if (PyModule_AddStringConstant(module, "default_gpu_variant", DEFAULT_GPU_VARIANT) < 0) return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg) {
+    module_state *st = get_state(module);
+    Py_VISIT(st->names.max_version);
+    return 0;
+}
+
+static int module_clear(PyObject *module) {
+    module_state *st = get_state(module);
+    Py_CLEAR(st->names.s_dlpack);
+    Py_CLEAR(st->names.s_dlpack_device);
+    Py_CLEAR(st->names.s_stream);
+    Py_CLEAR(st->names.s_max_version);
+    Py_CLEAR(st->names.max_version);
+    return 0;
+}
+
+static void module_free(void *module) { module_clear((PyObject *)module); }
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fattn._C",
+    .m_doc = "fattn's C extension: attention kernels (CPU and CUDA) behind a DLPack interface.",
+    .m_size = sizeof(module_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&module_def); }

@@ -1,0 +1,126 @@
+/* tensor.c -- DLPack intake: versioned capsule first, legacy capsule as a fallback.
+ *
+ * A consumer that takes a capsule renames it to "used_*" and from then on owns the managed tensor: it must call
+ * the producer's deleter exactly once.  A capsule that was never renamed is cleaned up by its own destructor,
+ * which is what happens on every error path before the rename. */
+#include "tensor.h"
+
+static const char *device_name(int type) {
+    switch (type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda";
+    case kDLCUDAHost: return "cuda_host";
+    case kDLCUDAManaged: return "cuda_managed";
+    default: return "unknown";
+    }
+}
+
+int fattn_dlpack_device(const fattn_names *n, PyObject *obj, const char *arg, int *type, int *id) {
+    DLTensor *t = NULL;
+    if (PyCapsule_IsValid(obj, "dltensor_versioned"))
+        t = &((DLManagedTensorVersioned *)PyCapsule_GetPointer(obj, "dltensor_versioned"))->dl_tensor;
+    else if (PyCapsule_IsValid(obj, "dltensor"))
+        t = &((DLManagedTensor *)PyCapsule_GetPointer(obj, "dltensor"))->dl_tensor;
+    if (t) {
+        *type = t->device.device_type;
+        *id = t->device.device_id;
+        return 1;
+    }
+    PyObject *dev = PyObject_CallMethodNoArgs(obj, n->s_dlpack_device);
+    if (!dev) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: expected an array supporting DLPack (__dlpack__), got %.200s", arg,
+                         Py_TYPE(obj)->tp_name);
+        }
+        return 0;
+    }
+    int ok = PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2;
+    if (ok) {
+        *type = (int)PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+        *id = (int)PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
+        ok = !PyErr_Occurred();
+    }
+    Py_DECREF(dev);
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: __dlpack_device__() did not return a (type, id) tuple", arg);
+        return 0;
+    }
+    if (*type != kDLCPU && *type != kDLCUDA && *type != kDLCUDAHost) {
+        PyErr_Format(PyExc_ValueError, "%s: arrays on device type %d (%s) are not supported; use cpu or cuda", arg,
+                     *type, device_name(*type));
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *call_dlpack(const fattn_names *n, PyObject *obj, const char *arg, PyObject *stream) {
+    PyObject *method = PyObject_GetAttr(obj, n->s_dlpack);
+    if (!method) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: expected an array supporting DLPack (__dlpack__), got %.200s", arg,
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyObject *kw = Py_BuildValue("{OOOO}", n->s_stream, stream, n->s_max_version, n->max_version);
+    PyObject *empty = PyTuple_New(0), *capsule = NULL;
+    if (kw && empty) {
+        capsule = PyObject_Call(method, empty, kw);
+        if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) { /* producer predates max_version */
+            PyErr_Clear();
+            PyDict_DelItem(kw, n->s_max_version);
+            capsule = PyObject_Call(method, empty, kw);
+        }
+    }
+    Py_XDECREF(kw);
+    Py_XDECREF(empty);
+    Py_DECREF(method);
+    return capsule;
+}
+
+int fattn_tensor_take(const fattn_names *n, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
+    memset(out, 0, sizeof *out);
+    out->arg = arg;
+    PyObject *capsule;
+    if (PyCapsule_CheckExact(obj)) {
+        capsule = Py_NewRef(obj);
+    } else {
+        capsule = call_dlpack(n, obj, arg, stream);
+        if (!capsule) return -1;
+    }
+    if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, "dltensor_versioned");
+        if (m->version.major != DLPACK_MAJOR_VERSION) {
+            PyErr_Format(PyExc_TypeError, "%s: DLPack version %u.%u is not supported (fattn reads %d.x)", arg,
+                         m->version.major, m->version.minor, DLPACK_MAJOR_VERSION);
+            Py_DECREF(capsule);
+            return -1;
+        }
+        if (PyCapsule_SetName(capsule, "used_dltensor_versioned") < 0) { Py_DECREF(capsule); return -1; }
+        out->versioned = m;
+        out->t = &m->dl_tensor;
+        out->readonly = (m->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+    } else if (PyCapsule_IsValid(capsule, "dltensor")) {
+        DLManagedTensor *m = PyCapsule_GetPointer(capsule, "dltensor");
+        if (PyCapsule_SetName(capsule, "used_dltensor") < 0) { Py_DECREF(capsule); return -1; }
+        out->legacy = m;
+        out->t = &m->dl_tensor;
+    } else {
+        PyErr_Format(PyExc_TypeError, "%s: not a DLPack capsule (or one already consumed)", arg);
+        Py_DECREF(capsule);
+        return -1;
+    }
+    out->capsule = capsule;
+    return 0;
+}
+
+void fattn_tensor_release(fattn_tensor *t) {
+    if (t->versioned && t->versioned->deleter) t->versioned->deleter(t->versioned);
+    if (t->legacy && t->legacy->deleter) t->legacy->deleter(t->legacy);
+    Py_XDECREF(t->capsule);
+    t->versioned = NULL;
+    t->legacy = NULL;
+    t->t = NULL;
+    t->capsule = NULL;
+}

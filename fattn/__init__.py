@@ -1,0 +1,13 @@
+"""fattn: FlashAttention in C and CUDA for any DLPack array (torch, CuPy, NumPy).
+
+    import fattn
+    o = fattn.attention(q, k, v, causal=True)          # q, k, v: (B, H, S, D)
+    o, lse = fattn.attention(q, k, v, return_lse=True)
+    fattn.variants("cuda")                              # ['v0', 'v1', ...]
+
+See help(fattn.attention) for every argument.
+"""
+from ._api import attention, cuda_available, describe_variants, variants
+
+__version__ = "0.1.0"
+__all__ = ["attention", "variants", "describe_variants", "cuda_available", "__version__"]

@@ -1,0 +1,130 @@
+"""fattn's public API: attention() and variants()."""
+from . import _C
+from ._frameworks import CPU, CUDA, CUDA_HOST, EMPTY, current_stream, framework_of
+
+_CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
+_LAYOUT = {"bhsd": 0, "bshd": 1}
+
+
+def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, return_lse=False, variant=None, lse=None):
+    r"""Scaled dot-product attention, ``softmax(q k^T * scale) v``, computed by fattn's kernels.
+
+    Arguments are any DLPack arrays (torch, CuPy, NumPy, ...), all on one device (CPU or one CUDA GPU), in any
+    strides whose last dimension is contiguous: they are read in place, never copied.
+
+    Args:
+        q: ``(B, H, Sq, D)`` for layout ``"bhsd"`` (torch SDPA's), ``(B, Sq, H, D)`` for ``"bshd"``
+            (flash-attention's).  float16, bfloat16 or float32; D a multiple of 8 up to 256.
+        k, v: ``(B, H_kv, Sk, D)`` (or ``(B, Sk, H_kv, D)``), same dtype as q.  H_kv may divide H
+            (grouped-query / multi-query attention: query head i reads kv head ``i // (H // H_kv)``).
+        causal: ``False``; ``True`` or ``"top_left"`` (torch SDPA's ``is_causal``: query i sees keys
+            ``j <= i``); or ``"bottom_right"`` (flash-attention's, what a KV cache needs when Sq < Sk: query i
+            sees keys ``j <= i + Sk - Sq``).  For Sq = 3, Sk = 5 (x = visible)::
+
+                top_left        bottom_right
+                x . . . .       x x x . .
+                x x . . .       x x x x .
+                x x x . .       x x x x x
+
+            A query row that sees no key (bottom-right with Sq > Sk, or Sk = 0) gives output 0 and LSE -inf.
+        scale: softmax scale; default ``1 / sqrt(D)``.  Any finite value, negative included.
+        layout: ``"bhsd"`` or ``"bshd"``; applies to q, k, v and out alike.
+        out: optional writable array of q's shape and dtype to write into; otherwise one is allocated by the
+            caller's framework (torch in, torch out; CuPy in, CuPy out; NumPy in, NumPy out).
+        return_lse: also return the log-sum-exp of each row, float32 ``(B, H, Sq)``, natural log.
+        variant: which implementation; ``fattn.variants(device)`` lists them.  Default: the fastest for the
+            device (``"cpu"`` on the CPU).
+        lse: optional writable float32 ``(B, H, Sq)`` array for the LSE (implies return_lse).
+
+    Returns:
+        ``out``, or ``(out, lse)`` with return_lse.  Computation runs on the caller's current CUDA stream
+        (torch / CuPy); nothing synchronises.
+
+    Raises:
+        TypeError / ValueError naming the offending argument for bad input; RuntimeError for errors from the
+        kernels or the CUDA runtime (never left pending).
+    """
+    try:
+        causal_code = _CAUSAL[causal]
+    except (KeyError, TypeError):
+        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+    try:
+        layout_code = _LAYOUT[layout]
+    except (KeyError, TypeError):
+        raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}") from None
+    if variant is not None and not isinstance(variant, str):
+        raise TypeError(f"variant: expected a str or None, got {type(variant).__name__}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+
+    fw = framework_of(q)
+    if fw == "torch":
+        _check_torch_grad(q, k, v)
+    try:
+        dev_type, dev_id = q.__dlpack_device__()
+    except AttributeError:
+        raise TypeError(f"q: expected an array supporting DLPack, got {type(q).__module__}.{type(q).__name__}") from None
+
+    if out is None or ((return_lse or lse is not None) and lse is None):
+        shape = tuple(q.shape)
+        if len(shape) != 4:
+            raise ValueError(f"q: expected a 4-D array ({'B, H, S, D' if layout_code == 0 else 'B, S, H, D'}), "
+                             f"got {len(shape)}-D")
+        if out is None:
+            out = EMPTY[fw](q, shape, False)
+        if (return_lse or lse is not None) and lse is None:
+            b, h, s = (shape[0], shape[1], shape[2]) if layout_code == 0 else (shape[0], shape[2], shape[1])
+            lse = EMPTY[fw](q, (b, h, s), True)
+
+    stream = current_stream(fw, q, dev_id) if dev_type == CUDA else None
+    _C.forward(q, k, v, out, lse, causal_code, scale, layout_code, variant, stream)
+    return (out, lse) if lse is not None else out
+
+
+def _check_torch_grad(*ts):
+    import torch
+
+    if torch.is_grad_enabled() and any(t.requires_grad for t in ts if isinstance(t, torch.Tensor)):
+        raise NotImplementedError(
+            "fattn has no backward pass yet: call it under torch.no_grad() or pass detached tensors"
+        )
+
+
+def _parse_device(device):
+    """'cpu' / 'cuda' / 'cuda:N' / torch.device / (dlpack_type, id) / an array -> ('cpu'|'cuda', id)."""
+    if hasattr(device, "__dlpack_device__"):
+        t, i = device.__dlpack_device__()
+        return ("cuda" if t == CUDA else "cpu"), (i if t == CUDA else 0)
+    if isinstance(device, tuple) and len(device) == 2:
+        return ("cuda" if device[0] == CUDA else "cpu"), int(device[1])
+    text = str(device)
+    if text in ("cpu",):
+        return "cpu", 0
+    if text.startswith("cuda"):
+        _, _, idx = text.partition(":")
+        return "cuda", int(idx) if idx else 0
+    raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def variants(device="cpu"):
+    """Names of the variants that can run on `device` ('cpu', 'cuda', 'cuda:N', a torch.device, or an array).
+
+    Raises RuntimeError for a CUDA device when fattn was built without CUDA or no usable GPU is present."""
+    kind, idx = _parse_device(device)
+    return [name for name, _ in _C.variants(kind, idx)]
+
+
+def describe_variants(device="cpu"):
+    """[(name, one-line summary)] of the variants that run on `device`."""
+    kind, idx = _parse_device(device)
+    return list(_C.variants(kind, idx))
+
+
+def cuda_available():
+    """True if fattn was built with CUDA and a GPU can be used."""
+    if not _C.cuda_compiled:
+        return False
+    try:
+        return _C.cuda_device_count() > 0
+    except RuntimeError:
+        return False

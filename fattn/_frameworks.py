@@ -1,0 +1,63 @@
+"""Per-framework glue: allocate outputs with the caller's own framework and find its current CUDA stream.
+
+Each framework is recognised by the module its array type comes from; nothing here imports a framework that the
+caller did not already use.
+"""
+import sys
+
+# DLPack device types
+CPU, CUDA, CUDA_HOST = 1, 2, 3
+
+
+def framework_of(x):
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("torch", "numpy", "cupy"):
+        return mod
+    if mod in ("jax", "jaxlib"):
+        return "jax"
+    return "other"
+
+
+def _torch_empty(like, shape, float32):
+    torch = sys.modules["torch"]
+    return torch.empty(shape, dtype=torch.float32 if float32 else like.dtype, device=like.device)
+
+
+def _numpy_empty(like, shape, float32):
+    np = sys.modules["numpy"]
+    return np.empty(shape, dtype=np.float32 if float32 else like.dtype)
+
+
+def _cupy_empty(like, shape, float32):
+    cp = sys.modules["cupy"]
+    with like.device:
+        return cp.empty(shape, dtype=cp.float32 if float32 else like.dtype)
+
+
+def _jax_empty(like, shape, float32):
+    raise TypeError(
+        "fattn: JAX arrays are immutable, so fattn cannot write its output into one; convert with "
+        "torch.from_dlpack / cupy.from_dlpack / numpy.from_dlpack, or pass a writable array as out="
+    )
+
+
+def _other_empty(like, shape, float32):
+    raise TypeError(
+        f"fattn: cannot allocate an output like {type(like).__module__}.{type(like).__name__}; pass out= "
+        "(and lse= with return_lse) as writable DLPack arrays"
+    )
+
+
+EMPTY = {"torch": _torch_empty, "numpy": _numpy_empty, "cupy": _cupy_empty, "jax": _jax_empty, "other": _other_empty}
+
+
+def current_stream(fw, x, device_id):
+    """The caller's current CUDA stream handle for device `device_id`, as DLPack's stream argument wants it."""
+    handle = 0
+    if fw == "torch":
+        handle = sys.modules["torch"].cuda.current_stream(device_id).cuda_stream
+    elif fw == "cupy":
+        with sys.modules["cupy"].cuda.Device(device_id):
+            handle = sys.modules["cupy"].cuda.get_current_stream().ptr
+    # DLPack reserves 0; the legacy default stream is 1 (also the CUDA runtime's cudaStreamLegacy handle).
+    return handle or 1

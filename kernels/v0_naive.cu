@@ -1,0 +1,55 @@
+/* v0_naive.cu -- version 0: one thread per query row.
+ *
+ * Each thread walks every visible key of its row once with the online softmax (m_i, l_i, acc in registers /
+ * local memory): the simplest kernel that is right, the baseline every later version is checked against.
+ * No shared memory, no reuse of K/V between rows: every thread streams the whole K and V of its head.
+ * Speed: see evidence/ (memory-bound on K/V re-reads; a few TFLOP/s at best).
+ */
+#include "common.cuh"
+
+template <typename T>
+__global__ void __launch_bounds__(128) v0_fwd(const attn_params p) {
+    const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* over (b, h, i) */
+    if (row >= p.b * p.h * p.sq) return;
+    const int64_t i = row % p.sq, bh = row / p.sq, h = bh % p.h, b = bh / p.h;
+    HEAD_OFFSETS(p, b, h);
+    const T *q = (const T *)p.q + q_off + i * p.q_stride_s;
+    const T *k = (const T *)p.k + k_off;
+    const T *v = (const T *)p.v + v_off;
+    const int d = (int)p.d;
+
+    float qs[FATTN_MAX_HEADDIM], acc[FATTN_MAX_HEADDIM];
+    for (int e = 0; e < d; e++) {
+        qs[e] = to_f32(q[e]) * p.scale_log2; /* S2 = q k * scale * log2(e) */
+        acc[e] = 0.f;
+    }
+    float m_i = -INFINITY, l_i = 0.f;
+    const int64_t kend = fattn_row_kend(&p, i);
+    for (int64_t j = 0; j < kend; j++) {
+        const T *kj = k + j * p.k_stride_s, *vj = v + j * p.v_stride_s;
+        float s = 0.f;
+        for (int e = 0; e < d; e++) s += qs[e] * to_f32(kj[e]);
+        const float m_new = fmaxf(m_i, s);
+        const float alpha = exp2f(m_i - m_new), pj = exp2f(s - m_new); /* P = exp2(S2 - m) */
+        l_i = l_i * alpha + pj;
+        for (int e = 0; e < d; e++) acc[e] = acc[e] * alpha + pj * to_f32(vj[e]);
+        m_i = m_new;
+    }
+    const float inv = l_i > 0.f ? 1.f / l_i : 0.f;
+    T *o = (T *)p.o + o_off + i * p.o_stride_s;
+    for (int e = 0; e < d; e++) from_f32(&o[e], acc[e] * inv);
+    if (p.lse) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i, l_i);
+}
+
+typedef void (*v0_kernel)(const attn_params);
+static const v0_kernel v0_kernels[] = {v0_fwd<float>, v0_fwd<__half>, v0_fwd<__nv_bfloat16>}; /* by fattn_dtype */
+
+extern "C" fattn_status fattn_launch_v0(const attn_params *p, void *stream) {
+    const int64_t rows = p->b * p->h * p->sq, threads = 128, blocks = (rows + threads - 1) / threads;
+    if (rows == 0) return FATTN_OK;
+    if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v0: %lld query rows is too many", (long long)rows);
+    void *args[] = {(void *)p};
+    CUDA_CHECK(cudaLaunchKernel((const void *)v0_kernels[p->dtype], dim3((unsigned)blocks), dim3((unsigned)threads),
+                                args, 0, (cudaStream_t)stream));
+    return FATTN_OK;
+}

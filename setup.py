@@ -1,0 +1,114 @@
+"""Build fattn._C: the C extension (csrc/*.c) linked with the CUDA kernels (kernels/*.cu) compiled by nvcc.
+
+Environment:
+  CUDA_HOME          CUDA toolkit root (default: the one holding nvcc on PATH, or /usr/local/cuda)
+  FATTN_CUDA_ARCHS   semicolon-separated nvcc -gencode values (default: sm_80, sm_90, sm_90a for Hopper-only
+                     kernel files, and compute_90 PTX)
+  FATTN_NO_CUDA=1    build the CPU backend only
+  FATTN_CPU_ARCH     -march value for the CPU backend (default: native)
+  FATTN_NVCC_JOBS    parallel nvcc processes (default: number of CPUs)
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_ARCHS = "arch=compute_80,code=sm_80;arch=compute_90,code=sm_90;arch=compute_90,code=compute_90"
+
+
+def find_cuda():
+    """(nvcc path, toolkit root) or (None, None)."""
+    if os.environ.get("FATTN_NO_CUDA") == "1":
+        return None, None
+    candidates = []
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"))
+    if shutil.which("nvcc"):
+        candidates.append(shutil.which("nvcc"))
+    candidates.append("/usr/local/cuda/bin/nvcc")
+    try:  # PyPI's nvidia-cuda-nvcc wheel
+        import nvidia.cuda_nvcc  # noqa: F401
+
+        candidates.append(os.path.join(os.path.dirname(nvidia.cuda_nvcc.__file__), "bin", "nvcc"))
+    except ImportError:
+        pass
+    for nvcc in candidates:
+        if not os.path.isfile(nvcc):
+            continue
+        nvcc = os.path.realpath(nvcc)
+        for root in filter(None, [os.environ.get("CUDA_HOME"), os.path.dirname(os.path.dirname(nvcc)), "/usr/local/cuda"]):
+            if os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h")):
+                return nvcc, root
+    return None, None
+
+
+def cuda_lib_dir(root):
+    for sub in ("lib64", "lib", "targets/x86_64-linux/lib"):
+        if os.path.isfile(os.path.join(root, sub, "libcudart_static.a")):
+            return os.path.join(root, sub)
+    raise RuntimeError(f"libcudart_static.a not found under {root}")
+
+
+class BuildExt(build_ext):
+    def build_extension(self, ext):
+        nvcc, root = find_cuda()
+        if nvcc:
+            ext.define_macros.append(("FATTN_WITH_CUDA", "1"))
+            ext.include_dirs.append(os.path.join(root, "include"))
+            ext.extra_objects.extend(self.compile_kernels(nvcc, root))
+            ext.library_dirs.append(cuda_lib_dir(root))
+            ext.libraries.extend(["cudart_static", "rt", "dl", "pthread", "stdc++"])
+        else:
+            print("fattn: nvcc not found: building the CPU backend only (GPU calls will raise)", file=sys.stderr)
+        super().build_extension(ext)
+
+    def compile_kernels(self, nvcc, root):
+        archs = os.environ.get("FATTN_CUDA_ARCHS", DEFAULT_ARCHS).split(";")
+        out_dir = os.path.join(self.build_temp, "kernels")
+        os.makedirs(out_dir, exist_ok=True)
+        sources = sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))
+        headers = glob.glob(os.path.join(ROOT, "kernels", "*.cuh")) + glob.glob(os.path.join(ROOT, "csrc", "*.h"))
+        newest_header = max(os.path.getmtime(h) for h in headers)
+
+        def one(src):
+            obj = os.path.join(out_dir, os.path.basename(src) + ".o")
+            if os.path.exists(obj) and os.path.getmtime(obj) > max(os.path.getmtime(src), newest_header):
+                return obj
+            # Hopper-only files (named *_sm90a.cu) are built for sm_90a alone.
+            gencodes = ["arch=compute_90a,code=sm_90a"] if src.endswith("_sm90a.cu") else archs
+            cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo", "-Xptxas=-warn-spills",
+                   f"-I{os.path.join(ROOT, 'csrc')}", "-c", src, "-o", obj]
+            cmd += [f"-gencode={g}" for g in gencodes]
+            print(" ".join(cmd), flush=True)
+            subprocess.check_call(cmd)
+            return obj
+
+        jobs = int(os.environ.get("FATTN_NVCC_JOBS", os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(one, sources))
+
+
+cflags = ["-O3", "-std=gnu11", "-fopenmp", f"-march={os.environ.get('FATTN_CPU_ARCH', 'native')}",
+          "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+if sysconfig.get_config_var("CC") and "clang" in sysconfig.get_config_var("CC"):
+    cflags.remove("-fopenmp")
+
+setup(
+    ext_modules=[
+        Extension(
+            "fattn._C",
+            sources=sorted(glob.glob("csrc/*.c")),
+            include_dirs=["csrc"],
+            extra_compile_args=cflags,
+            extra_link_args=["-fopenmp"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExt},
+)
