@@ -180,7 +180,7 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
             if (visible < 0) visible = 0;
             for (int64_t c = visible; c < np; c++) s[c] = -INFINITY;
             float mx = w->m[r];
-            for (int64_t c = 0; c < visible; c++) mx = s[c] > mx ? s[c] : mx;
+            for (int64_t c = 0; c < visible; c++) mx = (s[c] > mx || s[c] != s[c]) ? s[c] : mx; /* NaN sticks */
             if (mx == -INFINITY) { /* nothing visible yet in this row */
                 memset(s, 0, sizeof(float) * np);
                 continue;

@@ -5,6 +5,7 @@
  *       causal: 0 none, 1 top-left, 2 bottom-right.  scale: float, or None for 1/sqrt(d).
  *       layout: 0 "bhsd", 1 "bshd".  variant: str, or None for the default.  stream: CUDA stream handle (int) or
  *       None; passed to __dlpack__ and used for the launch.
+ *   dlpack_device(x) -> (device_type, device_id) of an array or a DLPack capsule
  *   variants(device_type, device_id) -> [(name, summary), ...]   the variants that run there
  *   cuda_device_count() -> int          raises RuntimeError when no driver / device can be used
  *   device_info(device_id) -> (name, compute capability, multiprocessors)
@@ -76,7 +77,8 @@ static int view_4d(const fattn_tensor *t, int layout, bhsd_view *v) {
     const int hi = layout ? 2 : 1, si = layout ? 1 : 2;
     v->b = x->shape[0]; v->h = x->shape[hi]; v->s = x->shape[si]; v->d = x->shape[3];
     v->sb = st[0]; v->sh = st[hi]; v->ss = st[si];
-    if (st[3] != 1 && v->d > 1) {
+    const int empty = v->b == 0 || v->h == 0 || v->s == 0; /* strides of an empty array mean nothing */
+    if (st[3] != 1 && v->d > 1 && !empty) {
         PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld", t->arg,
                      (long long)st[3]);
         return -1;
@@ -156,7 +158,7 @@ static int build_params(fattn_tensor *ts, int has_lse, int layout, int causal, P
         REQUIRE(!l->readonly, PyExc_ValueError, "lse: the array is read-only");
         int64_t st[3];
         strides_of(x, st);
-        REQUIRE(st[2] == 1 || q.s <= 1, PyExc_ValueError, "lse: the last dimension must be contiguous");
+        REQUIRE(st[2] == 1 || q.s <= 1 || q.b * q.h == 0, PyExc_ValueError, "lse: the last dimension must be contiguous");
         p->lse = (float *)((char *)x->data + x->byte_offset);
         REQUIRE((uintptr_t)p->lse % 4 == 0, PyExc_ValueError, "lse: data pointer is not 4-byte aligned");
         p->lse_stride_b = st[0];
@@ -277,6 +279,12 @@ done:
 
 /* ---- queries --------------------------------------------------------------------------------------------- */
 
+static PyObject *py_dlpack_device(PyObject *module, PyObject *obj) {
+    int type = 0, id = 0;
+    if (!fattn_dlpack_device(&get_state(module)->names, obj, "q", &type, &id)) return NULL;
+    return Py_BuildValue("(ii)", type, id);
+}
+
 static PyObject *py_cuda_device_count(PyObject *module, PyObject *unused) {
     (void)module; (void)unused;
     int n = 0;
@@ -345,6 +353,7 @@ static PyObject *py_set_cpu_config(PyObject *module, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
      "forward(q, k, v, out, lse, causal, scale, layout, variant, stream): attention forward into out (and lse)."},
+    {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},
     {"variants", (PyCFunction)(void (*)(void))py_variants, METH_FASTCALL,
      "variants(device_type, device_id): [(name, summary)] of the variants that run there."},
     {"all_gpu_variants", py_all_variants, METH_NOARGS, "[(name, summary, min_sm)] of every compiled GPU variant."},

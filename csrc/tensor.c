@@ -24,28 +24,31 @@ int fattn_dlpack_device(const fattn_names *n, PyObject *obj, const char *arg, in
     if (t) {
         *type = t->device.device_type;
         *id = t->device.device_id;
-        return 1;
-    }
-    PyObject *dev = PyObject_CallMethodNoArgs(obj, n->s_dlpack_device);
-    if (!dev) {
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s: expected an array supporting DLPack (__dlpack__), got %.200s", arg,
-                         Py_TYPE(obj)->tp_name);
+    } else if (PyCapsule_CheckExact(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: not a DLPack capsule (or one already consumed)", arg);
+        return 0;
+    } else {
+        PyObject *dev = PyObject_CallMethodNoArgs(obj, n->s_dlpack_device);
+        if (!dev) {
+            if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError, "%s: expected an array supporting DLPack (__dlpack__), got %.200s", arg,
+                             Py_TYPE(obj)->tp_name);
+            }
+            return 0;
         }
-        return 0;
-    }
-    int ok = PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2;
-    if (ok) {
-        *type = (int)PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
-        *id = (int)PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
-        ok = !PyErr_Occurred();
-    }
-    Py_DECREF(dev);
-    if (!ok) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: __dlpack_device__() did not return a (type, id) tuple", arg);
-        return 0;
+        int ok = PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2;
+        if (ok) {
+            *type = (int)PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+            *id = (int)PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
+            ok = !PyErr_Occurred();
+        }
+        Py_DECREF(dev);
+        if (!ok) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: __dlpack_device__() did not return a (type, id) tuple", arg);
+            return 0;
+        }
     }
     if (*type != kDLCPU && *type != kDLCUDA && *type != kDLCUDAHost) {
         PyErr_Format(PyExc_ValueError, "%s: arrays on device type %d (%s) are not supported; use cpu or cuda", arg,
@@ -116,9 +119,14 @@ int fattn_tensor_take(const fattn_names *n, PyObject *obj, const char *arg, PyOb
 }
 
 void fattn_tensor_release(fattn_tensor *t) {
+    if (!t->capsule) return;
+    /* A deleter may run Python code (dropping the producer's array): keep a pending exception out of its way. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
     if (t->versioned && t->versioned->deleter) t->versioned->deleter(t->versioned);
     if (t->legacy && t->legacy->deleter) t->legacy->deleter(t->legacy);
-    Py_XDECREF(t->capsule);
+    Py_DECREF(t->capsule);
+    PyErr_Restore(type, value, tb);
     t->versioned = NULL;
     t->legacy = NULL;
     t->t = NULL;

@@ -59,11 +59,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
 
     fw = framework_of(q)
     if fw == "torch":
-        _check_torch_grad(q, k, v)
-    try:
-        dev_type, dev_id = q.__dlpack_device__()
-    except AttributeError:
-        raise TypeError(f"q: expected an array supporting DLPack, got {type(q).__module__}.{type(q).__name__}") from None
+        q, k, v = _torch_inputs(q, k, v)
+    dev_type, dev_id = _C.dlpack_device(q)
 
     if out is None or ((return_lse or lse is not None) and lse is None):
         shape = tuple(q.shape)
@@ -81,13 +78,17 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
     return (out, lse) if lse is not None else out
 
 
-def _check_torch_grad(*ts):
-    import torch
+def _torch_inputs(q, k, v):
+    """torch tensors that require grad cannot be exported through DLPack; fattn has no backward yet, so say so
+    unless autograd is off, in which case the detached views are used."""
+    if q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False):
+        import torch
 
-    if torch.is_grad_enabled() and any(t.requires_grad for t in ts if isinstance(t, torch.Tensor)):
-        raise NotImplementedError(
-            "fattn has no backward pass yet: call it under torch.no_grad() or pass detached tensors"
-        )
+        if torch.is_grad_enabled():
+            raise NotImplementedError(
+                "fattn has no backward pass yet: call it under torch.no_grad() or pass detached tensors")
+        q, k, v = (x.detach() if isinstance(x, torch.Tensor) else x for x in (q, k, v))
+    return q, k, v
 
 
 def _parse_device(device):

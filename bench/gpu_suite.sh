@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# gpu_suite.sh OUT_DIR [GRIDS] -- the whole GPU job in one call: build, GPU tests, benchmark grids.
+#
+#   bash bench/gpu_suite.sh "$OUT"                 # seeds + fa3 + decode
+#   bash bench/gpu_suite.sh "$OUT" "seeds fa3"     # a subset
+#
+# Writes to OUT_DIR: suite.log (environment, build, pytest), <grid>.json and <grid>.md per grid (stamped with GPU,
+# driver, CUDA, torch, cuDNN, git SHA), and prints a short summary table last.  Variants per grid: the naive v0
+# only where it finishes in seconds (seeds); FATTN_VARIANTS overrides the tiled variants' list.
+set -uo pipefail
+OUT=${1:?usage: gpu_suite.sh OUT_DIR [GRIDS]}
+GRIDS=${2:-seeds fa3 decode}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+LOG="$OUT/suite.log"
+: > "$LOG"
+say() { echo "== $*" | tee -a "$LOG"; }
+
+say "environment"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nvcc --version | tail -2
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
+  git rev-parse HEAD 2>/dev/null; } >> "$LOG" 2>&1
+
+say "build"
+t0=$(date +%s)
+if ! FATTN_CUDA_ARCHS="${FATTN_CUDA_ARCHS:-arch=compute_90,code=sm_90;arch=compute_80,code=sm_80}" \
+     python3 setup.py build_ext --inplace >> "$LOG" 2>&1; then
+  tail -30 "$LOG"; echo "BUILD FAILED"; exit 1
+fi
+say "build took $(( $(date +%s) - t0 )) s"
+grep -E "registers|spill" "$LOG" | tail -5 || true
+
+say "pytest"
+python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee -a "$LOG" | tail -15
+PYTEST_RC=${PIPESTATUS[0]}
+say "pytest exit code $PYTEST_RC"
+
+VARIANTS=${FATTN_VARIANTS:-$(python3 -c 'import fattn; print(",".join(v for v in fattn.variants("cuda") if v != "v0"))')}
+for g in $GRIDS; do
+  case $g in
+    seeds)  args=(--grid seeds --variants "v0,$VARIANTS") ;;
+    fa3)    args=(--grid fa3 --variants "$VARIANTS" --torch-backends flash,efficient,cudnn --reps 10 --warmup 2) ;;
+    decode) args=(--grid decode --variants "$VARIANTS" --torch-backends flash,efficient,cudnn) ;;
+    *)      args=(--grid "$g" --variants "$VARIANTS") ;;
+  esac
+  say "bench $g: ${args[*]}"
+  python3 -m fattn.bench "${args[@]}" --json "$OUT/$g.json" --md "$OUT/$g.md" 2>>"$LOG" | tee -a "$LOG"
+done
+
+say "summary: fattn p50 ratio to the best torch backend (>1 = faster), per grid"
+python3 - "$OUT" $GRIDS <<'PY'
+import json, os, sys
+out, grids = sys.argv[1], sys.argv[2:]
+for g in grids:
+    path = os.path.join(out, g + ".json")
+    if not os.path.exists(path):
+        print(f"{g}: no results"); continue
+    rows = json.load(open(path))["rows"]
+    for impl in sorted({r["impl"] for r in rows if r["impl"].startswith("fattn:")}):
+        rs = [r for r in rows if r["impl"] == impl and r.get("ratio_vs_best_torch")]
+        if not rs: continue
+        ratios = [r["ratio_vs_best_torch"] for r in rs]
+        best = max(rs, key=lambda r: r["tflops"] or 0)
+        print(f"{g:7s} {impl:9s} points={len(rs):3d} ratio min={min(ratios):.3f} max={max(ratios):.3f} "
+              f"peak {best['tflops']:.1f} TFLOP/s at B={best['B']} H={best['H']} S={best['Sq']} D={best['D']} causal={best['causal']}")
+PY
+echo "pytest exit code: $PYTEST_RC"
+exit $PYTEST_RC

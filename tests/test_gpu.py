@@ -1,0 +1,101 @@
+"""GPU behaviour beyond parity (TESTING.md items 16-18): the caller's stream, CUDA graphs, errors never left
+pending, other DLPack producers on the GPU (CuPy, JAX).  Skipped without a GPU; run on the GPU machine."""
+import pytest
+
+from conftest import HAS_CUDA, check_close, gpu_variants, randn, torch
+
+import fattn
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU usable by fattn here")]
+VARIANTS = gpu_variants() if HAS_CUDA else ["v0", "v1"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_runs_on_current_stream(variant):
+    q = randn((2, 4, 257, 64), torch.float16, "cuda", 1)
+    expect = fattn.attention(q, q, q, variant=variant)
+    s = torch.cuda.Stream()
+    out = torch.full_like(q, float("nan"))
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(2_000_000)  # keep the side stream busy: a launch on another stream would race ahead
+        fattn.attention(q, q, q, variant=variant, out=out)
+        done = torch.cuda.Event()
+        done.record(s)
+    done.synchronize()
+    assert torch.equal(out, expect)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cuda_graph_capture_and_replay(variant):
+    q = randn((1, 8, 300, 128), torch.bfloat16, "cuda", 2)
+    k = randn((1, 8, 333, 128), torch.bfloat16, "cuda", 3)
+    out = torch.empty_like(q)
+    expect = fattn.attention(q, k, k, causal="bottom_right", variant=variant)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside capture (one-time attribute setup)
+        fattn.attention(q, k, k, causal="bottom_right", variant=variant, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fattn.attention(q, k, k, causal="bottom_right", variant=variant, out=out)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expect)
+
+
+def test_errors_leave_no_cuda_error_pending():
+    q = randn((1, 2, 16, 64), torch.float16, "cuda", 4)
+    with pytest.raises(ValueError, match="variant: unknown GPU variant"):
+        fattn.attention(q, q, q, variant="v99")
+    with pytest.raises(ValueError, match="k: on device"):
+        fattn.attention(q, q.cpu(), q)
+    with pytest.raises(ValueError, match="out: shape"):
+        fattn.attention(q, q, q, out=torch.empty(1, 2, 15, 64, device="cuda", dtype=torch.float16))
+    torch.cuda.synchronize()  # would raise if a CUDA error were pending
+    check_close(fattn.attention(q, q, q), q, q, q, False, None)
+
+
+def test_large_batch_heads_grid():
+    """b * h >= 65536 (TESTING.md item 13): the grid is flattened with 64-bit indexing."""
+    q = randn((1024, 64, 4, 64), torch.float16, "cuda", 5)
+    for variant in VARIANTS:
+        o = fattn.attention(q, q, q, variant=variant)
+        check_close(o[-2:], q[-2:], q[-2:], q[-2:], False, None)
+
+
+def test_variants_listed():
+    names = fattn.variants("cuda")
+    assert names[:2] == ["v0", "v1"]
+    assert fattn.variants(torch.device("cuda:0")) == names
+
+
+def test_cupy_in_cupy_out():
+    cp = pytest.importorskip("cupy")
+    q = cp.random.standard_normal((1, 4, 65, 64), dtype=cp.float32).astype(cp.float16)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        o = fattn.attention(q, q, q, causal=True)
+    s.synchronize()
+    assert isinstance(o, cp.ndarray) and o.dtype == cp.float16
+    t = torch.from_dlpack(q)
+    check_close(torch.from_dlpack(o), t, t, t, True, None)
+
+
+def test_jax_inputs_with_out():
+    jax = pytest.importorskip("jax")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("jax has no GPU backend here")
+    import jax.numpy as jnp
+
+    q = jax.device_put(jnp.asarray(torch.randn(1, 2, 33, 64).numpy(), dtype=jnp.float16), gpu)
+    out = torch.empty((1, 2, 33, 64), dtype=torch.float16, device="cuda")
+    fattn.attention(q, q, q, out=out)
+    t = torch.from_dlpack(q)
+    torch.cuda.synchronize()
+    check_close(out, t, t, t, False, None)
+    with pytest.raises(TypeError, match="JAX arrays are immutable"):
+        fattn.attention(q, q, q)
