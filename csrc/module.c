@@ -173,7 +173,7 @@ static int build_params(fattn_tensor *ts, int has_lse, int layout, int causal, P
             PyErr_Format(PyExc_TypeError, "scale: expected a float or None, got %.200s", Py_TYPE(scale)->tp_name);
             return -1;
         }
-        REQUIRE(isfinite(sc), PyExc_ValueError, "scale: must be finite, got %g", sc);
+        REQUIRE(isfinite(sc), PyExc_ValueError, "scale: must be finite, got %R", scale);
     }
     p->scale = (float)sc;
     p->scale_log2 = (float)(sc * 1.4426950408889634);
@@ -261,8 +261,17 @@ static PyObject *py_forward(PyObject *module, PyObject *const *args, Py_ssize_t 
     fattn_tensor ts[5];
     memset(ts, 0, sizeof ts);
     PyObject *result = NULL;
-    for (int i = 0; i < 4 + has_lse; i++)
-        if (fattn_tensor_take(&st->names, args[i], names[i], dl_stream, &ts[i])) goto done;
+    for (int i = 0; i < 4 + has_lse; i++) {
+        /* The stream goes only to CUDA producers (torch refuses one for a CPU tensor); a device mismatch is
+         * reported by build_params, naming the argument. */
+        PyObject *s = dl_stream;
+        if (i > 0 && dev_type == kDLCUDA) {
+            int t = 0, id = 0;
+            if (!fattn_dlpack_device(&st->names, args[i], names[i], &t, &id)) goto done;
+            s = t == kDLCUDA ? stream : Py_None;
+        }
+        if (fattn_tensor_take(&st->names, args[i], names[i], s, &ts[i])) goto done;
+    }
     attn_params p;
     if (build_params(ts, has_lse, (int)layout, (int)causal, scale, &p)) goto done;
     if (p.b * p.h * p.sq == 0) { result = Py_NewRef(Py_None); goto done; } /* nothing to compute */
