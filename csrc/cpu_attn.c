@@ -1,8 +1,9 @@
 /* cpu_attn.c -- the CPU backend: tiled FlashAttention forward with online softmax, in C.
  *
- * Work is split over (batch, head, query block) tasks run by OpenMP threads.  Each task keeps its query block
- * Q_i (Br x d, scaled by scale*log2e), the running row max m_i, row sum l_i and output accumulator acc in float32
- * buffers, and walks the visible key blocks K_j, V_j (Bc x d):
+ * Work is split over (batch, kv head, query chunk) tasks run by OpenMP threads.  A task converts the visible keys
+ * of its kv head to float32 once -- K^T in blocks of Bc columns, V row-major -- and then serves every query head
+ * of the GQA group and every query block Q_i (Br x d, scaled by scale*log2e) of its chunk.  Per query block it
+ * keeps the running row max m_i, row sum l_i and the accumulator acc in float32, and walks the key blocks:
  *
  *   S   = Q_i K_j^T                       (Br x Bc)   masked entries -> -inf
  *   m'  = max(m_i, rowmax(S))
@@ -11,8 +12,8 @@
  *   acc = alpha * acc + P V_j
  *
  * and finally writes O_i = acc / l_i and LSE_i = (m_i + log2(l_i)) * ln 2.  Both products go through one
- * register-blocked micro-kernel (gemm_rows) over float32 operands packed by the task: K_j is packed transposed so
- * that both products read their right-hand operand row by row.  fp16 and bf16 are converted while packing.
+ * register-blocked micro-kernel (gemm_rows: 6 x 16 tiles, 12 vector accumulators) whose right-hand operand is
+ * read row by row.  Query chunks split a head only when there are too few heads to keep every thread busy.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -27,11 +28,11 @@
 typedef float v8f __attribute__((vector_size(32), aligned(32)));
 typedef int32_t v8i __attribute__((vector_size(32), aligned(32)));
 
-#define MR 4  /* micro-tile rows */
+#define MR 6  /* micro-tile rows */
 #define NR 16 /* micro-tile columns: two v8f */
 
 fattn_cpu_config fattn_cpu_default_config(void) {
-    fattn_cpu_config c = {.br = 64, .bc = 128, .threads = 0};
+    fattn_cpu_config c = {.br = 96, .bc = 128, .threads = 0}; /* from a (br, bc) sweep on 2 AVX2 cores */
     return c;
 }
 
@@ -81,66 +82,104 @@ static inline v8f exp2_v8(v8f x) {
 static inline v8f loadv(const float *p) { v8f v; memcpy(&v, p, 32); return v; }
 static inline void storev(float *p, v8f v) { memcpy(p, &v, 32); }
 
-/* C[m][0:n] (+)= sum_k A[m][k] * B[k][0:n] for m < rows; n is a multiple of NR; B and C row-major. */
-static void gemm_rows(const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
-                      int rows, int n, int kdim, int accumulate) {
-    int m = 0;
-    for (; m + MR <= rows; m += MR) {
-        for (int j = 0; j < n; j += NR) {
-            v8f c[MR][2];
-            for (int r = 0; r < MR; r++) {
-                c[r][0] = accumulate ? loadv(C + (m + r) * ldc + j) : (v8f){0};
-                c[r][1] = accumulate ? loadv(C + (m + r) * ldc + j + 8) : (v8f){0};
-            }
-            for (int k = 0; k < kdim; k++) {
-                v8f b0 = loadv(B + k * ldb + j), b1 = loadv(B + k * ldb + j + 8);
-                for (int r = 0; r < MR; r++) {
-                    float a = A[(m + r) * lda + k];
-                    c[r][0] += a * b0;
-                    c[r][1] += a * b1;
-                }
-            }
-            for (int r = 0; r < MR; r++) {
-                storev(C + (m + r) * ldc + j, c[r][0]);
-                storev(C + (m + r) * ldc + j + 8, c[r][1]);
+/* max(m, s[0:n]) for n a multiple of 8; -inf entries (masked) never win, a NaN entry makes the result NaN. */
+static inline float row_max(const float *s, int64_t n, float m) {
+    v8f mx = (v8f){0} + m;
+    v8i nan = {0};
+    for (int64_t c = 0; c < n; c += 8) {
+        const v8f x = loadv(s + c);
+        nan |= x != x;
+        mx = (v8f)(((v8i)(x > mx) & (v8i)x) | (~(v8i)(x > mx) & (v8i)mx));
+    }
+    float r = m;
+    int any_nan = 0;
+    for (int i = 0; i < 8; i++) {
+        r = mx[i] > r ? mx[i] : r;
+        any_nan |= nan[i];
+    }
+    return any_nan ? NAN : r;
+}
+
+/* C[m0 + r][0:n] (+)= sum_k A[m0 + r][k] * B[k][0:n] for r < R: R x 16 register tiles (R constant after
+ * inlining, so every remainder height gets its own fully unrolled kernel). */
+static inline __attribute__((always_inline)) void gemm_tile(const float *A, int64_t lda, const float *B, int64_t ldb,
+                                                            float *C, int64_t ldc, int R, int n, int kdim,
+                                                            int accumulate) {
+    for (int j = 0; j < n; j += NR) {
+        v8f c[MR][2];
+        for (int r = 0; r < R; r++) {
+            c[r][0] = accumulate ? loadv(C + r * ldc + j) : (v8f){0};
+            c[r][1] = accumulate ? loadv(C + r * ldc + j + 8) : (v8f){0};
+        }
+        for (int k = 0; k < kdim; k++) {
+            const v8f b0 = loadv(B + k * ldb + j), b1 = loadv(B + k * ldb + j + 8);
+            for (int r = 0; r < R; r++) {
+                const float a = A[r * lda + k];
+                c[r][0] += a * b0;
+                c[r][1] += a * b1;
             }
         }
-    }
-    for (; m < rows; m++) {
-        for (int j = 0; j < n; j += NR) {
-            v8f c0 = accumulate ? loadv(C + m * ldc + j) : (v8f){0};
-            v8f c1 = accumulate ? loadv(C + m * ldc + j + 8) : (v8f){0};
-            for (int k = 0; k < kdim; k++) {
-                float a = A[m * lda + k];
-                c0 += a * loadv(B + k * ldb + j);
-                c1 += a * loadv(B + k * ldb + j + 8);
-            }
-            storev(C + m * ldc + j, c0);
-            storev(C + m * ldc + j + 8, c1);
+        for (int r = 0; r < R; r++) {
+            storev(C + r * ldc + j, c[r][0]);
+            storev(C + r * ldc + j + 8, c[r][1]);
         }
     }
 }
 
+/* C[m][0:n] (+)= sum_k A[m][k] * B[k][0:n] for m < rows; n is a multiple of NR; B and C row-major. */
+static void gemm_rows(const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc, int rows,
+                      int n, int kdim, int accumulate) {
+    int m = 0;
+    for (; m + MR <= rows; m += MR) gemm_tile(A + m * lda, lda, B, ldb, C + m * ldc, ldc, MR, n, kdim, accumulate);
+    const float *a = A + m * lda;
+    float *c = C + m * ldc;
+    switch (rows - m) {
+    case 5: gemm_tile(a, lda, B, ldb, c, ldc, 5, n, kdim, accumulate); break;
+    case 4: gemm_tile(a, lda, B, ldb, c, ldc, 4, n, kdim, accumulate); break;
+    case 3: gemm_tile(a, lda, B, ldb, c, ldc, 3, n, kdim, accumulate); break;
+    case 2: gemm_tile(a, lda, B, ldb, c, ldc, 2, n, kdim, accumulate); break;
+    case 1: gemm_tile(a, lda, B, ldb, c, ldc, 1, n, kdim, accumulate); break;
+    default: break;
+    }
+}
+
 typedef struct {
-    float *q;  /* Br x dp, scaled by scale_log2 */
-    float *kt; /* dp x Bc: K_j transposed */
-    float *v;  /* Bc x dp */
-    float *s;  /* Br x Bc: S, then P */
-    float *acc; /* Br x dp */
+    float *q;     /* Br x dp, scaled by scale_log2 */
+    float *kt;    /* K^T of the task's keys in blocks of Bc columns: [block][dp][Bc] */
+    float *v;     /* V of the task's keys: [key][dp] */
+    float *s;     /* Br x Bc: S, then P */
+    float *acc;   /* Br x dp */
     float *m, *l; /* Br */
 } scratch;
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* One task: query rows [i0, i0 + br) of head (b, h). */
+/* K^T and V of keys [0, kend) of kv head (b, hk), converted to float32; padding keys and columns are zero. */
+static void pack_kv(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t kend, scratch *w) {
+    const int64_t d = p->d, dp = round_up(d, NR), nkb = (kend + bc - 1) / bc;
+    const int64_t k_off = b * p->k_stride_b + hk * p->k_stride_h, v_off = b * p->v_stride_b + hk * p->v_stride_h;
+    memset(w->kt, 0, sizeof(float) * nkb * dp * bc);
+    for (int64_t j = 0; j < nkb * bc; j++) {
+        float *vr = w->v + j * dp, *kt = w->kt + (j / bc) * dp * bc + j % bc;
+        if (j < kend) {
+            const int64_t ko = k_off + j * p->k_stride_s, vo = v_off + j * p->v_stride_s;
+            for (int64_t e = 0; e < d; e++) {
+                kt[e * bc] = load_elem(p->k, ko + e, p->dtype);
+                vr[e] = load_elem(p->v, vo + e, p->dtype);
+            }
+            for (int64_t e = d; e < dp; e++) vr[e] = 0.f;
+        } else {
+            memset(vr, 0, sizeof(float) * dp);
+        }
+    }
+}
+
+/* Query rows [i0, i0 + Br) of head (b, h) against the packed keys of its kv head. */
 static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t h,
                        int64_t i0) {
     const int64_t d = p->d, dp = round_up(d, NR), bc = cfg->bc;
     const int br = (int)(p->sq - i0 < cfg->br ? p->sq - i0 : cfg->br);
-    const int64_t hk = h / p->h_per_kv;
     const int64_t q_off = b * p->q_stride_b + h * p->q_stride_h;
-    const int64_t k_off = b * p->k_stride_b + hk * p->k_stride_h;
-    const int64_t v_off = b * p->v_stride_b + hk * p->v_stride_h;
 
     for (int r = 0; r < br; r++) {
         float *qr = w->q + r * dp;
@@ -156,22 +195,8 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
     for (int64_t j0 = 0; j0 < kend; j0 += bc) {
         const int64_t n = kend - j0 < bc ? kend - j0 : bc;
         const int64_t np = round_up(n, NR);
-        for (int64_t c = 0; c < np; c++) { /* pack K_j^T and V_j; keys past n are zero, never read */
-            float *vr = w->v + c * dp;
-            if (c < n) {
-                const int64_t ko = k_off + (j0 + c) * p->k_stride_s, vo = v_off + (j0 + c) * p->v_stride_s;
-                for (int64_t e = 0; e < d; e++) {
-                    w->kt[e * bc + c] = load_elem(p->k, ko + e, p->dtype);
-                    vr[e] = load_elem(p->v, vo + e, p->dtype);
-                }
-                for (int64_t e = d; e < dp; e++) vr[e] = 0.f;
-            } else {
-                for (int64_t e = 0; e < d; e++) w->kt[e * bc + c] = 0.f;
-                memset(vr, 0, sizeof(float) * dp);
-            }
-        }
         /* S = Q_i K_j^T (already in log2 units) */
-        gemm_rows(w->q, dp, w->kt, bc, w->s, bc, br, (int)np, (int)d, 0);
+        gemm_rows(w->q, dp, w->kt + (j0 / bc) * dp * bc, bc, w->s, bc, br, (int)np, (int)d, 0);
 
         for (int r = 0; r < br; r++) {
             float *s = w->s + r * bc;
@@ -179,8 +204,7 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
             if (visible > n) visible = n;
             if (visible < 0) visible = 0;
             for (int64_t c = visible; c < np; c++) s[c] = -INFINITY;
-            float mx = w->m[r];
-            for (int64_t c = 0; c < visible; c++) mx = (s[c] > mx || s[c] != s[c]) ? s[c] : mx; /* NaN sticks */
+            const float mx = row_max(s, np, w->m[r]);
             if (mx == -INFINITY) { /* nothing visible yet in this row */
                 memset(s, 0, sizeof(float) * np);
                 continue;
@@ -202,7 +226,7 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
             }
         }
         /* acc += P V_j */
-        gemm_rows(w->s, bc, w->v, dp, w->acc, dp, br, (int)dp, (int)np, 1);
+        gemm_rows(w->s, bc, w->v + j0 * dp, dp, w->acc, dp, br, (int)dp, (int)np, 1);
     }
 
     for (int r = 0; r < br; r++) {
@@ -216,23 +240,40 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
     }
 }
 
+/* One task: query blocks [qb0, qb1) of every query head that reads kv head (b, hk). */
+static void attn_task(const attn_params *p, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
+                      int64_t qb0, int64_t qb1) {
+    const int64_t i_last = (qb1 * cfg->br < p->sq ? qb1 * cfg->br : p->sq) - 1;
+    const int64_t kend = fattn_row_kend(p, i_last);
+    pack_kv(p, cfg->bc, b, hk, kend, w);
+    for (int64_t g = 0; g < p->h_per_kv; g++)
+        for (int64_t qb = qb1 - 1; qb >= qb0; qb--) attn_block(p, cfg, w, b, hk * p->h_per_kv + g, qb * cfg->br);
+}
+
 static void *alloc_floats(int64_t n) { return aligned_alloc(64, (size_t)round_up(n * 4, 64)); }
 
 fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg) {
     fattn_cpu_config c = cfg ? *cfg : fattn_cpu_default_config();
     if (c.br < 1 || c.bc < NR || c.bc % NR)
         return FATTN_FAIL(FATTN_ERR_INVALID, "cpu config: br must be >= 1 and bc a multiple of %d", NR);
-    const int64_t nqb = (p->sq + c.br - 1) / c.br, ntask = p->b * p->h * nqb;
-    if (ntask == 0) return FATTN_OK;
-    const int64_t dp = round_up(p->d, NR);
+    const int64_t nqb = (p->sq + c.br - 1) / c.br, heads = p->b * p->h_kv;
+    if (nqb == 0 || heads == 0) return FATTN_OK;
+    int nthreads = 1;
+#ifdef _OPENMP
+    nthreads = c.threads > 0 ? c.threads : omp_get_max_threads();
+#endif
+    /* Split a head's query blocks into chunks only when there are fewer than ~2 tasks per thread. */
+    int64_t chunks = (2 * nthreads + heads - 1) / heads;
+    if (chunks > nqb) chunks = nqb;
+    const int64_t per_chunk = (nqb + chunks - 1) / chunks, ntask = heads * chunks;
+    if (nthreads > ntask) nthreads = (int)ntask;
+    const int64_t dp = round_up(p->d, NR), kpad = round_up(p->sk, c.bc);
     int failed = 0;
 #ifdef _OPENMP
-    int nthreads = c.threads > 0 ? c.threads : omp_get_max_threads();
-    if (nthreads > ntask) nthreads = (int)ntask;
 #pragma omp parallel num_threads(nthreads) reduction(| : failed)
 #endif
     {
-        scratch w = {alloc_floats(c.br * dp), alloc_floats(dp * c.bc), alloc_floats(c.bc * dp),
+        scratch w = {alloc_floats(c.br * dp), alloc_floats(kpad * dp), alloc_floats(kpad * dp),
                      alloc_floats(c.br * c.bc), alloc_floats(c.br * dp), alloc_floats(c.br), alloc_floats(c.br)};
         if (!w.q || !w.kt || !w.v || !w.s || !w.acc || !w.m || !w.l) {
             failed = 1;
@@ -241,9 +282,10 @@ fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg
 #pragma omp for schedule(dynamic, 1)
 #endif
             for (int64_t t = 0; t < ntask; t++) {
-                /* last query blocks first: under a causal mask they are the longest */
-                const int64_t nbh = p->b * p->h, qb = nqb - 1 - t / nbh, bh = t % nbh;
-                attn_block(p, &c, &w, bh / p->h, bh % p->h, qb * c.br);
+                /* last chunks first: under a causal mask they are the longest */
+                const int64_t ch = chunks - 1 - t / heads, bh = t % heads;
+                const int64_t qb0 = ch * per_chunk, qb1 = qb0 + per_chunk < nqb ? qb0 + per_chunk : nqb;
+                if (qb0 < qb1) attn_task(p, &c, &w, bh / p->h_kv, bh % p->h_kv, qb0, qb1);
             }
         }
         free(w.q); free(w.kt); free(w.v); free(w.s); free(w.acc); free(w.m); free(w.l);
