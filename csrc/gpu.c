@@ -10,7 +10,8 @@
 #ifdef FATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#define FATTN_VARIANT_ROW(name, summary, min_sm, dtypes) {#name, summary, min_sm, dtypes, fattn_launch_##name},
+#define FATTN_VARIANT_ROW(name, summary, min_sm, dtypes) \
+    {#name, summary, min_sm, dtypes, fattn_launch_##name, fattn_check_##name},
 const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW){0}};
 #undef FATTN_VARIANT_ROW
 
@@ -57,6 +58,16 @@ fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *nam
     return FATTN_OK;
 }
 
+const fattn_variant *fattn_gpu_default(int device, const attn_params *p) {
+    int sm, sm_count;
+    if (fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0)) return NULL;
+    const fattn_variant *best = NULL;
+    for (const fattn_variant *v = fattn_gpu_variants; v->name; v++)
+        if (sm >= v->min_sm && (v->dtypes >> p->dtype & 1) && v->check(p) == FATTN_OK) best = v;
+    if (!best) FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "no GPU variant runs these arguments on device %d", device);
+    return best;
+}
+
 fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream) {
     int sm, sm_count, current = -1;
     fattn_status st = fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0);
@@ -95,5 +106,10 @@ fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *nam
 fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream) {
     (void)variant; (void)device; (void)p; (void)stream;
     return not_built();
+}
+const fattn_variant *fattn_gpu_default(int device, const attn_params *p) {
+    (void)device; (void)p;
+    not_built();
+    return NULL;
 }
 #endif

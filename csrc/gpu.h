@@ -11,8 +11,10 @@ extern "C" {
 #endif
 
 /* A launcher runs one forward pass on `stream` (a cudaStream_t) for the current device; it never allocates and
- * never synchronises.  p->sm_count is filled in by the caller. */
+ * never synchronises.  p->sm_count is filled in by the caller.  A check says, without touching the GPU, whether
+ * the variant can run these params (alignment, dtype, ...): FATTN_ERR_UNSUPPORTED with a reason if not. */
 typedef fattn_status (*fattn_launch_fn)(const attn_params *p, void *stream);
+typedef fattn_status (*fattn_check_fn)(const attn_params *p);
 
 typedef struct {
     const char *name;    /* "v0", "v1", ... */
@@ -20,15 +22,18 @@ typedef struct {
     int min_sm;          /* lowest compute capability (major*10+minor) it runs on */
     int dtypes;          /* bitmask of 1 << fattn_dtype it accepts */
     fattn_launch_fn launch;
+    fattn_check_fn check;
 } fattn_variant;
 
 /* X-macro: every GPU variant, in version order.  X(name, summary, min_sm, dtype mask) */
 #define FATTN_GPU_VARIANTS(X)                                                                                     \
     X(v0, "naive: one thread per query row, online softmax in registers", 50, 7)                                  \
-    X(v1, "tiled scalar: K/V tiles in shared memory, online softmax, warp reductions", 50, 7)
+    X(v1, "tiled scalar: K/V tiles in shared memory, online softmax, warp reductions", 50, 7)                     \
+    X(v2, "tensor cores (mma.sync m16n8k16), ldmatrix from swizzled smem, cp.async K/V pipeline", 80, 6)
 
-#define FATTN_DECLARE_LAUNCH(name, summary, min_sm, dtypes) \
-    fattn_status fattn_launch_##name(const attn_params *p, void *stream);
+#define FATTN_DECLARE_LAUNCH(name, summary, min_sm, dtypes)                                                       \
+    fattn_status fattn_launch_##name(const attn_params *p, void *stream);                                        \
+    fattn_status fattn_check_##name(const attn_params *p);
 FATTN_GPU_VARIANTS(FATTN_DECLARE_LAUNCH)
 #undef FATTN_DECLARE_LAUNCH
 
@@ -41,6 +46,9 @@ int fattn_gpu_compiled(void);
 fattn_status fattn_gpu_device_count(int *count);
 /* Compute capability (major*10+minor) and multiprocessor count of `device`. */
 fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *name, int name_len);
+/* The variant fattn uses by default on `device` for p: the highest version that runs there and whose check
+ * passes (v1 runs everything, so there always is one).  NULL with a message if the device cannot be queried. */
+const fattn_variant *fattn_gpu_default(int device, const attn_params *p);
 /* Runs `variant` on `device`: switches the current device if needed and restores it afterwards. */
 fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream);
 /* Clears a pending CUDA error (if any) so that it never leaks into the caller's next call. */

@@ -210,21 +210,28 @@ static int run_cpu(const module_state *st, const char *variant, attn_params *p) 
     return 0;
 }
 
-#define DEFAULT_GPU_VARIANT "v1"
-
 static int run_gpu(const char *variant, int device, attn_params *p, PyObject *stream) {
-    const char *name = variant ? variant : DEFAULT_GPU_VARIANT;
-    const fattn_variant *v = find_gpu_variant(name);
-    if (!v) {
-        if (!fattn_gpu_compiled()) {
-            PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support (nvcc was not found at build time)");
-            return -1;
-        }
-        PyErr_Format(PyExc_ValueError, "variant: unknown GPU variant '%s'; fattn.variants('cuda') lists them", name);
+    if (!fattn_gpu_compiled()) {
+        PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support (nvcc was not found at build time)");
         return -1;
     }
-    if (!(v->dtypes >> p->dtype & 1)) {
-        PyErr_Format(PyExc_TypeError, "variant: %s does not support this dtype", name);
+    const fattn_variant *v;
+    if (variant) {
+        v = find_gpu_variant(variant);
+        if (!v) {
+            PyErr_Format(PyExc_ValueError, "variant: unknown GPU variant '%s'; fattn.variants('cuda') lists them", variant);
+            return -1;
+        }
+        if (!(v->dtypes >> p->dtype & 1)) {
+            PyErr_Format(PyExc_TypeError, "variant: %s does not support this dtype", variant);
+            return -1;
+        }
+        if (v->check(p)) {
+            PyErr_Format(PyExc_ValueError, "variant: %s", fattn_last_error());
+            return -1;
+        }
+    } else if (!(v = fattn_gpu_default(device, p))) {
+        raise_status();
         return -1;
     }
     void *s = NULL;
@@ -384,7 +391,6 @@ static int module_exec(PyObject *module) {
     if (!n->s_dlpack || !n->s_dlpack_device || !n->s_stream || !n->s_max_version || !n->max_version) return -1;
     st->cpu = fattn_cpu_default_config();
     if (PyModule_AddIntConstant(module, "cuda_compiled", fattn_gpu_compiled()) < 0) return -1;
-    if (PyModule_AddStringConstant(module, "default_gpu_variant", DEFAULT_GPU_VARIANT) < 0) return -1;
     return 0;
 }
 

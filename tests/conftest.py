@@ -27,11 +27,16 @@ def gpu_variants():
     return fattn.variants("cuda") if HAS_CUDA else []
 
 
+def variant_dtypes(variant):
+    """dtype names a variant accepts (v2 and later: half precision only)."""
+    return ["fp32", "fp16", "bf16"] if variant in ("cpu", "v0", "v1") else ["fp16", "bf16"]
+
+
 def targets():
     """(device, variant) pairs under test: the CPU backend always, every GPU variant when a GPU is present."""
     out = [pytest.param("cpu", "cpu", id="cpu")]
     # GPU params are always listed so that a GPU-less run reports them as skipped, never silently absent.
-    names = gpu_variants() if HAS_CUDA else ["v0", "v1"]
+    names = gpu_variants() if HAS_CUDA else [name for name, _, _ in fattn._C.all_gpu_variants()] or ["v0"]
     for name in names:
         out.append(pytest.param("cuda", name, id=f"cuda-{name}", marks=pytest.mark.gpu))
     return out

@@ -7,7 +7,7 @@ from conftest import HAS_CUDA, check_close, gpu_variants, randn, torch
 import fattn
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU usable by fattn here")]
-VARIANTS = gpu_variants() if HAS_CUDA else ["v0", "v1"]
+VARIANTS = gpu_variants() if HAS_CUDA else [name for name, _, _ in fattn._C.all_gpu_variants()]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -69,6 +69,23 @@ def test_variants_listed():
     names = fattn.variants("cuda")
     assert names[:2] == ["v0", "v1"]
     assert fattn.variants(torch.device("cuda:0")) == names
+    if torch.cuda.get_device_capability() >= (8, 0):
+        assert "v2" in names
+
+
+@pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() < (8, 0), reason="v2 needs sm_80")
+def test_v2_refusals_and_fallback():
+    """v2 takes fp16/bf16 with 16-byte aligned rows: forced, it refuses others clearly; by default fattn falls
+    back to v1 for them and stays correct."""
+    q32 = randn((1, 2, 40, 64), torch.float32, "cuda", 7)
+    with pytest.raises(TypeError, match="variant: v2 does not support this dtype"):
+        fattn.attention(q32, q32, q32, variant="v2")
+    check_close(fattn.attention(q32, q32, q32), q32, q32, q32, False, None)
+    buf = randn((1, 2, 40, 64 + 4), torch.float16, "cuda", 8)
+    qm = buf[..., 4:]  # rows 8-byte aligned only, stride 68 elements
+    with pytest.raises(ValueError, match="variant: .*v2 needs q, k, v 16-byte aligned"):
+        fattn.attention(qm, qm, qm, variant="v2")
+    check_close(fattn.attention(qm, qm, qm), qm, qm, qm, False, None)
 
 
 def test_cupy_in_cupy_out():
