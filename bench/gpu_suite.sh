@@ -6,7 +6,8 @@
 #
 # Writes to OUT_DIR: suite.log (environment, build, pytest), <grid>.json and <grid>.md per grid (stamped with GPU,
 # driver, CUDA, torch, cuDNN, git SHA), and prints a short summary table last.  Variants per grid: the naive v0
-# only where it finishes in seconds (seeds); FATTN_VARIANTS overrides the tiled variants' list.
+# only where it finishes in seconds (seeds); FATTN_VARIANTS overrides the tiled variants' list.  A tree copied
+# without .git is stamped through FATTN_GIT_SHA=$(git rev-parse HEAD), set by the caller.
 set -uo pipefail
 OUT=${1:?usage: gpu_suite.sh OUT_DIR [GRIDS]}
 GRIDS=${2:-seeds fa3 decode}
