@@ -20,6 +20,9 @@
 #include "cpu_attn.h"
 #include "gpu.h"
 #include "tensor.h"
+#ifdef FATTN_WITH_CUDA
+#include "../kernels/v2_configs.h"
+#endif
 
 typedef struct {
     fattn_names names;
@@ -366,7 +369,42 @@ static PyObject *py_set_cpu_config(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* v2's compiled configurations: [(index, dp, warps, mt, bc, stages, active)], and selecting one. */
+static PyObject *py_v2_configs(PyObject *module, PyObject *unused) {
+    (void)module; (void)unused;
+    PyObject *list = PyList_New(0);
+#ifdef FATTN_WITH_CUDA
+    for (int i = 0; list && i < fattn_v2_config_count(); i++) {
+        const v2_config *c = fattn_v2_config(i);
+        const int bucket = c->dp <= 64 ? 0 : c->dp <= 128 ? 1 : 2;
+        PyObject *row = Py_BuildValue("(iiiiiiO)", i, c->dp, c->warps, c->mt, c->bc, c->stages,
+                                      fattn_v2_active(bucket) == i ? Py_True : Py_False);
+        if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
+        Py_XDECREF(row);
+    }
+#endif
+    return list;
+}
+
+static PyObject *py_v2_select(PyObject *module, PyObject *arg) {
+    (void)module;
+    const long i = PyLong_AsLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+#ifdef FATTN_WITH_CUDA
+    if (fattn_v2_select((int)i)) {
+        PyErr_Format(PyExc_ValueError, "config: %s", fattn_last_error());
+        return NULL;
+    }
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support");
+    return NULL;
+#endif
+}
+
 static PyMethodDef module_methods[] = {
+    {"v2_configs", py_v2_configs, METH_NOARGS, "[(index, dp, warps, mt, bc, stages, active)] of v2's compiled configs."},
+    {"v2_select", py_v2_select, METH_O, "v2_select(index): use config `index` for its head-dim bucket."},
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
      "forward(q, k, v, out, lse, causal, scale, layout, variant, stream): attention forward into out (and lse)."},
     {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},

@@ -1,167 +1,218 @@
 /* v2_mma.cu -- version 2: tensor cores through mma.sync (sm_80+), the FlashAttention-2 structure.
  *
- * A block of V2_WARPS warps owns Br = 16 * V2_WARPS query rows of one (b, h); warp w owns rows 16w..16w+15, so
- * the online softmax never leaves the warp.  Per key block K_j, V_j (Bc = 64 keys):
- *   S = Q K_j^T         mma.m16n8k16, Q fragments kept in registers (D <= 128) or re-read by ldmatrix (D = 256),
- *                       K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory
- *   S2 = S * scale_log2, masked -> -inf (only in the diagonal / last blocks: unmasked blocks skip the test)
+ * A block of WARPS warps owns Br = 16 * MT * WARPS query rows of one (b, h); each warp owns MT row tiles of 16,
+ * so the online softmax never leaves the warp and every K/V fragment read from shared memory feeds MT MMAs.
+ * Per key block K_j, V_j (Bc keys):
+ *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit (MT * D <= 128) or re-read by
+ *                       ldmatrix, K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory
+ *   S2 = S * scale_log2, masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
  *   m' = max(m, rowmax S2) (quad shuffles),  P = exp2(S2 - m'),  l = alpha * l + rowsum P
  *   O = alpha * O + P V_j   P re-packed from the S accumulators into A fragments (no shared memory),
  *                       V fragments by ldmatrix.trans
- * K and V stream through cp.async, interleaved: V_j lands while S_j is computed, K_{j+1} while P V_j is.
+ * K and V stream through cp.async: STAGES = 1 interleaves them in one buffer each (V_j lands while S_j is
+ * computed, K_{j+1} while P V_j is); STAGES = 2 double-buffers both, a whole block ahead.
  * Keys past the block's last visible key are zero-filled, never read (no reads past a sequence's end).
  * Head dims are bucketed at compile time (DP = 64 / 128 / 256, columns past d zero-filled); fp16 and bf16.
  * Needs 16-byte aligned q/k/v with strides a multiple of 8 elements (fattn falls back to v1 otherwise).
+ * The (WARPS, MT, Bc, STAGES) configurations compiled in are the table v2_configs below; fattn.tune sweeps it.
  * Speed: see evidence/bench (H100, fa3 grid).
  */
 #include "mma.cuh"
-
-#define V2_WARPS 4
-#define V2_BR (16 * V2_WARPS)
-#define V2_BC 64
-#define V2_THREADS (32 * V2_WARPS)
+#include "v2_configs.h"
 
 /* Element offset of 16-byte chunk c of row r in a [rows][DP] tile, XOR-swizzled by the row's low 3 bits. */
 template <int DP> DEV int swz(int r, int c) { return r * DP + ((c ^ (r & 7)) << 3); }
 
 /* Rows [0, ROWS) of a ROWS x DP tile from global memory (row stride `stride` elements) into swizzled shared
  * memory; rows >= valid and columns >= d are zero-filled without reading. */
-template <typename T, int DP, int ROWS>
+template <typename T, int DP, int ROWS, int THREADS>
 DEV void load_tile(T *smem, const T *g, int64_t stride, int64_t valid, int d, int tid) {
     constexpr int CHUNKS = DP / 8;
 #pragma unroll
-    for (int idx = tid; idx < ROWS * CHUNKS; idx += V2_THREADS) {
+    for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
         const int r = idx / CHUNKS, c = idx % CHUNKS;
         const bool in = r < valid && c * 8 < d;
         cp_async_16(smem + swz<DP>(r, c), in ? g + r * stride + c * 8 : g, in ? 16 : 0);
     }
 }
 
-template <typename T, int DP>
-__global__ void __launch_bounds__(V2_THREADS) v2_fwd(const attn_params p) {
+template <typename T, int DP, int WARPS, int MT, int BC, int STAGES>
+__global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
+    constexpr int THREADS = WARPS * 32, BR = 16 * MT * WARPS;
     constexpr int KSTEPS = DP / 16; /* k-steps of S = Q K^T */
-    constexpr int NT = V2_BC / 8;   /* n8 tiles of S */
+    constexpr int NT = BC / 8;      /* n8 tiles of S */
     constexpr int DT = DP / 8;      /* n8 tiles of O */
-    constexpr bool Q_IN_REGS = DP <= 128;
+    constexpr bool Q_IN_REGS = MT * DP <= 128;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    T *sQ = (T *)smem_raw, *sK = sQ + V2_BR * DP, *sV = sK + V2_BC * DP;
+    T *sQ = (T *)smem_raw, *sK = sQ + BR * DP, *sV = sK + STAGES * BC * DP;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int mi = lane >> 3, r8 = lane & 7; /* ldmatrix: which 8x8 matrix this lane addresses, and its row */
-    const int64_t nqb = (p.sq + V2_BR - 1) / V2_BR, nbh = p.b * p.h;
-    const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * V2_BR;
+    const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h;
+    const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * BR;
     const int64_t b = bh / p.h, h = bh % p.h;
     HEAD_OFFSETS(p, b, h);
     const T *q = (const T *)p.q + q_off + i0 * p.q_stride_s;
     const T *k = (const T *)p.k + k_off, *v = (const T *)p.v + v_off;
     const int d = (int)p.d;
 
-    const int64_t i_last = (i0 + V2_BR < p.sq ? i0 + V2_BR : p.sq) - 1;
-    const int64_t kend = fattn_row_kend(&p, i_last);   /* no row of the block sees key kend or later */
-    const int64_t kfull = fattn_row_kend(&p, i0);      /* every row of the block sees keys [0, kfull) */
-    const int nblocks = (int)((kend + V2_BC - 1) / V2_BC), nfull = (int)(kfull / V2_BC);
-    const int64_t row0 = i0 + warp * 16 + g;           /* this thread's rows: row0 and row0 + 8 */
-    const int64_t kend_r[2] = {fattn_row_kend(&p, row0), fattn_row_kend(&p, row0 + 8)};
-
-    load_tile<T, DP, V2_BR>(sQ, q, p.q_stride_s, p.sq - i0, d, tid);
-    if (nblocks > 0) load_tile<T, DP, V2_BC>(sK, k, p.k_stride_s, kend, d, tid);
-    cp_async_commit();
-
-    float o[DT][4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+    const int64_t i_last = (i0 + BR < p.sq ? i0 + BR : p.sq) - 1;
+    const int64_t kend = fattn_row_kend(&p, i_last); /* no row of the block sees key kend or later */
+    const int64_t kfull = fattn_row_kend(&p, i0);    /* every row of the block sees keys [0, kfull) */
+    const int nblocks = (int)((kend + BC - 1) / BC), nfull = (int)(kfull / BC);
+    const int wrow = warp * 16 * MT;                 /* the warp's first row in the block */
+    int64_t kend_r[MT][2];                           /* this thread's rows: wrow + 16 mt + g (+ 8) */
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) kend_r[mt][r] = fattn_row_kend(&p, i0 + wrow + 16 * mt + g + 8 * r);
+
+    auto load_kv = [&](int jb, int stage, bool with_v) {
+        const int64_t j0 = (int64_t)jb * BC;
+        load_tile<T, DP, BC, THREADS>(sK + stage * BC * DP, k + j0 * p.k_stride_s, p.k_stride_s, kend - j0, d, tid);
+        if (with_v)
+            load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, v + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
+    };
+    load_tile<T, DP, BR, THREADS>(sQ, q, p.q_stride_s, p.sq - i0, d, tid);
+    if (nblocks > 0) load_kv(0, 0, STAGES == 2);
+    cp_async_commit();
+    if (STAGES == 2) {
+        if (nblocks > 1) load_kv(1, 1, true);
+        cp_async_commit();
+    }
+
+    float o[MT][DT][4], m_i[MT][2], l_i[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        m_i[mt][0] = m_i[mt][1] = -INFINITY;
+        l_i[mt][0] = l_i[mt][1] = 0.f;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    }
     unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
 
     for (int jb = 0; jb < nblocks; jb++) {
-        const int64_t j0 = (int64_t)jb * V2_BC;
-        cp_async_wait<0>();
-        __syncthreads(); /* K_j (and Q) have landed; every warp is done with V_{j-1} */
-        load_tile<T, DP, V2_BC>(sV, v + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
-        cp_async_commit();
+        const int64_t j0 = (int64_t)jb * BC;
+        const int stage = STAGES == 2 ? jb & 1 : 0;
+        const T *sKj = sK + stage * BC * DP, *sVj = sV + stage * BC * DP;
+        if (STAGES == 2) cp_async_wait<1>(); /* block j's group is complete; j+1's may be in flight */
+        else cp_async_wait<0>();
+        __syncthreads(); /* K_j (and Q) have landed; every warp is done with the buffers about to be refilled */
+        if (STAGES == 1) {
+            load_tile<T, DP, BC, THREADS>(sV, v + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
+            cp_async_commit();
+        }
         if (Q_IN_REGS && jb == 0) {
 #pragma unroll
             for (int ks = 0; ks < (Q_IN_REGS ? KSTEPS : 0); ks++)
-                ldmatrix_x4(qf[ks], sQ + swz<DP>(warp * 16 + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+                ldmatrix_x4(qf[ks], sQ + swz<DP>(wrow + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
         }
 
         /* S = Q K_j^T */
-        float s[NT][4];
+        float s[MT][NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
-            unsigned a[4];
-            if (Q_IN_REGS) {
-                a[0] = qf[Q_IN_REGS ? ks : 0][0]; a[1] = qf[Q_IN_REGS ? ks : 0][1];
-                a[2] = qf[Q_IN_REGS ? ks : 0][2]; a[3] = qf[Q_IN_REGS ? ks : 0][3];
-            } else {
-                ldmatrix_x4(a, sQ + swz<DP>(warp * 16 + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if (Q_IN_REGS) {
+#pragma unroll
+                    for (int x = 0; x < 4; x++) a[mt][x] = qf[Q_IN_REGS ? ks : 0][x];
+                } else {
+                    ldmatrix_x4(a[mt], sQ + swz<DP>(wrow + 16 * mt + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+                }
             }
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 unsigned kb[4];
-                ldmatrix_x4(kb, sK + swz<DP>(np * 16 + r8 + (mi >> 1) * 8, ks * 2 + (mi & 1)));
+                ldmatrix_x4(kb, sKj + swz<DP>(np * 16 + r8 + (mi >> 1) * 8, ks * 2 + (mi & 1)));
                 const unsigned b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
-                mma_16816(s[2 * np], a, b0, T());
-                mma_16816(s[2 * np + 1], a, b1, T());
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(s[mt][2 * np], a[mt], b0, T());
+                    mma_16816(s[mt][2 * np + 1], a[mt], b1, T());
+                }
             }
         }
 
         /* S2 = S * scale_log2; mask keys a row cannot see (diagonal and tail blocks only) */
         const bool masked = jb >= nfull;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nt][e] *= p.scale_log2;
-                if (masked && j0 + nt * 8 + 2 * t + (e & 1) >= kend_r[e >> 1]) s[nt][e] = -INFINITY;
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[mt][nt][e] *= p.scale_log2;
+                    if (masked && j0 + nt * 8 + 2 * t + (e & 1) >= kend_r[mt][e >> 1]) s[mt][nt][e] = -INFINITY;
+                }
+
+        /* online softmax on this thread's 2 * MT rows */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                const float m_new = fmaxf(m_i[mt][r], quad_max(mx));
+                const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float alpha = fast_exp2(m_i[mt][r] - m_use);
+                m_i[mt][r] = m_new;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    s[mt][nt][2 * r] = fast_exp2(s[mt][nt][2 * r] - m_use);
+                    s[mt][nt][2 * r + 1] = fast_exp2(s[mt][nt][2 * r + 1] - m_use);
+                    rs += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+                }
+                l_i[mt][r] = l_i[mt][r] * alpha + rs;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) {
+                    o[mt][dt][2 * r] *= alpha;
+                    o[mt][dt][2 * r + 1] *= alpha;
+                }
             }
 
-        /* online softmax on this thread's two rows */
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            const float m_new = fmaxf(m_i[r], quad_max(mx));
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = fast_exp2(m_i[r] - m_use);
-            m_i[r] = m_new;
-            float rs = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                s[nt][2 * r] = fast_exp2(s[nt][2 * r] - m_use);
-                s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - m_use);
-                rs += s[nt][2 * r] + s[nt][2 * r + 1];
-            }
-            l_i[r] = l_i[r] * alpha + rs;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[dt][2 * r] *= alpha;
-                o[dt][2 * r + 1] *= alpha;
-            }
+        if (STAGES == 1) {
+            cp_async_wait<0>();
+            __syncthreads(); /* V_j has landed; every warp is done with K_j */
+            if (jb + 1 < nblocks) load_kv(jb + 1, 0, false);
+            cp_async_commit();
         }
-
-        cp_async_wait<0>();
-        __syncthreads(); /* V_j has landed; every warp is done with K_j */
-        if (jb + 1 < nblocks)
-            load_tile<T, DP, V2_BC>(sK, k + (j0 + V2_BC) * p.k_stride_s, p.k_stride_s, kend - j0 - V2_BC, d, tid);
-        cp_async_commit();
 
         /* O += P V_j */
 #pragma unroll
-        for (int kk = 0; kk < V2_BC / 16; kk++) {
-            const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1], T()), pack2(s[2 * kk][2], s[2 * kk][3], T()),
-                                   pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], T()),
-                                   pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], T())};
+        for (int kk = 0; kk < BC / 16; kk++) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1], T());
+                a[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3], T());
+                a[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1], T());
+                a[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3], T());
+            }
 #pragma unroll
             for (int dp = 0; dp < DT / 2; dp++) {
                 unsigned vb[4];
-                ldmatrix_x4_trans(vb, sV + swz<DP>(kk * 16 + r8 + (mi & 1) * 8, dp * 2 + (mi >> 1)));
+                ldmatrix_x4_trans(vb, sVj + swz<DP>(kk * 16 + r8 + (mi & 1) * 8, dp * 2 + (mi >> 1)));
                 const unsigned b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-                mma_16816(o[2 * dp], a, b0, T());
-                mma_16816(o[2 * dp + 1], a, b1, T());
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(o[mt][2 * dp], a[mt], b0, T());
+                    mma_16816(o[mt][2 * dp + 1], a[mt], b1, T());
+                }
             }
+        }
+
+        if (STAGES == 2) {
+            __syncthreads(); /* every warp is done with stage `stage`: refill it with block j + 2 */
+            if (jb + 2 < nblocks) load_kv(jb + 2, stage, true);
+            cp_async_commit();
         }
     }
     cp_async_wait<0>(); /* nothing may stay in flight into a block that exits */
@@ -169,26 +220,58 @@ __global__ void __launch_bounds__(V2_THREADS) v2_fwd(const attn_params p) {
     /* O = acc / l, LSE = (m + log2 l) ln 2 */
     T *out = (T *)p.o + o_off;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t i = row0 + 8 * r;
-        const float l = quad_sum(l_i[r]);
-        if (i >= p.sq) continue;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            const int col = dt * 8 + 2 * t;
-            if (col < d)
-                *(unsigned *)(out + i * p.o_stride_s + col) = pack2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv, T());
+        for (int r = 0; r < 2; r++) {
+            const int64_t i = i0 + wrow + 16 * mt + g + 8 * r;
+            const float l = quad_sum(l_i[mt][r]);
+            if (i >= p.sq) continue;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                const int col = dt * 8 + 2 * t;
+                if (col < d)
+                    *(unsigned *)(out + i * p.o_stride_s + col) =
+                        pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv, T());
+            }
+            if (p.lse && t == 0) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[mt][r], l);
         }
-        if (p.lse && t == 0) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[r], l);
-    }
 }
 
+/* ---- the configuration table and the launcher ------------------------------------------------------------ */
+
 typedef void (*v2_kernel)(const attn_params);
-#define V2_ROW(T) {v2_fwd<T, 64>, v2_fwd<T, 128>, v2_fwd<T, 256>}
-static const v2_kernel v2_kernels[2][3] = {V2_ROW(__half), V2_ROW(__nv_bfloat16)}; /* [dtype - 1][dp] */
-static const int v2_dp[3] = {64, 128, 256};
-static unsigned long long v2_smem_set[2][3]; /* bit per device: opt-in to > 48 KB of shared memory done */
+
+typedef struct {
+    v2_config cfg;
+    v2_kernel kern[2]; /* fp16, bf16 (NULL: that dtype is not compiled for this config) */
+} v2_entry;
+
+#define V2_ENTRY_F16(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, NULL}},
+#define V2_ENTRY_BOTH(dp, w, mt, bc, st) \
+    {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st>}},
+static const v2_entry v2_table[] = {V2_DEFAULT_CONFIGS(V2_ENTRY_BOTH) V2_SWEEP_CONFIGS(V2_ENTRY_F16)};
+#define V2_NCONFIGS ((int)(sizeof v2_table / sizeof v2_table[0]))
+
+static int v2_active[3] = {0, 1, 2}; /* per head-dim bucket: index into v2_table (defaults come first) */
+static unsigned long long v2_smem_set[V2_NCONFIGS][2]; /* bit per device: > 48 KB opt-in done */
+
+static int dp_bucket(int64_t d) { return d <= 64 ? 0 : d <= 128 ? 1 : 2; }
+
+extern "C" int fattn_v2_config_count(void) { return V2_NCONFIGS; }
+extern "C" const v2_config *fattn_v2_config(int i) { return i >= 0 && i < V2_NCONFIGS ? &v2_table[i].cfg : NULL; }
+extern "C" int fattn_v2_active(int bucket) { return v2_active[bucket]; }
+
+extern "C" fattn_status fattn_v2_select(int index) {
+    if (index < 0 || index >= V2_NCONFIGS)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d out of range [0, %d)", index, V2_NCONFIGS);
+    v2_active[dp_bucket(v2_table[index].cfg.dp)] = index;
+    return FATTN_OK;
+}
+
+static size_t v2_smem_bytes(const v2_config *c) {
+    return (size_t)(16 * c->mt * c->warps + 2 * c->stages * c->bc) * c->dp * 2;
+}
 
 static bool aligned(const void *ptr, int64_t bytes) { return (uintptr_t)ptr % (uintptr_t)bytes == 0; }
 
@@ -210,20 +293,22 @@ extern "C" fattn_status fattn_check_v2(const attn_params *p) {
 extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
     fattn_status st = fattn_check_v2(p);
     if (st) return st;
-    const int64_t nqb = (p->sq + V2_BR - 1) / V2_BR, blocks = nqb * p->b * p->h;
+    const int bucket = dp_bucket(p->d), ti = p->dtype - FATTN_F16;
+    int idx = v2_active[bucket];
+    if (!v2_table[idx].kern[ti]) idx = bucket; /* sweep configs are fp16-only: bf16 keeps the default */
+    const v2_entry *e = &v2_table[idx];
+    const int64_t br = 16 * e->cfg.mt * e->cfg.warps, nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
     if (blocks == 0) return FATTN_OK;
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: grid of %lld blocks is too large", (long long)blocks);
-    const int di = p->d <= 64 ? 0 : p->d <= 128 ? 1 : 2, ti = p->dtype - FATTN_F16;
-    const v2_kernel kern = v2_kernels[ti][di];
-    const size_t smem = (size_t)(V2_BR + 2 * V2_BC) * v2_dp[di] * 2;
+    const size_t smem = v2_smem_bytes(&e->cfg);
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
-    if (smem > 48 * 1024 && !(v2_smem_set[ti][di] >> dev & 1)) {
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        v2_smem_set[ti][di] |= 1ull << dev;
+    if (smem > 48 * 1024 && !(v2_smem_set[idx][ti] >> dev & 1)) {
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        v2_smem_set[idx][ti] |= 1ull << dev;
     }
     void *args[] = {(void *)p};
-    CUDA_CHECK(cudaLaunchKernel((const void *)kern, dim3((unsigned)blocks), dim3(V2_THREADS), args, smem,
-                                (cudaStream_t)stream));
+    CUDA_CHECK(cudaLaunchKernel((const void *)e->kern[ti], dim3((unsigned)blocks), dim3(e->cfg.warps * 32), args,
+                                smem, (cudaStream_t)stream));
     return FATTN_OK;
 }

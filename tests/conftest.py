@@ -42,6 +42,18 @@ def targets():
     return out
 
 
+def targets_with_dtypes(dtypes):
+    """(device, variant, dtype) triples: every target with each of `dtypes` it accepts (v2 and later take half
+    precision only; their refusal of float32 is tested in test_gpu.py)."""
+    out = []
+    for t in targets():
+        device, variant = t.values
+        for dt in dtypes:
+            if dt in variant_dtypes(variant):
+                out.append(pytest.param(device, variant, dt, id=f"{t.id}-{dt}", marks=t.marks))
+    return out
+
+
 def require(device):
     if device == "cuda" and not HAS_CUDA:
         pytest.skip("no CUDA GPU usable by fattn here")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conftest import DTYPES, check_close, randn, require, targets, torch, variant_dtypes
+from conftest import DTYPES, check_close, randn, require, targets, targets_with_dtypes, torch, variant_dtypes
 
 import fattn
 
@@ -20,14 +20,11 @@ def run(device, variant, q, k, v, **kw):
         return fattn.attention(q, k, v, variant=variant, **kw)
 
 
-@pytest.mark.parametrize("device,variant", targets())
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("device,variant,dtype", targets_with_dtypes(list(DTYPES)))
 @pytest.mark.parametrize("causal", CAUSAL, ids=["full", "tl", "br"])
 @pytest.mark.parametrize("sq,sk", SEQ_PAIRS, ids=[f"{a}x{b}" for a, b in SEQ_PAIRS])
 def test_parity_seqlens(device, variant, dtype, causal, sq, sk, seed, request):
     require(device)
-    if dtype not in variant_dtypes(variant):
-        pytest.skip(f"{variant} does not take {dtype} (rejected with TypeError: test_gpu.py)")
     dt = DTYPES[dtype]
     b, h, d = 1, 2, 64
     q = randn((b, h, sq, d), dt, device, seed)
@@ -90,14 +87,11 @@ def layouts(device, dt, seed):
     return out
 
 
-@pytest.mark.parametrize("device,variant", targets())
-@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("device,variant,dtype", targets_with_dtypes(["fp16", "fp32"]))
 @pytest.mark.parametrize("causal", CAUSAL, ids=["full", "tl", "br"])
 def test_parity_strided(device, variant, dtype, causal, seed, request):
     """Strided inputs: correct, and bit-identical to the same values made contiguous."""
     require(device)
-    if dtype not in variant_dtypes(variant):
-        pytest.skip(f"{variant} does not take {dtype}")
     dt = DTYPES[dtype]
     for name, q, k, v, layout, qv, kv, vv in layouts(device, dt, seed):
         o = run(device, variant, q, k, v, causal=causal, layout=layout)

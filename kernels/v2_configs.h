@@ -1,0 +1,49 @@
+/* v2_configs.h -- the tile configurations of v2 compiled ahead of time, as data.
+ *
+ * X(DP, WARPS, MT, BC, STAGES): head-dim bucket, warps per block, 16-row tiles per warp (Br = 16 * MT * WARPS),
+ * keys per block, K/V pipeline stages (1: interleaved single buffers, 2: double-buffered).
+ * V2_DEFAULT_CONFIGS lists one default per head-dim bucket, in bucket order (64, 128, 256), for fp16 and bf16;
+ * V2_SWEEP_CONFIGS are fp16 candidates that `python -m fattn.tune` (and bench/v2_sweep.py) time against them.
+ * Kept only if they can launch: registers (MT * (D/8 + Bc/8) * 4 accumulators per thread under ~200) and shared
+ * memory ((Br + 2 * STAGES * Bc) * DP * 2 bytes <= 227 KB).
+ */
+#ifndef FATTN_V2_CONFIGS_H
+#define FATTN_V2_CONFIGS_H
+
+#include "../csrc/fattn.h"
+
+typedef struct {
+    int dp, warps, mt, bc, stages;
+} v2_config;
+
+#define V2_DEFAULT_CONFIGS(X) \
+    X(64, 4, 1, 64, 1)        \
+    X(128, 4, 1, 64, 1)       \
+    X(256, 4, 1, 64, 1)
+
+#define V2_SWEEP_CONFIGS(X) \
+    X(64, 4, 2, 64, 1)      \
+    X(64, 4, 2, 64, 2)      \
+    X(64, 8, 1, 64, 2)      \
+    X(64, 8, 2, 64, 2)      \
+    X(128, 4, 2, 32, 1)     \
+    X(128, 4, 2, 32, 2)     \
+    X(128, 8, 1, 64, 2)     \
+    X(128, 8, 1, 32, 2)     \
+    X(256, 4, 1, 32, 2)     \
+    X(256, 8, 1, 32, 2)     \
+    X(256, 8, 1, 64, 1)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Implemented in kernels/v2_mma.cu (CUDA builds only). */
+int fattn_v2_config_count(void);
+const v2_config *fattn_v2_config(int i);
+int fattn_v2_active(int bucket);    /* bucket 0, 1, 2: head dims <= 64, <= 128, <= 256 */
+fattn_status fattn_v2_select(int index); /* make config `index` the one used for its head-dim bucket */
+#ifdef __cplusplus
+}
+#endif
+
+#endif
