@@ -5,8 +5,9 @@
  * Per key block K_j, V_j (Bc keys):
  *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit (MT * D <= 128) or re-read by
  *                       ldmatrix, K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory
- *   S2 = S * scale_log2, masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
- *   m' = max(m, rowmax S2) (quad shuffles),  P = exp2(S2 - m'),  l = alpha * l + rowsum P
+ *   masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
+ *   m' = max(m, rowmax S) (quad shuffles),  P = exp2(S * c - m' * c) (one FFMA, c = |scale| log2 e; a negative
+ *                       scale flips Q's sign bits instead),  l = alpha * l + rowsum P
  *   O = alpha * O + P V_j   P re-packed from the S accumulators into A fragments (no shared memory),
  *                       V fragments by ldmatrix.trans
  * K and V stream through cp.async: STAGES = 1 interleaves them in one buffer each (V_j lands while S_j is
@@ -24,15 +25,21 @@
 template <int DP> DEV int swz(int r, int c) { return r * DP + ((c ^ (r & 7)) << 3); }
 
 /* Rows [0, ROWS) of a ROWS x DP tile from global memory (row stride `stride` elements) into swizzled shared
- * memory; rows >= valid and columns >= d are zero-filled without reading. */
+ * memory; rows >= valid and columns >= d are zero-filled without reading.  Thread tid always copies chunk
+ * tid % CHUNKS of rows tid / CHUNKS + RSTEP * it: the loop unrolls to one address add and one cp.async per copy. */
 template <typename T, int DP, int ROWS, int THREADS>
 DEV void load_tile(T *smem, const T *g, int64_t stride, int64_t valid, int d, int tid) {
-    constexpr int CHUNKS = DP / 8;
+    constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
+    static_assert(THREADS % CHUNKS == 0 && (ROWS * CHUNKS) % THREADS == 0, "tile must split evenly over threads");
+    const int c = tid % CHUNKS, r0 = tid / CHUNKS;
+    const bool col_in = c * 8 < d;
+    const T *src = g + r0 * stride + c * 8;
 #pragma unroll
-    for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
-        const int r = idx / CHUNKS, c = idx % CHUNKS;
-        const bool in = r < valid && c * 8 < d;
-        cp_async_16(smem + swz<DP>(r, c), in ? g + r * stride + c * 8 : g, in ? 16 : 0);
+    for (int it = 0; it < ITERS; it++) {
+        const int r = r0 + it * RSTEP;
+        const bool in = col_in && r < valid;
+        cp_async_16(smem + swz<DP>(r, c), in ? src : g, in ? 16 : 0);
+        src += RSTEP * stride;
     }
 }
 
@@ -89,7 +96,11 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
     }
-    unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
+    unsigned qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KSTEPS : 1][4]; /* Q fragments of each row tile */
+    /* S is computed as (sign * Q) K^T with sign = sign(scale), so that S2 = S * |scale_log2| keeps the order of
+     * S: the row max is taken on raw S and exp2(S * c - m * c) is one FFMA.  Flipping fp16/bf16 sign bits is exact. */
+    const unsigned qsign = p.scale_log2 < 0.f ? 0x80008000u : 0u;
+    const float sl = fabsf(p.scale_log2);
 
     for (int jb = 0; jb < nblocks; jb++) {
         const int64_t j0 = (int64_t)jb * BC;
@@ -104,8 +115,14 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
         }
         if (Q_IN_REGS && jb == 0) {
 #pragma unroll
-            for (int ks = 0; ks < (Q_IN_REGS ? KSTEPS : 0); ks++)
-                ldmatrix_x4(qf[ks], sQ + swz<DP>(wrow + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+            for (int mt = 0; mt < (Q_IN_REGS ? MT : 0); mt++)
+#pragma unroll
+                for (int ks = 0; ks < KSTEPS; ks++)
+                {
+                    ldmatrix_x4(qf[mt][ks], sQ + swz<DP>(wrow + 16 * mt + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+#pragma unroll
+                    for (int x = 0; x < 4; x++) qf[mt][ks][x] ^= qsign;
+                }
         }
 
         /* S = Q K_j^T */
@@ -121,9 +138,11 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
             for (int mt = 0; mt < MT; mt++) {
                 if (Q_IN_REGS) {
 #pragma unroll
-                    for (int x = 0; x < 4; x++) a[mt][x] = qf[Q_IN_REGS ? ks : 0][x];
+                    for (int x = 0; x < 4; x++) a[mt][x] = qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? ks : 0][x];
                 } else {
                     ldmatrix_x4(a[mt], sQ + swz<DP>(wrow + 16 * mt + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+#pragma unroll
+                    for (int x = 0; x < 4; x++) a[mt][x] ^= qsign;
                 }
             }
 #pragma unroll
@@ -139,19 +158,23 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
             }
         }
 
-        /* S2 = S * scale_log2; mask keys a row cannot see (diagonal and tail blocks only) */
-        const bool masked = jb >= nfull;
+        /* mask keys a row cannot see (diagonal and tail blocks only), in 32-bit offsets from j0 */
+        if (jb >= nfull) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                for (int r = 0; r < 2; r++) {
+                    const int64_t lim64 = kend_r[mt][r] - j0;
+                    const int lim = lim64 < 0 ? 0 : (lim64 > BC ? BC : (int)lim64);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[mt][nt][e] *= p.scale_log2;
-                    if (masked && j0 + nt * 8 + 2 * t + (e & 1) >= kend_r[mt][e >> 1]) s[mt][nt][e] = -INFINITY;
+                    for (int nt = 0; nt < NT; nt++) {
+                        if (nt * 8 + 2 * t >= lim) s[mt][nt][2 * r] = -INFINITY;
+                        if (nt * 8 + 2 * t + 1 >= lim) s[mt][nt][2 * r + 1] = -INFINITY;
+                    }
                 }
+        }
 
-        /* online softmax on this thread's 2 * MT rows */
+        /* online softmax on this thread's 2 * MT rows: m on raw S, P = exp2(S * sl - m * sl) */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -160,14 +183,14 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
                 const float m_new = fmaxf(m_i[mt][r], quad_max(mx));
-                const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                const float alpha = fast_exp2(m_i[mt][r] - m_use);
+                const float m_scaled = m_new == -INFINITY ? 0.f : m_new * sl;
+                const float alpha = fast_exp2(fmaf(m_i[mt][r], sl, -m_scaled));
                 m_i[mt][r] = m_new;
                 float rs = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    s[mt][nt][2 * r] = fast_exp2(s[mt][nt][2 * r] - m_use);
-                    s[mt][nt][2 * r + 1] = fast_exp2(s[mt][nt][2 * r + 1] - m_use);
+                    s[mt][nt][2 * r] = fast_exp2(fmaf(s[mt][nt][2 * r], sl, -m_scaled));
+                    s[mt][nt][2 * r + 1] = fast_exp2(fmaf(s[mt][nt][2 * r + 1], sl, -m_scaled));
                     rs += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
                 }
                 l_i[mt][r] = l_i[mt][r] * alpha + rs;
@@ -234,7 +257,7 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
                     *(unsigned *)(out + i * p.o_stride_s + col) =
                         pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv, T());
             }
-            if (p.lse && t == 0) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[mt][r], l);
+            if (p.lse && t == 0) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[mt][r] * sl, l);
         }
 }
 
