@@ -6,8 +6,8 @@
  *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit (MT * D <= 128) or re-read by
  *                       ldmatrix, K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory
  *   masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
- *   m' = max(m, rowmax S) (quad shuffles),  P = exp2(S * c - m' * c) (one FFMA, c = |scale| log2 e; a negative
- *                       scale flips Q's sign bits instead),  l = alpha * l + rowsum P
+ *   m' = max(m, rowmax S) (quad shuffles),  P = exp2((S - m') * c) with c = |scale| log2 e (a negative scale
+ *                       flips Q's sign bits instead, exact),  l = alpha * l + rowsum P
  *   O = alpha * O + P V_j   P re-packed from the S accumulators into A fragments (no shared memory),
  *                       V fragments by ldmatrix.trans
  * K and V stream through cp.async: STAGES = 1 interleaves them in one buffer each (V_j lands while S_j is
@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
                 }
         }
 
-        /* online softmax on this thread's 2 * MT rows: m on raw S, P = exp2(S * sl - m * sl) */
+        /* online softmax on this thread's 2 * MT rows: m on raw S, P = exp2((S - m) * sl).  (The one-FFMA form
+         * S * sl - m * sl cancels catastrophically once |m * sl| nears 2^24: inputs of magnitude 1e5 do that.) */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -183,21 +184,25 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
                 const float m_new = fmaxf(m_i[mt][r], quad_max(mx));
-                const float m_scaled = m_new == -INFINITY ? 0.f : m_new * sl;
-                const float alpha = fast_exp2(fmaf(m_i[mt][r], sl, -m_scaled));
+                const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float alpha = fast_exp2((m_i[mt][r] - m_use) * sl);
                 m_i[mt][r] = m_new;
                 float rs = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    s[mt][nt][2 * r] = fast_exp2(fmaf(s[mt][nt][2 * r], sl, -m_scaled));
-                    s[mt][nt][2 * r + 1] = fast_exp2(fmaf(s[mt][nt][2 * r + 1], sl, -m_scaled));
+                    s[mt][nt][2 * r] = fast_exp2((s[mt][nt][2 * r] - m_use) * sl);
+                    s[mt][nt][2 * r + 1] = fast_exp2((s[mt][nt][2 * r + 1] - m_use) * sl);
                     rs += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
                 }
                 l_i[mt][r] = l_i[mt][r] * alpha + rs;
+                /* O *= alpha, skipped when no row max of the warp moved (the common case once a row has seen
+                 * its largest scores): one vote instead of DT * 2 multiplies */
+                if (__any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-                for (int dt = 0; dt < DT; dt++) {
-                    o[mt][dt][2 * r] *= alpha;
-                    o[mt][dt][2 * r + 1] *= alpha;
+                    for (int dt = 0; dt < DT; dt++) {
+                        o[mt][dt][2 * r] *= alpha;
+                        o[mt][dt][2 * r + 1] *= alpha;
+                    }
                 }
             }
 
