@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # gpu_suite.sh OUT_DIR [GRIDS] -- the whole GPU job in one call: build, GPU tests, benchmark grids.
 #
-#   bash bench/gpu_suite.sh "$OUT"                 # seeds + fa3 + decode
-#   bash bench/gpu_suite.sh "$OUT" "seeds fa3"     # a subset
+#   bash bench/gpu_suite.sh "$OUT"                          # seeds + fa3 + decode
+#   bash bench/gpu_suite.sh "$OUT" "seeds fa3 fa3_bf16"     # a subset (fa3_bf16: the fa3 grid in bfloat16)
+#   FATTN_SWEEP=1 FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT"   # also the v2 config sweep, compute-sanitizer
 #
-# Writes to OUT_DIR: suite.log (environment, build, pytest), <grid>.json and <grid>.md per grid (stamped with GPU,
-# driver, CUDA, torch, cuDNN, git SHA), and prints a short summary table last.  Variants per grid: the naive v0
+# Writes to OUT_DIR: suite.log (environment, build, pytest), <grid>.json per grid (stamped with GPU, driver, CUDA,
+# torch, cuDNN, git SHA), summary.md (every grid's Markdown table), v2_sweep.json and sanitize.log when asked,
+# and prints a short summary table last.  Variants per grid: the naive v0
 # only where it finishes in seconds (seeds); FATTN_VARIANTS overrides the tiled variants' list.  A tree copied
 # without .git is stamped through FATTN_GIT_SHA=$(git rev-parse HEAD), set by the caller.
 set -uo pipefail
 OUT=${1:?usage: gpu_suite.sh OUT_DIR [GRIDS]}
 GRIDS=${2:-seeds fa3 decode}
 mkdir -p "$OUT"
+MD_DIR=$(mktemp -d)
+: > "$OUT/summary.md"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LOG="$OUT/suite.log"
@@ -42,12 +46,23 @@ for g in $GRIDS; do
   case $g in
     seeds)  args=(--grid seeds --variants "v0,$VARIANTS") ;;
     fa3)    args=(--grid fa3 --variants "$VARIANTS" --torch-backends flash,efficient,cudnn --reps 10 --warmup 2) ;;
+    fa3_bf16) args=(--grid fa3 --dtype bf16 --variants "$VARIANTS" --torch-backends flash,efficient,cudnn --reps 10 --warmup 2) ;;
     decode) args=(--grid decode --variants "$VARIANTS" --torch-backends flash,efficient,cudnn) ;;
     *)      args=(--grid "$g" --variants "$VARIANTS") ;;
   esac
   say "bench $g: ${args[*]}"
-  python3 -m fattn.bench "${args[@]}" --json "$OUT/$g.json" --md "$OUT/$g.md" 2>>"$LOG" | tee -a "$LOG"
+  python3 -m fattn.bench "${args[@]}" --json "$OUT/$g.json" --md "$MD_DIR/$g.md" 2>>"$LOG" | tee -a "$LOG"
+  cat "$MD_DIR/$g.md" >> "$OUT/summary.md" 2>/dev/null
 done
+
+if [ "${FATTN_SWEEP:-0}" = 1 ]; then
+  say "v2 config sweep"
+  python3 bench/v2_sweep.py --json "$OUT/v2_sweep.json" 2>&1 | grep -v ": timed" | tee -a "$LOG"
+fi
+if [ "${FATTN_SANITIZE:-0}" = 1 ]; then
+  say "compute-sanitizer"
+  timeout "${FATTN_SANITIZE_TIMEOUT:-300}" bash bench/sanitize.sh "$OUT" "memcheck racecheck" | tee -a "$LOG"
+fi
 
 say "summary: fattn p50 ratio to the best torch backend (>1 = faster), per grid"
 python3 - "$OUT" $GRIDS <<'PY'

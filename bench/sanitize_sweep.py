@@ -1,5 +1,5 @@
 """A small sweep of every GPU variant for compute-sanitizer: odd sequence lengths, Sq != Sk both ways, both
-causal alignments, GQA, head dims 64/72/128/256, fp16/bf16 (fp32 for the scalar variants).
+causal alignments, GQA, head dims 64/136/256, fp16/bf16 (fp32 for the scalar variants).
 
     compute-sanitizer --tool memcheck python3 bench/sanitize_sweep.py
 Exits non-zero if any result is NaN where it must not be (the sanitizer's own report is what this is for)."""
@@ -9,7 +9,7 @@ import torch
 
 import fattn
 
-CASES = [(1, 1), (17, 113), (113, 17), (65, 64), (130, 257)]
+CASES = [(1, 1), (17, 113), (130, 65)]
 
 
 def main():
@@ -17,7 +17,7 @@ def main():
     for variant in fattn.variants("cuda"):
         dtypes = [torch.float16, torch.bfloat16] + ([torch.float32] if variant in ("v0", "v1") else [])
         for dt in dtypes:
-            for d in (64, 72, 128, 256):
+            for d in (64, 136, 256):
                 for sq, sk in CASES:
                     for causal in (False, "top_left", "bottom_right"):
                         q = torch.randn(1, 4, sq, d, device="cuda", dtype=dt)
