@@ -74,7 +74,7 @@ class BuildExt(build_ext):
         out_dir = os.path.join(self.build_temp, "kernels")
         os.makedirs(out_dir, exist_ok=True)
         sources = sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))
-        headers = glob.glob(os.path.join(ROOT, "kernels", "*.cuh")) + glob.glob(os.path.join(ROOT, "csrc", "*.h"))
+        headers = [f for pat in ("kernels/*.cuh", "kernels/*.h", "csrc/*.h") for f in glob.glob(os.path.join(ROOT, pat))]
         newest_header = max(os.path.getmtime(h) for h in headers)
 
         def one(src):

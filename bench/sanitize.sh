@@ -5,6 +5,7 @@ set -uo pipefail
 OUT=${1:?usage: sanitize.sh OUT_DIR [TOOLS]}
 TOOLS=${2:-memcheck racecheck}
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the in-place build
 mkdir -p "$OUT"
 LOG="$OUT/sanitize.log"
 : > "$LOG"
