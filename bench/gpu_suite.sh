@@ -57,7 +57,7 @@ done
 
 if [ "${FATTN_SWEEP:-0}" = 1 ]; then
   say "v2 config sweep"
-  python3 bench/v2_sweep.py --json "$MD_DIR/v2_sweep.json" 2>&1 | grep -v ": timed" | tee -a "$LOG"
+  python3 bench/v2_sweep.py --json "$OUT/v2_sweep.json" 2>&1 | grep -v ": timed" | tee -a "$LOG"
 fi
 if [ "${FATTN_SANITIZE:-0}" = 1 ]; then
   say "compute-sanitizer"
