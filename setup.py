@@ -9,6 +9,7 @@ Environment:
   FATTN_NVCC_JOBS    parallel nvcc processes (default: number of CPUs)
 """
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
@@ -62,7 +63,9 @@ class BuildExt(build_ext):
         if nvcc:
             ext.define_macros.append(("FATTN_WITH_CUDA", "1"))
             ext.include_dirs.append(os.path.join(root, "include"))
-            ext.extra_objects.extend(self.compile_kernels(nvcc, root))
+            objects = self.compile_kernels(nvcc, root)
+            ext.extra_objects.extend(objects)
+            ext.depends.extend(objects)  # relink when a kernel object changed (setuptools only checks these)
             ext.library_dirs.append(cuda_lib_dir(root))
             ext.libraries.extend(["cudart_static", "rt", "dl", "pthread", "stdc++"])
         else:
@@ -74,20 +77,26 @@ class BuildExt(build_ext):
         out_dir = os.path.join(self.build_temp, "kernels")
         os.makedirs(out_dir, exist_ok=True)
         sources = sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))
-        headers = [f for pat in ("kernels/*.cuh", "kernels/*.h", "csrc/*.h") for f in glob.glob(os.path.join(ROOT, pat))]
-        newest_header = max(os.path.getmtime(h) for h in headers)
+        headers = sorted(f for pat in ("kernels/*.cuh", "kernels/*.h", "csrc/*.h") for f in glob.glob(os.path.join(ROOT, pat)))
+        header_bytes = b"".join(open(h, "rb").read() for h in headers)
 
         def one(src):
             obj = os.path.join(out_dir, os.path.basename(src) + ".o")
-            if os.path.exists(obj) and os.path.getmtime(obj) > max(os.path.getmtime(src), newest_header):
-                return obj
             # Hopper-only files (named *_sm90a.cu) are built for sm_90a alone.
             gencodes = ["arch=compute_90a,code=sm_90a"] if src.endswith("_sm90a.cu") else archs
             cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo", "-Xptxas=-warn-spills",
                    f"-I{os.path.join(ROOT, 'csrc')}", "-c", src, "-o", obj]
             cmd += [f"-gencode={g}" for g in gencodes]
+            # Rebuild unless the source, every header and the command are byte-identical to the last build's
+            # (contents, not mtimes: trees copied between machines keep stale mtimes).
+            key = hashlib.sha256(open(src, "rb").read() + header_bytes + " ".join(cmd).encode()).hexdigest()
+            stamp = obj + ".sha256"
+            if os.path.exists(obj) and os.path.exists(stamp) and open(stamp).read() == key:
+                return obj
             print(" ".join(cmd), flush=True)
             subprocess.check_call(cmd)
+            with open(stamp, "w") as f:
+                f.write(key)
             return obj
 
         jobs = int(os.environ.get("FATTN_NVCC_JOBS", os.cpu_count() or 1))

@@ -278,10 +278,12 @@ typedef struct {
 #define V2_ENTRY_F16(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, NULL}},
 #define V2_ENTRY_BOTH(dp, w, mt, bc, st) \
     {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st>}},
-static const v2_entry v2_table[] = {V2_DEFAULT_CONFIGS(V2_ENTRY_BOTH) V2_SWEEP_CONFIGS(V2_ENTRY_F16)};
+static const v2_entry v2_table[] = {V2_DEFAULT_CONFIGS(V2_ENTRY_BOTH) V2_SMALL_GRID_CONFIGS(V2_ENTRY_BOTH)
+                                        V2_SWEEP_CONFIGS(V2_ENTRY_F16)};
 #define V2_NCONFIGS ((int)(sizeof v2_table / sizeof v2_table[0]))
 
-static int v2_active[3] = {0, 1, 2}; /* per head-dim bucket: index into v2_table (defaults come first) */
+static int v2_active[3] = {0, 1, 2}; /* per head-dim bucket: index into v2_table (defaults come first, then
+                                         the small-grid configs at 3 + bucket) */
 static unsigned long long v2_smem_set[V2_NCONFIGS][2]; /* bit per device: > 48 KB opt-in done */
 
 static int dp_bucket(int64_t d) { return d <= 64 ? 0 : d <= 128 ? 1 : 2; }
@@ -324,6 +326,11 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
     const int bucket = dp_bucket(p->d), ti = p->dtype - FATTN_F16;
     int idx = v2_active[bucket];
     if (!v2_table[idx].kern[ti]) idx = bucket; /* sweep configs are fp16-only: bf16 keeps the default */
+    if (idx == bucket) {                         /* the default: swap in 64-row tiles when it would idle SMs */
+        const v2_config *c = &v2_table[idx].cfg;
+        const int64_t br = 16 * c->mt * c->warps;
+        if ((p->sq + br - 1) / br * p->b * p->h < p->sm_count) idx = 3 + bucket;
+    }
     const v2_entry *e = &v2_table[idx];
     const int64_t br = 16 * e->cfg.mt * e->cfg.warps, nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
     if (blocks == 0) return FATTN_OK;
