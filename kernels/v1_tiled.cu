@@ -9,7 +9,7 @@
  * with P passed through shared memory.  Two __syncthreads per tile (stage, then release), warp shuffles for the
  * row max.  Head dims are bucketed at compile time (DMAX 64 / 128 / 256); any multiple of 8 up to 256 works.
  * Causal blocks stop at the last visible key of their last row; blocks are issued last-query-block first.
- * Speed: CUDA cores only (no tensor cores); see evidence/ for measured TFLOP/s.
+ * Speed (H100, evidence/bench/h100_v0v1_fa3.json): 4-20 TFLOP/s on the fa3 grid, CUDA cores only.
  */
 #include "common.cuh"
 
