@@ -45,6 +45,7 @@ VARIANTS=${FATTN_VARIANTS:-$(python3 -c 'import fattn; print(",".join(v for v in
 for g in $GRIDS; do
   case $g in
     seeds)  args=(--grid seeds --variants "v0,$VARIANTS") ;;
+    seeds_e2e) args=(--grid seeds --variants "$VARIANTS" --timer batch --reps 200) ;;
     fa3)    args=(--grid fa3 --variants "$VARIANTS" --torch-backends flash,efficient,cudnn --reps 10 --warmup 2) ;;
     fa3_bf16) args=(--grid fa3 --dtype bf16 --variants "$VARIANTS" --torch-backends flash,efficient,cudnn --reps 10 --warmup 2) ;;
     decode) args=(--grid decode --variants "$VARIANTS" --torch-backends flash,efficient,cudnn) ;;

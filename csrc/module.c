@@ -264,23 +264,24 @@ static PyObject *py_forward(PyObject *module, PyObject *const *args, Py_ssize_t 
         variant = PyUnicode_AsUTF8(variant_o);
         if (!variant) return NULL;
     }
-    int dev_type = 0, dev_id = 0;
-    if (!fattn_dlpack_device(&st->names, args[0], "q", &dev_type, &dev_id)) return NULL;
-    PyObject *dl_stream = dev_type == kDLCUDA ? stream : Py_None;
-
     fattn_tensor ts[5];
     memset(ts, 0, sizeof ts);
     PyObject *result = NULL;
+    int dev_type = 0, dev_id = 0;
     for (int i = 0; i < 4 + has_lse; i++) {
-        /* The stream goes only to CUDA producers (torch refuses one for a CPU tensor); a device mismatch is
-         * reported by build_params, naming the argument. */
-        PyObject *s = dl_stream;
-        if (i > 0 && dev_type == kDLCUDA) {
+        if (fattn_is_torch(&st->names, args[i])) { /* the lean path: no DLPack round trip */
+            if (fattn_tensor_from_torch(&st->names, args[i], names[i], &ts[i])) goto done;
+        } else {
+            /* The stream goes only to CUDA producers (torch refuses one for a CPU tensor); a device mismatch
+             * is reported by build_params, naming the argument. */
             int t = 0, id = 0;
             if (!fattn_dlpack_device(&st->names, args[i], names[i], &t, &id)) goto done;
-            s = t == kDLCUDA ? stream : Py_None;
+            if (fattn_tensor_take(&st->names, args[i], names[i], t == kDLCUDA ? stream : Py_None, &ts[i])) goto done;
         }
-        if (fattn_tensor_take(&st->names, args[i], names[i], s, &ts[i])) goto done;
+        if (i == 0) {
+            dev_type = ts[0].t->device.device_type;
+            dev_id = ts[0].t->device.device_id;
+        }
     }
     attn_params p;
     if (build_params(ts, has_lse, (int)layout, (int)causal, scale, &p)) goto done;
@@ -402,7 +403,20 @@ static PyObject *py_v2_select(PyObject *module, PyObject *arg) {
 #endif
 }
 
+/* register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16): enables the lean torch path. */
+static PyObject *py_register_torch(PyObject *module, PyObject *args) {
+    PyObject *type, *f32, *f16, *bf16;
+    if (!PyArg_ParseTuple(args, "O!OOO:register_torch", &PyType_Type, &type, &f32, &f16, &bf16)) return NULL;
+    fattn_names *n = &get_state(module)->names;
+    Py_XSETREF(n->torch_type, Py_NewRef(type));
+    Py_XSETREF(n->torch_dtypes[FATTN_F32], Py_NewRef(f32));
+    Py_XSETREF(n->torch_dtypes[FATTN_F16], Py_NewRef(f16));
+    Py_XSETREF(n->torch_dtypes[FATTN_BF16], Py_NewRef(bf16));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"register_torch", py_register_torch, METH_VARARGS, "register_torch(Tensor, float32, float16, bfloat16)."},
     {"v2_configs", py_v2_configs, METH_NOARGS, "[(index, dp, warps, mt, bc, stages, active)] of v2's compiled configs."},
     {"v2_select", py_v2_select, METH_O, "v2_select(index): use config `index` for its head-dim bucket."},
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
@@ -426,7 +440,14 @@ static int module_exec(PyObject *module) {
     n->s_stream = PyUnicode_InternFromString("stream");
     n->s_max_version = PyUnicode_InternFromString("max_version");
     n->max_version = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, 1);
-    if (!n->s_dlpack || !n->s_dlpack_device || !n->s_stream || !n->s_max_version || !n->max_version) return -1;
+    n->s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    n->s_shape = PyUnicode_InternFromString("shape");
+    n->s_stride = PyUnicode_InternFromString("stride");
+    n->s_dtype = PyUnicode_InternFromString("dtype");
+    n->s_get_device = PyUnicode_InternFromString("get_device");
+    if (!n->s_dlpack || !n->s_dlpack_device || !n->s_stream || !n->s_max_version || !n->max_version ||
+        !n->s_data_ptr || !n->s_shape || !n->s_stride || !n->s_dtype || !n->s_get_device)
+        return -1;
     st->cpu = fattn_cpu_default_config();
     if (PyModule_AddIntConstant(module, "cuda_compiled", fattn_gpu_compiled()) < 0) return -1;
     return 0;
@@ -435,6 +456,8 @@ static int module_exec(PyObject *module) {
 static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     module_state *st = get_state(module);
     Py_VISIT(st->names.max_version);
+    Py_VISIT(st->names.torch_type);
+    for (int i = 0; i < 3; i++) Py_VISIT(st->names.torch_dtypes[i]);
     return 0;
 }
 
@@ -445,6 +468,13 @@ static int module_clear(PyObject *module) {
     Py_CLEAR(st->names.s_stream);
     Py_CLEAR(st->names.s_max_version);
     Py_CLEAR(st->names.max_version);
+    Py_CLEAR(st->names.s_data_ptr);
+    Py_CLEAR(st->names.s_shape);
+    Py_CLEAR(st->names.s_stride);
+    Py_CLEAR(st->names.s_dtype);
+    Py_CLEAR(st->names.s_get_device);
+    Py_CLEAR(st->names.torch_type);
+    for (int i = 0; i < 3; i++) Py_CLEAR(st->names.torch_dtypes[i]);
     return 0;
 }
 

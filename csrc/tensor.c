@@ -118,6 +118,67 @@ int fattn_tensor_take(const fattn_names *n, PyObject *obj, const char *arg, PyOb
     return 0;
 }
 
+int fattn_is_torch(const fattn_names *n, PyObject *obj) {
+    return n->torch_type && PyObject_TypeCheck(obj, (PyTypeObject *)n->torch_type);
+}
+
+/* A tuple of ints (torch.Size or the stride() tuple) into dst; returns its length, or -1 if not ints. */
+static int int_tuple(PyObject *tup, int64_t *dst) {
+    if (!tup || !PyTuple_Check(tup) || PyTuple_GET_SIZE(tup) > FATTN_MAX_NDIM) return -1;
+    const int n = (int)PyTuple_GET_SIZE(tup);
+    for (int i = 0; i < n; i++) {
+        dst[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(tup, i));
+        if (dst[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return n;
+}
+
+int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg, fattn_tensor *out) {
+    memset(out, 0, sizeof *out);
+    out->arg = arg;
+    DLTensor *t = &out->local;
+    PyObject *dtype = PyObject_GetAttr(obj, n->s_dtype);
+    if (!dtype) return -1;
+    int dt = -1;
+    for (int i = 0; i < 3; i++)
+        if (dtype == n->torch_dtypes[i]) dt = i;
+    if (dt < 0) {
+        PyErr_Format(PyExc_TypeError, "%s: dtype %R is not supported; use float16, bfloat16 or float32", arg, dtype);
+        Py_DECREF(dtype);
+        return -1;
+    }
+    Py_DECREF(dtype);
+    t->dtype.code = dt == FATTN_BF16 ? kDLBfloat : kDLFloat;
+    t->dtype.bits = dt == FATTN_F32 ? 32 : 16;
+    t->dtype.lanes = 1;
+
+    PyObject *ptr = PyObject_CallMethodNoArgs(obj, n->s_data_ptr);
+    PyObject *dev = ptr ? PyObject_CallMethodNoArgs(obj, n->s_get_device) : NULL;
+    PyObject *shape = dev ? PyObject_GetAttr(obj, n->s_shape) : NULL;
+    PyObject *stride = shape ? PyObject_CallMethodNoArgs(obj, n->s_stride) : NULL;
+    int ok = stride != NULL;
+    if (ok) {
+        t->data = PyLong_AsVoidPtr(ptr);
+        const long device = PyLong_AsLong(dev);
+        t->device.device_type = device < 0 ? kDLCPU : kDLCUDA;
+        t->device.device_id = device < 0 ? 0 : (int32_t)device;
+        const int nd = int_tuple(shape, out->local_shape), ns = int_tuple(stride, out->local_strides);
+        ok = !PyErr_Occurred() && nd >= 0 && nd == ns;
+        t->ndim = nd;
+        t->shape = out->local_shape;
+        t->strides = out->local_strides;
+        if (!ok && !PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "%s: could not read the tensor's shape and strides", arg);
+    }
+    Py_XDECREF(ptr);
+    Py_XDECREF(dev);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    if (!ok) return -1;
+    out->t = t;
+    return 0;
+}
+
 void fattn_tensor_release(fattn_tensor *t) {
     if (!t->capsule) return;
     /* A deleter may run Python code (dropping the producer's array): keep a pending exception out of its way. */

@@ -1,5 +1,6 @@
 """fattn's public API: attention() and variants()."""
 from . import _C
+from . import _frameworks
 from ._frameworks import CPU, CUDA, CUDA_HOST, EMPTY, current_stream, framework_of
 
 _CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
@@ -59,8 +60,14 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
 
     fw = framework_of(q)
     if fw == "torch":
-        q, k, v = _torch_inputs(q, k, v)
-    dev_type, dev_id = _C.dlpack_device(q)
+        if _frameworks._torch_raw_stream is None:
+            _frameworks.register_torch(_C)
+        if q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False):
+            _refuse_grad()
+        dev = q.get_device()
+        dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
+    else:
+        dev_type, dev_id = _C.dlpack_device(q)
 
     if out is None or ((return_lse or lse is not None) and lse is None):
         shape = tuple(q.shape)
@@ -78,17 +85,13 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
     return (out, lse) if lse is not None else out
 
 
-def _torch_inputs(q, k, v):
-    """torch tensors that require grad cannot be exported through DLPack; fattn has no backward yet, so say so
-    unless autograd is off, in which case the detached views are used."""
-    if q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False):
-        import torch
+def _refuse_grad():
+    """fattn has no backward pass yet: a tensor that requires grad is refused while autograd is recording."""
+    import torch
 
-        if torch.is_grad_enabled():
-            raise NotImplementedError(
-                "fattn has no backward pass yet: call it under torch.no_grad() or pass detached tensors")
-        q, k, v = (x.detach() if isinstance(x, torch.Tensor) else x for x in (q, k, v))
-    return q, k, v
+    if torch.is_grad_enabled():
+        raise NotImplementedError(
+            "fattn has no backward pass yet: call it under torch.no_grad() or pass detached tensors")
 
 
 def _parse_device(device):

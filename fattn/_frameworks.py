@@ -19,8 +19,8 @@ def framework_of(x):
 
 
 def _torch_empty(like, shape, float32):
-    torch = sys.modules["torch"]
-    return torch.empty(shape, dtype=torch.float32 if float32 else like.dtype, device=like.device)
+    # new_empty inherits dtype and device: one call, no torch.device object built per call
+    return like.new_empty(shape, dtype=sys.modules["torch"].float32) if float32 else like.new_empty(shape)
 
 
 def _numpy_empty(like, shape, float32):
@@ -51,11 +51,23 @@ def _other_empty(like, shape, float32):
 EMPTY = {"torch": _torch_empty, "numpy": _numpy_empty, "cupy": _cupy_empty, "jax": _jax_empty, "other": _other_empty}
 
 
+_torch_raw_stream = None
+
+
+def register_torch(C):
+    """Tell the C extension about torch's tensor type and dtypes (the lean path), once, on first torch use."""
+    global _torch_raw_stream
+    torch = sys.modules["torch"]
+    C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16)
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, without building a Stream object
+    _torch_raw_stream = raw or (lambda idx: torch.cuda.current_stream(idx).cuda_stream)
+
+
 def current_stream(fw, x, device_id):
     """The caller's current CUDA stream handle for device `device_id`, as DLPack's stream argument wants it."""
     handle = 0
     if fw == "torch":
-        handle = sys.modules["torch"].cuda.current_stream(device_id).cuda_stream
+        handle = _torch_raw_stream(device_id)
     elif fw == "cupy":
         with sys.modules["cupy"].cuda.Device(device_id):
             handle = sys.modules["cupy"].cuda.get_current_stream().ptr

@@ -198,6 +198,27 @@ def time_cuda(fn, reps, warmup, flush):
     return percentile(us, 0.5), percentile(us, 0.9)
 
 
+def time_batch(fn, reps, warmup, flush=None, batch=20):
+    """(p50, p90) microseconds per call of back-to-back batches: CUDA events around `batch` calls, no L2 flush.
+    The end-to-end cost of a call (Python to kernel done): where the host path is slower than the kernel, the
+    GPU idles between launches and this shows it."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(max(3, reps // batch)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / batch)
+    return percentile(samples, 0.5), percentile(samples, 0.9)
+
+
 def time_triton(fn, reps, warmup, flush):
     """(p50, p90) microseconds from triton.testing.do_bench (its own L2 flush and repeat count)."""
     from triton.testing import do_bench
@@ -263,7 +284,7 @@ def run(points, impls, *, reps=None, warmup=None, timer="events", seed=0, quiet=
     warmup = (10 if cuda else 2) if warmup is None else warmup
     meta = collect_meta(device, timer if cuda else "perf_counter", command)
     meta.update(reps=reps, warmup=warmup)
-    timer_fn = time_cpu if not cuda else (time_triton if timer == "triton" else time_cuda)
+    timer_fn = time_cpu if not cuda else {"triton": time_triton, "batch": time_batch}.get(timer, time_cuda)
     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if cuda else None
     rows = []
 
@@ -428,8 +449,9 @@ def parse_args(argv=None):
         ap.add_argument(out, metavar="PATH")
     ap.add_argument("--reps", type=int, help="timed repeats (default 50 on cuda, 10 on cpu)")
     ap.add_argument("--warmup", type=int, help="untimed calls first (default 10 on cuda, 2 on cpu)")
-    ap.add_argument("--timer", choices=("events", "triton"), default="events",
-                    help="cuda timer: own event loop (default) or triton.testing.do_bench")
+    ap.add_argument("--timer", choices=("events", "triton", "batch"), default="events",
+                    help="cuda timer: events around each call with the L2 flushed (default), "
+                         "triton.testing.do_bench, or batch: events around back-to-back calls (end-to-end latency)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
     args = ap.parse_args(argv)
