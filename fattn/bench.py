@@ -447,6 +447,7 @@ def parse_args(argv=None):
     ap.add_argument("--grid", choices=GRIDS, help="run a named grid instead of --shape")
     for out in ("--json", "--csv", "--md"):
         ap.add_argument(out, metavar="PATH")
+    ap.add_argument("--plot", metavar="PATH", help="PNG: TFLOP/s vs sequence length, or latency bars (needs matplotlib)")
     ap.add_argument("--reps", type=int, help="timed repeats (default 50 on cuda, 10 on cpu)")
     ap.add_argument("--warmup", type=int, help="untimed calls first (default 10 on cuda, 2 on cpu)")
     ap.add_argument("--timer", choices=("events", "triton", "batch"), default="events",
@@ -521,6 +522,10 @@ def main(argv=None):
     for path, writer in ((args.json, write_json), (args.csv, write_csv), (args.md, write_md)):
         if path:
             writer(path, meta, rows)
+    if args.plot:
+        from .plot import plot
+
+        plot(rows, meta, args.plot)
     return 1 if any(_bad(r) and r["impl"].startswith("fattn:") for r in rows) else 0
 
 

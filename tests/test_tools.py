@@ -1,0 +1,79 @@
+"""The tools around the kernels, on synthetic results (no GPU needed): gate comparison logic, plots, reports."""
+import json
+
+import pytest
+
+from fattn import bench, gate
+
+
+def row(impl, ratio=None, err=1e-4, B=1, S=512, causal=False, p50=10.0, dtype="fp16"):
+    r = {"grid": "seeds", "B": B, "H": 8, "H_kv": 8, "Sq": S, "Sk": S, "D": 64, "causal": causal, "dtype": dtype,
+         "impl": impl, "p50_us": p50, "p90_us": p50 * 1.1, "tflops": 4 * B * 8 * S * S * 64 / p50 / 1e6,
+         "max_abs_err": err, "ratio_vs_best_torch": ratio}
+    return r
+
+
+def test_compare_statuses():
+    base = [row("fattn:v2", 1.00, S=512), row("fattn:v2", 1.00, S=1024), row("fattn:v2", 1.00, S=2048),
+            row("fattn:v2", 1.00, S=4096), row("torch:cudnn", None, S=512), row("fattn:v1", None, S=512)]
+    new = [row("fattn:v2", 0.98, S=512),                 # -2%: within 3%
+           row("fattn:v2", 0.90, S=1024),                # -10%: slower
+           row("fattn:v2", 1.20, S=2048, err=float("nan")),  # NaN error: wrong, however fast
+           row("torch:cudnn", None, S=512)]              # S=4096 missing
+    res = {r["point"].split()[2]: r for r in gate.compare(base, new, threshold=0.03)}
+    assert res["S=512"]["status"] == "ok" and res["S=512"]["change"] == pytest.approx(-0.02)
+    assert res["S=1024"]["status"] == "slower"
+    assert res["S=2048"]["status"] == "wrong"
+    assert res["S=4096"]["status"] == "missing"
+    assert len(res) == 4  # torch rows and fattn rows without a ratio are not gated
+    text = gate.format_results(list(res.values()), 0.03)
+    assert "1 ok, 3 failed" in text and "slower" in text
+
+
+def test_points_of_dedupes():
+    rows = [row("fattn:v2", 1.0), row("torch:cudnn"), row("fattn:v2", 1.0, S=1024)]
+    pts = gate.points_of(rows, "cpu")
+    assert [p["Sq"] for p in pts] == [512, 1024] and all(p["device"] == "cpu" for p in pts)
+
+
+@pytest.mark.parametrize("base_ratio,expect", [(1e-3, 0), (1e3, 1)])
+def test_gate_end_to_end_on_cpu(tmp_path, base_ratio, expect):
+    """A baseline ratio far below any real one must pass, far above must fail: deterministic despite noise."""
+    base = {"meta": {"device": "cpu", "date": "x", "gpu": "cpu", "git_sha": None, "timer": "perf_counter"},
+            "rows": [dict(row("fattn:cpu", base_ratio, S=64, dtype="fp32"), grid="shape"),
+                     dict(row("torch:cpu", None, S=64, dtype="fp32"), grid="shape")]}
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(base))
+    out = tmp_path / "gate.json"
+    rc = gate.main(["--baseline", str(path), "--no-tests", "--reps", "3", "--json", str(out)])
+    assert rc == expect
+    res = json.loads(out.read_text())["results"]
+    assert len(res) == 1 and res[0]["status"] == ("ok" if expect == 0 else "slower")
+
+
+def test_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    from fattn import plot
+
+    meta = {"gpu": "test", "torch": "x", "git_sha": "abc"}
+    seq = [dict(row(i, S=s, p50=s / 10), grid="fa3") for s in (512, 1024, 2048) for i in ("fattn:v2", "torch:flash")]
+    lat = [row(i, B=b) for b in (1, 4) for i in ("fattn:v2", "torch:cudnn")]
+    for rows in (seq, lat):
+        p = tmp_path / "x.png"
+        plot.plot(rows, meta, str(p))
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert plot.is_seqlen_grid(seq) and not plot.is_seqlen_grid(lat)
+    with pytest.raises(ValueError):
+        plot.plot([], meta, str(tmp_path / "y.png"))
+
+
+def test_bench_writers(tmp_path):
+    meta = {"gpu": "test", "date": "d", "git_sha": "abc", "notes": []}
+    rows = [row("fattn:v2", 1.1), row("torch:cudnn")]
+    bench.write_json(str(tmp_path / "a.json"), meta, rows)
+    bench.write_csv(str(tmp_path / "a.csv"), meta, rows)
+    bench.write_md(str(tmp_path / "a.md"), meta, rows)
+    assert json.loads((tmp_path / "a.json").read_text())["rows"][0]["impl"] == "fattn:v2"
+    assert (tmp_path / "a.csv").read_text().splitlines()[0].startswith("grid,B,H")
+    assert "fattn:v2" in (tmp_path / "a.md").read_text()
