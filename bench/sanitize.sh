@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # sanitize.sh OUT_DIR [TOOLS] -- compute-sanitizer over bench/sanitize_sweep.py (every GPU variant, small odd
-# shapes), one tool at a time (default: memcheck racecheck).  Writes OUT_DIR/sanitize.log, prints a summary.
+# shapes), one tool at a time (default: memcheck racecheck synccheck initcheck).  Writes OUT_DIR/sanitize.log, prints a summary.
 set -uo pipefail
 OUT=${1:?usage: sanitize.sh OUT_DIR [TOOLS]}
-TOOLS=${2:-memcheck racecheck}
+TOOLS=${2:-memcheck racecheck synccheck initcheck}
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the in-place build
 mkdir -p "$OUT"

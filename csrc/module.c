@@ -18,6 +18,7 @@
 #include <math.h>
 
 #include "cpu_attn.h"
+#include "gemm_baseline.h"
 #include "gpu.h"
 #include "tensor.h"
 #ifdef FATTN_WITH_CUDA
@@ -403,6 +404,50 @@ static PyObject *py_v2_select(PyObject *module, PyObject *arg) {
 #endif
 }
 
+/* gemm_baseline(q, k, v, s, o, stream, cublas_path): the unfused two-GEMM baseline on contiguous (B, H, S, D)
+ * fp16/bf16 arrays; s is a (B, H, Sq, Sk) scratch array of the same dtype. */
+static PyObject *py_gemm_baseline(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "gemm_baseline(q, k, v, s, o, stream, cublas_path)");
+        return NULL;
+    }
+    module_state *st = get_state(module);
+    static const char *names[5] = {"q", "k", "v", "s", "out"};
+    const char *path = PyUnicode_AsUTF8(args[6]);
+    if (!path) return NULL;
+    fattn_tensor ts[5];
+    memset(ts, 0, sizeof ts);
+    PyObject *result = NULL;
+    for (int i = 0; i < 5; i++) {
+        int t = 0, id = 0;
+        if (fattn_is_torch(&st->names, args[i])) {
+            if (fattn_tensor_from_torch(&st->names, args[i], names[i], &ts[i])) goto done;
+        } else if (!fattn_dlpack_device(&st->names, args[i], names[i], &t, &id) ||
+                   fattn_tensor_take(&st->names, args[i], names[i], args[5], &ts[i])) {
+            goto done;
+        }
+    }
+    fattn_tensor qkvo[4] = {ts[0], ts[1], ts[2], ts[4]};
+    attn_params p;
+    if (build_params(qkvo, 0, 0, 0, Py_None, &p)) goto done;
+    if (p.dtype == FATTN_F32 || ts[0].t->device.device_type != kDLCUDA) {
+        PyErr_SetString(PyExc_TypeError, "q: the gemm baseline takes float16 or bfloat16 CUDA arrays");
+        goto done;
+    }
+    if (p.q_stride_s != p.d || p.q_stride_h != p.sq * p.d || p.k_stride_s != p.d || p.k_stride_h != p.sk * p.d ||
+        p.v_stride_s != p.d || p.v_stride_h != p.sk * p.d || p.o_stride_s != p.d || p.o_stride_h != p.sq * p.d) {
+        PyErr_SetString(PyExc_ValueError, "q: the gemm baseline needs contiguous (B, H, S, D) arrays");
+        goto done;
+    }
+    void *stream = PyLong_AsVoidPtr(args[5]);
+    if (PyErr_Occurred()) goto done;
+    if (fattn_gemm_baseline(path, &p, (char *)ts[3].t->data + ts[3].t->byte_offset, stream)) { raise_status(); goto done; }
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 5; i++) fattn_tensor_release(&ts[i]);
+    return result;
+}
+
 /* register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16): enables the lean torch path. */
 static PyObject *py_register_torch(PyObject *module, PyObject *args) {
     PyObject *type, *f32, *f16, *bf16;
@@ -416,6 +461,8 @@ static PyObject *py_register_torch(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
+    {"gemm_baseline", (PyCFunction)(void (*)(void))py_gemm_baseline, METH_FASTCALL,
+     "gemm_baseline(q, k, v, s, o, stream, cublas_path): unfused S = Q K^T, O = S V through cuBLAS."},
     {"register_torch", py_register_torch, METH_VARARGS, "register_torch(Tensor, float32, float16, bfloat16)."},
     {"v2_configs", py_v2_configs, METH_NOARGS, "[(index, dp, warps, mt, bc, stages, active)] of v2's compiled configs."},
     {"v2_select", py_v2_select, METH_O, "v2_select(index): use config `index` for its head-dim bucket."},

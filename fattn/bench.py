@@ -150,6 +150,8 @@ def make_impl(impl, q, k, v, causal):
     kind, _, name = impl.partition(":")
     if kind == "fattn":
         return (lambda: fattn.attention(q, k, v, causal=causal, variant=name)), contextlib.nullcontext
+    if kind == "cublas":
+        return gemm_baseline(q, k, v), contextlib.nullcontext
     sq, sk = q.shape[2], k.shape[2]
     need_mask = bool(causal) and sq != sk          # torch's is_causal is top-left and square-only for some backends
     if need_mask and name in ("flash", "cudnn"):
@@ -167,6 +169,41 @@ def make_impl(impl, q, k, v, causal):
     if backend is None:
         raise Skip(f"this torch has no SDPBackend.{TORCH_BACKENDS[name]}")
     return fn, (lambda: sdpa_kernel([backend]))
+
+
+def cublas_path():
+    """The libcublas torch has loaded (after one matmul), read from this process's memory map."""
+    import torch
+
+    a = torch.ones(8, 8, device="cuda", dtype=torch.float16)
+    (a @ a).sum().item()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if "/libcublas.so" in path:
+                return path
+    raise Skip("no libcublas is loaded in this process")
+
+
+def gemm_baseline(q, k, v):
+    """fn() running S = Q K^T, O = S V as two cuBLAS batched GEMMs (no softmax): the production-GEMM baseline.
+    Its output is not attention, so the row is not validated; its FLOPs are always the full (non-causal) count."""
+    import torch
+
+    if q.dtype == torch.float32 or q.shape[1] != k.shape[1]:
+        raise Skip("the gemm baseline takes fp16/bf16 with as many kv heads as heads")
+    path = cublas_path()
+    s = q.new_empty(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    o = torch.empty_like(q)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    dev = q.get_device()
+
+    def fn():
+        stream = raw(dev) if raw else torch.cuda.current_stream(dev).cuda_stream
+        fattn._C.gemm_baseline(q, k, v, s, o, stream, path)
+        return o
+    return fn
 
 
 # ---- timing -------------------------------------------------------------------------------------------------
@@ -323,14 +360,16 @@ def run(points, impls, *, reps=None, warmup=None, timer="events", seed=0, quiet=
                     if cuda:
                         torch.cuda.empty_cache()
                     continue
-                err = (out[:nb, :nh].double() - ref).abs().max().item() if ref.numel() else 0.0
+                gemm = impl.startswith("cublas:")
+                err = None if gemm else (out[:nb, :nh].double() - ref).abs().max().item() if ref.numel() else 0.0
                 del out
                 with ctx():
                     p50, p90 = timer_fn(fn, reps, warmup, flush)
                 row = {key: p[key] for key in POINT_KEYS}
-                row.update(impl=impl, p50_us=p50, p90_us=p90, tflops=flops(p) / (p50 * 1e-6) / 1e12,
+                work = flops(dict(p, causal=False) if gemm else p)
+                row.update(impl=impl, p50_us=p50, p90_us=p90, tflops=work / (p50 * 1e-6) / 1e12,
                            max_abs_err=err, ratio_vs_best_torch=None)
-                if not err <= TOL[p["dtype"]]:
+                if not gemm and not err <= TOL[p["dtype"]]:
                     print(f"WARNING: {impl} fails validation at {describe(p)} causal={p['causal']} {p['dtype']}: "
                           f"max_abs_err {err:.3g} > {TOL[p['dtype']]}", file=sys.stderr)
                 point_rows.append(row)
@@ -363,6 +402,8 @@ def _shape_cells(r):
 
 
 def _bad(r):
+    if r["impl"].startswith("cublas:"):  # the GEMM baseline computes no attention: nothing to validate
+        return ""
     return "" if r["max_abs_err"] <= TOL[r["dtype"]] else "!"
 
 
@@ -447,6 +488,8 @@ def parse_args(argv=None):
     ap.add_argument("--grid", choices=GRIDS, help="run a named grid instead of --shape")
     for out in ("--json", "--csv", "--md"):
         ap.add_argument(out, metavar="PATH")
+    ap.add_argument("--gemm", action="store_true",
+                    help="add cublas:gemm, the two unfused batched GEMMs of the same shape through cuBLAS (cuda)")
     ap.add_argument("--plot", metavar="PATH", help="PNG: TFLOP/s vs sequence length, or latency bars (needs matplotlib)")
     ap.add_argument("--reps", type=int, help="timed repeats (default 50 on cuda, 10 on cpu)")
     ap.add_argument("--warmup", type=int, help="untimed calls first (default 10 on cuda, 2 on cpu)")
@@ -497,7 +540,9 @@ def build_impls(args):
     ok = set(TORCH_BACKENDS) | ({"cpu"} if args.device == "cpu" else set())
     if set(names) - ok:
         args.error(f"--torch-backends: {sorted(set(names) - ok)} not among {sorted(ok)} for {args.device}")
-    return [f"fattn:{v}" for v in chosen] + [f"torch:{n}" for n in names]
+    if args.gemm and args.device != "cuda":
+        args.error("--gemm: the cuBLAS baseline runs on cuda only")
+    return [f"fattn:{v}" for v in chosen] + [f"torch:{n}" for n in names] + (["cublas:gemm"] if args.gemm else [])
 
 
 def main(argv=None):
