@@ -34,6 +34,7 @@ import time
 import warnings
 
 import fattn
+import fattn._frameworks
 
 GRIDS = ("seeds", "fa3", "decode", "cpu")
 TORCH_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -199,8 +200,11 @@ def gemm_baseline(q, k, v):
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     dev = q.get_device()
 
+    if fattn._frameworks._torch_raw_stream is None:  # torch tensors then take the lean path, as in attention()
+        fattn._frameworks.register_torch(fattn._C)
+
     def fn():
-        stream = raw(dev) if raw else torch.cuda.current_stream(dev).cuda_stream
+        stream = (raw(dev) if raw else torch.cuda.current_stream(dev).cuda_stream) or 1  # DLPack: 1 = legacy
         fattn._C.gemm_baseline(q, k, v, s, o, stream, path)
         return o
     return fn

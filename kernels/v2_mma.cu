@@ -68,12 +68,8 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
     const int64_t kend = fattn_row_kend(&p, i_last); /* no row of the block sees key kend or later */
     const int64_t kfull = fattn_row_kend(&p, i0);    /* every row of the block sees keys [0, kfull) */
     const int nblocks = (int)((kend + BC - 1) / BC), nfull = (int)(kfull / BC);
-    const int wrow = warp * 16 * MT;                 /* the warp's first row in the block */
-    int64_t kend_r[MT][2];                           /* this thread's rows: wrow + 16 mt + g (+ 8) */
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) kend_r[mt][r] = fattn_row_kend(&p, i0 + wrow + 16 * mt + g + 8 * r);
+    const int wrow = warp * 16 * MT;                 /* the warp's first row in the block; this thread's rows
+                                                        are wrow + 16 mt + g (+ 8) */
 
     auto load_kv = [&](int jb, int stage, bool with_v) {
         const int64_t j0 = (int64_t)jb * BC;
@@ -165,7 +161,9 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const int64_t lim64 = kend_r[mt][r] - j0;
+                    /* visible keys of this row, recomputed here: keeping them costs registers the
+                     * unmasked blocks need */
+                    const int64_t lim64 = fattn_row_kend(&p, i0 + wrow + 16 * mt + g + 8 * r) - j0;
                     const int lim = lim64 < 0 ? 0 : (lim64 > BC ? BC : (int)lim64);
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
