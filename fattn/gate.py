@@ -25,8 +25,6 @@ def row_key(r):
     return tuple(str(r[k]) for k in bench.POINT_KEYS) + (r["impl"],)
 
 
-gate_key = row_key
-
 
 def compare(base_rows, new_rows, threshold=0.03):
     """One result per fattn row of the baseline that has a ratio: status 'ok', 'slower' (ratio fell more than
@@ -128,9 +126,9 @@ def main(argv=None):
         again = [b for b in base_rows if bench.describe(b) + f" {b['dtype']} {b['causal'] or 'non-causal'}" in keys]
         _, rows2 = bench.run(points_of(again, device), [i for i in impls if i not in missing], reps=args.reps,
                              timer=timer if timer in ("events", "triton", "batch") else "events", quiet=True)
-        best = {gate_key(r): r for r in new_rows}
+        best = {row_key(r): r for r in new_rows}
         for r in rows2:
-            k = gate_key(r)
+            k = row_key(r)
             if r.get("ratio_vs_best_torch") and (k not in best or not best[k].get("ratio_vs_best_torch") or
                                                  r["ratio_vs_best_torch"] > best[k]["ratio_vs_best_torch"]):
                 best[k] = r
