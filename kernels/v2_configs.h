@@ -21,7 +21,7 @@ typedef struct {
 #define V2_DEFAULT_CONFIGS(X) \
     X(64, 4, 2, 64, 2)        \
     X(128, 4, 2, 48, 1)       \
-    X(256, 4, 1, 64, 2)
+    X(256, 8, 1, 64, 1)
 
 /* Used instead of the default when the default's grid would leave multiprocessors idle (decode, small batches):
  * 64-row tiles give more blocks.  Same bucket order, fp16 and bf16. */
@@ -40,7 +40,7 @@ typedef struct {
     X(128, 8, 1, 64, 2)     \
     X(256, 4, 1, 48, 1)     \
     X(256, 8, 1, 64, 2)     \
-    X(256, 8, 1, 64, 1)
+    X(256, 4, 1, 64, 2)
 
 #ifdef __cplusplus
 extern "C" {

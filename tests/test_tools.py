@@ -77,3 +77,32 @@ def test_bench_writers(tmp_path):
     assert json.loads((tmp_path / "a.json").read_text())["rows"][0]["impl"] == "fattn:v2"
     assert (tmp_path / "a.csv").read_text().splitlines()[0].startswith("grid,B,H")
     assert "fattn:v2" in (tmp_path / "a.md").read_text()
+
+
+def test_profile_parses_recorded_ncu_csv():
+    """tests/data/ncu_v2_d128.csv: ncu --csv --page raw --print-units base of v2 at (4, 16, 4096, 128) fp16 on
+    the H100 (evidence/profile/)."""
+    import pathlib
+
+    from fattn import profile
+
+    text = (pathlib.Path(__file__).parent / "data" / "ncu_v2_d128.csv").read_text()
+    recs = profile.parse_ncu_csv(text)
+    assert len(recs) == 1
+    rec = recs[0]
+    assert rec["kernel"].startswith("void v2_fwd<__half, 128, 4, 2, 48, 1>")
+    dur = rec[profile.METRICS["duration_ns"]]
+    assert 1e5 < dur < 1e8  # nanoseconds: 0.1 to 100 ms
+    assert rec[profile.METRICS["local_ld_bytes"]] == 0
+    assert 0 < rec[profile.METRICS["tensor_mma_pct"]] <= 100
+
+    class Args:
+        shape, sk, causal = (4, 16, 4096, 128), None, False
+
+    ceil = {"matmul_tflops": 760.0, "copy_gbps": 3000.0, "gemm_tflops": 326.0}
+    m = profile.summarize(rec, Args, ceil)
+    assert m["tflops"] == pytest.approx(4 * 4 * 16 * 4096 * 4096 * 128 / (dur * 1e-9) / 1e12)
+    assert 0 < m["frac_of_matmul_peak"] < 1 and m["frac_of_cublas_gemm"] == pytest.approx(m["tflops"] / 326.0)
+    table = profile.format_summary(rec["kernel"], m, ceil)
+    assert "TFLOP/s" in table and "registers / thread" in table
+    assert profile.parse_ncu_csv("==PROF== nothing profiled\n") == []
