@@ -102,11 +102,14 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, help="timed repeats per point (default: the bench's)")
     ap.add_argument("--json", help="write the comparison here")
     args = ap.parse_args(argv)
-    device = "cuda" if fattn.cuda_available() else "cpu"
-    path = args.baseline or default_baseline(device)
+    here = "cuda" if fattn.cuda_available() else "cpu"
+    path = args.baseline or default_baseline(here)
     if not path:
-        ap.error(f"no baseline given and none for {device} under evidence/bench")
+        ap.error(f"no baseline given and none for {here} under evidence/bench")
     doc = json.load(open(path))
+    device = doc["meta"].get("device") or here  # rerun where the baseline was measured
+    if device == "cuda" and here != "cuda":
+        ap.error(f"--baseline {path} was measured on a GPU; no usable GPU here")
     base_rows = doc["rows"]
     print(f"gate: baseline {path} ({doc['meta'].get('gpu')}, git {doc['meta'].get('git_sha')})", flush=True)
     if not args.no_tests and run_tests() != 0:
