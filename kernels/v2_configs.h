@@ -23,8 +23,8 @@ typedef struct {
     X(128, 4, 2, 48, 1)       \
     X(256, 8, 1, 64, 1)
 
-/* Used instead of the default when the default's grid would leave multiprocessors idle (decode, small batches):
- * 64-row tiles give more blocks.  Same bucket order, fp16 and bf16. */
+/* Used instead of the default when the default's grid would leave multiprocessors idle, or when Sq <= 64 (decode:
+ * the default's taller tiles would compute rows that do not exist).  Same bucket order, fp16 and bf16. */
 #define V2_SMALL_GRID_CONFIGS(X) \
     X(64, 4, 1, 64, 1)           \
     X(128, 4, 1, 64, 1)          \

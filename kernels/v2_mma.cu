@@ -325,10 +325,10 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
     const int bucket = dp_bucket(p->d), ti = p->dtype - FATTN_F16;
     int idx = v2_active[bucket];
     if (!v2_table[idx].kern[ti]) idx = bucket; /* sweep configs are fp16-only: bf16 keeps the default */
-    if (idx == bucket) {                         /* the default: swap in 64-row tiles when it would idle SMs */
+    if (idx == bucket) { /* the default: 64-row tiles when it would idle SMs or the queries fit in 64 rows */
         const v2_config *c = &v2_table[idx].cfg;
         const int64_t br = 16 * c->mt * c->warps;
-        if ((p->sq + br - 1) / br * p->b * p->h < p->sm_count) idx = 3 + bucket;
+        if ((p->sq + br - 1) / br * p->b * p->h < p->sm_count || p->sq <= 64) idx = 3 + bucket;
     }
     const v2_entry *e = &v2_table[idx];
     const int64_t br = 16 * e->cfg.mt * e->cfg.warps, nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
