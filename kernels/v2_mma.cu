@@ -16,8 +16,8 @@
  * Head dims are bucketed at compile time (DP = 64 / 128 / 256, columns past d zero-filled); fp16 and bf16.
  * Needs 16-byte aligned q/k/v with strides a multiple of 8 elements (fattn falls back to v1 otherwise).
  * The (WARPS, MT, Bc, STAGES) configurations compiled in are the table in v2_configs.h; bench/v2_sweep.py times them.
- * Speed (H100 80GB HBM3, fa3 grid fp16, evidence/bench/h100_v2_ratios.md): 162-331 TFLOP/s, 0.56-1.07x torch's
- * FlashAttention-2 and 0.33-0.65x torch cudnn; run: python -m fattn.bench --grid fa3 --variants v2.
+ * Speed (H100 80GB HBM3, fa3 grid fp16, evidence/bench/h100_v2_ratios.md): 151-340 TFLOP/s, 0.76-1.10x torch's
+ * FlashAttention-2 and 0.41-0.65x torch cudnn; decode 2.55-3.03 TB/s of K+V.  Run: python -m fattn.bench --grid fa3.
  */
 #include "mma.cuh"
 #include "v2_configs.h"
