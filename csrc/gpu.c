@@ -8,22 +8,12 @@
 #include "gpu.h"
 
 #ifdef FATTN_WITH_CUDA
-#include <cuda_runtime_api.h>
+#include "cuda_check.h"
 
 #define FATTN_VARIANT_ROW(name, summary, min_sm, dtypes) \
     {#name, summary, min_sm, dtypes, fattn_launch_##name, fattn_check_##name},
 const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW){0}};
 #undef FATTN_VARIANT_ROW
-
-#define CUDA_TRY(expr)                                                                                     \
-    do {                                                                                                   \
-        cudaError_t err_ = (expr);                                                                         \
-        if (err_ != cudaSuccess) {                                                                         \
-            cudaGetLastError();                                                                            \
-            return FATTN_FAIL(FATTN_ERR_CUDA, "%s: %s (%s)", #expr, cudaGetErrorString(err_),              \
-                              cudaGetErrorName(err_));                                                     \
-        }                                                                                                  \
-    } while (0)
 
 int fattn_gpu_compiled(void) { return 1; }
 
@@ -31,7 +21,7 @@ void fattn_gpu_clear_error(void) { (void)cudaGetLastError(); }
 
 fattn_status fattn_gpu_device_count(int *count) {
     *count = 0;
-    CUDA_TRY(cudaGetDeviceCount(count));
+    FATTN_CUDA_CHECK(cudaGetDeviceCount(count));
     return FATTN_OK;
 }
 
@@ -42,14 +32,14 @@ fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *nam
     if (device < 0 || device >= MAX_DEVICES) return FATTN_FAIL(FATTN_ERR_INVALID, "device %d out of range", device);
     if (!sm_cache[device] || name) {
         int major = 0, minor = 0, count = 0;
-        CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-        CUDA_TRY(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+        FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
         sm_count_cache[device] = count;
         sm_cache[device] = major * 10 + minor;
         if (name && name_len > 0) {
             struct cudaDeviceProp prop;
-            CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+            FATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
             snprintf(name, (size_t)name_len, "%s", prop.name);
         }
     }
@@ -76,8 +66,8 @@ fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_pa
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "variant %s needs compute capability %d.%d, device %d has %d.%d",
                           variant->name, variant->min_sm / 10, variant->min_sm % 10, device, sm / 10, sm % 10);
     p->sm_count = sm_count;
-    CUDA_TRY(cudaGetDevice(&current));
-    if (current != device) CUDA_TRY(cudaSetDevice(device));
+    FATTN_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
     st = variant->launch(p, stream);
     if (st) cudaGetLastError();
     if (current != device) {

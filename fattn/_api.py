@@ -1,7 +1,7 @@
 """fattn's public API: attention() and variants()."""
 from . import _C
 from . import _frameworks
-from ._frameworks import CPU, CUDA, CUDA_HOST, EMPTY, current_stream, framework_of
+from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
 
 _CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
 _LAYOUT = {"bhsd": 0, "bshd": 1}

@@ -96,16 +96,8 @@ def ceilings(args):
 
     from . import bench
 
-    def t_ms(fn, n=10):
-        fn()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(n):
-            fn()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e) / n
+    def t_ms(fn):  # milliseconds per call, back-to-back batches
+        return bench.time_batch(fn, reps=30, warmup=2, batch=10)[0] / 1e3
 
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
     out = {"matmul_tflops": 2 * 8192**3 / t_ms(lambda: a @ a) / 1e9}

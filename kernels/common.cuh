@@ -1,5 +1,5 @@
 /* common.cuh -- small device helpers shared by the kernel families: element conversion, warp reductions,
- * launch-error checking.  Everything is static and inline; each kernel file includes this once. */
+ * CUDA error checking (csrc/cuda_check.h).  Everything is static and inline; each kernel file includes this once. */
 #ifndef FATTN_COMMON_CUH
 #define FATTN_COMMON_CUH
 
@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include "../csrc/cuda_check.h"
 #include "../csrc/fattn.h"
 
 #define DEV static __device__ __forceinline__
@@ -40,23 +41,5 @@ DEV float warp_sum(float x) {
 
 /* Natural-log LSE from the base-2 running max and sum; -inf for a row that saw no key. */
 DEV float lse_from(float m_log2, float l) { return l > 0.f ? (m_log2 + __log2f(l)) * FATTN_LN2 : -INFINITY; }
-
-#define LAUNCH_CHECK(what)                                                                                     \
-    do {                                                                                                       \
-        cudaError_t err_ = cudaGetLastError();                                                                 \
-        if (err_ != cudaSuccess)                                                                               \
-            return FATTN_FAIL(FATTN_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(err_),                   \
-                              cudaGetErrorName(err_));                                                         \
-    } while (0)
-
-#define CUDA_CHECK(expr)                                                                                       \
-    do {                                                                                                       \
-        cudaError_t err_ = (expr);                                                                             \
-        if (err_ != cudaSuccess) {                                                                             \
-            cudaGetLastError();                                                                                \
-            return FATTN_FAIL(FATTN_ERR_CUDA, "%s: %s (%s)", #expr, cudaGetErrorString(err_),                  \
-                              cudaGetErrorName(err_));                                                         \
-        }                                                                                                      \
-    } while (0)
 
 #endif

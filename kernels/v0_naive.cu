@@ -54,7 +54,7 @@ extern "C" fattn_status fattn_launch_v0(const attn_params *p, void *stream) {
     if (rows == 0) return FATTN_OK;
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v0: %lld query rows is too many", (long long)rows);
     void *args[] = {(void *)p};
-    CUDA_CHECK(cudaLaunchKernel((const void *)v0_kernels[p->dtype], dim3((unsigned)blocks), dim3((unsigned)threads),
+    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)v0_kernels[p->dtype], dim3((unsigned)blocks), dim3((unsigned)threads),
                                 args, 0, (cudaStream_t)stream));
     return FATTN_OK;
 }

@@ -150,13 +150,13 @@ extern "C" fattn_status fattn_launch_v1(const attn_params *p, void *stream) {
     const v1_kernel kern = v1_kernels[p->dtype][di];
     const size_t smem = v1_smem_bytes(v1_dmax[di]);
     int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
+    FATTN_CUDA_CHECK(cudaGetDevice(&dev));
     if (smem > 48 * 1024 && !(v1_smem_set[p->dtype][di] >> dev & 1)) {
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         v1_smem_set[p->dtype][di] |= 1ull << dev;
     }
     void *args[] = {(void *)p};
-    CUDA_CHECK(cudaLaunchKernel((const void *)kern, dim3((unsigned)blocks), dim3(V1_WARPS * 32), args, smem,
+    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)kern, dim3((unsigned)blocks), dim3(V1_WARPS * 32), args, smem,
                                 (cudaStream_t)stream));
     return FATTN_OK;
 }

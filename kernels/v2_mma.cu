@@ -336,13 +336,13 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: grid of %lld blocks is too large", (long long)blocks);
     const size_t smem = v2_smem_bytes(&e->cfg);
     int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
+    FATTN_CUDA_CHECK(cudaGetDevice(&dev));
     if (smem > 48 * 1024 && !(v2_smem_set[idx][ti] >> dev & 1)) {
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         v2_smem_set[idx][ti] |= 1ull << dev;
     }
     void *args[] = {(void *)p};
-    CUDA_CHECK(cudaLaunchKernel((const void *)e->kern[ti], dim3((unsigned)blocks), dim3(e->cfg.warps * 32), args,
+    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)e->kern[ti], dim3((unsigned)blocks), dim3(e->cfg.warps * 32), args,
                                 smem, (cudaStream_t)stream));
     return FATTN_OK;
 }
