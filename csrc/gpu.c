@@ -17,8 +17,6 @@ const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW
 
 int fattn_gpu_compiled(void) { return 1; }
 
-void fattn_gpu_clear_error(void) { (void)cudaGetLastError(); }
-
 fattn_status fattn_gpu_device_count(int *count) {
     *count = 0;
     FATTN_CUDA_CHECK(cudaGetDeviceCount(count));
@@ -83,7 +81,6 @@ fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_pa
 const fattn_variant fattn_gpu_variants[] = {{0}};
 
 int fattn_gpu_compiled(void) { return 0; }
-void fattn_gpu_clear_error(void) {}
 
 static fattn_status not_built(void) {
     return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "fattn was built without CUDA support (nvcc was not found at build time)");

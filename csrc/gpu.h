@@ -51,8 +51,6 @@ fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *nam
 const fattn_variant *fattn_gpu_default(int device, const attn_params *p);
 /* Runs `variant` on `device`: switches the current device if needed and restores it afterwards. */
 fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream);
-/* Clears a pending CUDA error (if any) so that it never leaks into the caller's next call. */
-void fattn_gpu_clear_error(void);
 
 #ifdef __cplusplus
 }

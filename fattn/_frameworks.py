@@ -6,7 +6,7 @@ caller did not already use.
 import sys
 
 # DLPack device types
-CPU, CUDA, CUDA_HOST = 1, 2, 3
+CPU, CUDA = 1, 2
 
 
 def framework_of(x):
