@@ -249,6 +249,16 @@ static int run_gpu(const char *variant, int device, attn_params *p, PyObject *st
     return 0;
 }
 
+/* Takes argument `obj` into `out`: torch tensors through the lean path, anything else through DLPack, which is
+ * told `stream` only when the producer is on a CUDA device (torch refuses one for a CPU tensor); a device mismatch
+ * is reported later by build_params, naming the argument. */
+static int take_arg(const module_state *st, PyObject *obj, const char *name, PyObject *stream, fattn_tensor *out) {
+    if (fattn_is_torch(&st->names, obj)) return fattn_tensor_from_torch(&st->names, obj, name, out);
+    int t = 0, id = 0;
+    if (!fattn_dlpack_device(&st->names, obj, name, &t, &id)) return -1;
+    return fattn_tensor_take(&st->names, obj, name, t == kDLCUDA ? stream : Py_None, out);
+}
+
 static PyObject *py_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
         PyErr_Format(PyExc_TypeError, "forward() takes 10 positional arguments (%zd given)", nargs);
@@ -268,27 +278,13 @@ static PyObject *py_forward(PyObject *module, PyObject *const *args, Py_ssize_t 
     fattn_tensor ts[5];
     memset(ts, 0, sizeof ts);
     PyObject *result = NULL;
-    int dev_type = 0, dev_id = 0;
-    for (int i = 0; i < 4 + has_lse; i++) {
-        if (fattn_is_torch(&st->names, args[i])) { /* the lean path: no DLPack round trip */
-            if (fattn_tensor_from_torch(&st->names, args[i], names[i], &ts[i])) goto done;
-        } else {
-            /* The stream goes only to CUDA producers (torch refuses one for a CPU tensor); a device mismatch
-             * is reported by build_params, naming the argument. */
-            int t = 0, id = 0;
-            if (!fattn_dlpack_device(&st->names, args[i], names[i], &t, &id)) goto done;
-            if (fattn_tensor_take(&st->names, args[i], names[i], t == kDLCUDA ? stream : Py_None, &ts[i])) goto done;
-        }
-        if (i == 0) {
-            dev_type = ts[0].t->device.device_type;
-            dev_id = ts[0].t->device.device_id;
-        }
-    }
+    for (int i = 0; i < 4 + has_lse; i++)
+        if (take_arg(st, args[i], names[i], stream, &ts[i])) goto done;
     attn_params p;
     if (build_params(ts, has_lse, (int)layout, (int)causal, scale, &p)) goto done;
     if (p.b * p.h * p.sq == 0) { result = Py_NewRef(Py_None); goto done; } /* nothing to compute */
-    if (dev_type == kDLCUDA) {
-        if (run_gpu(variant, dev_id, &p, stream)) goto done;
+    if (ts[0].t->device.device_type == kDLCUDA) { /* build_params checked that all arrays share q's device */
+        if (run_gpu(variant, ts[0].t->device.device_id, &p, stream)) goto done;
     } else {
         if (run_cpu(st, variant, &p)) goto done;
     }
@@ -418,15 +414,8 @@ static PyObject *py_gemm_baseline(PyObject *module, PyObject *const *args, Py_ss
     fattn_tensor ts[5];
     memset(ts, 0, sizeof ts);
     PyObject *result = NULL;
-    for (int i = 0; i < 5; i++) {
-        int t = 0, id = 0;
-        if (fattn_is_torch(&st->names, args[i])) {
-            if (fattn_tensor_from_torch(&st->names, args[i], names[i], &ts[i])) goto done;
-        } else if (!fattn_dlpack_device(&st->names, args[i], names[i], &t, &id) ||
-                   fattn_tensor_take(&st->names, args[i], names[i], args[5], &ts[i])) {
-            goto done;
-        }
-    }
+    for (int i = 0; i < 5; i++)
+        if (take_arg(st, args[i], names[i], args[5], &ts[i])) goto done;
     fattn_tensor qkvo[4] = {ts[0], ts[1], ts[2], ts[4]};
     attn_params p;
     if (build_params(qkvo, 0, 0, 0, Py_None, &p)) goto done;

@@ -80,7 +80,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
             b, h, s = (shape[0], shape[1], shape[2]) if layout_code == 0 else (shape[0], shape[2], shape[1])
             lse = EMPTY[fw](q, (b, h, s), True)
 
-    stream = current_stream(fw, q, dev_id) if dev_type == CUDA else None
+    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     _C.forward(q, k, v, out, lse, causal_code, scale, layout_code, variant, stream)
     return (out, lse) if lse is not None else out
 

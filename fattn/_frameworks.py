@@ -63,7 +63,7 @@ def register_torch(C):
     _torch_raw_stream = raw or (lambda idx: torch.cuda.current_stream(idx).cuda_stream)
 
 
-def current_stream(fw, x, device_id):
+def current_stream(fw, device_id):
     """The caller's current CUDA stream handle for device `device_id`, as DLPack's stream argument wants it."""
     handle = 0
     if fw == "torch":

@@ -197,15 +197,12 @@ def gemm_baseline(q, k, v):
     s = q.new_empty(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     o = torch.empty_like(q)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     dev = q.get_device()
-
     if fattn._frameworks._torch_raw_stream is None:  # torch tensors then take the lean path, as in attention()
         fattn._frameworks.register_torch(fattn._C)
 
     def fn():
-        stream = (raw(dev) if raw else torch.cuda.current_stream(dev).cuda_stream) or 1  # DLPack: 1 = legacy
-        fattn._C.gemm_baseline(q, k, v, s, o, stream, path)
+        fattn._C.gemm_baseline(q, k, v, s, o, fattn._frameworks.current_stream("torch", dev), path)
         return o
     return fn
 
