@@ -400,6 +400,33 @@ static PyObject *py_v2_select(PyObject *module, PyObject *arg) {
 #endif
 }
 
+/* v2_set_splits(n) -> previous: split-KV forced to n splits (n >= 1), or 0 to let the heuristic decide.
+ * v2_last_splits() -> the key splits the last v2 launch used (1: none). */
+static PyObject *py_v2_set_splits(PyObject *module, PyObject *arg) {
+    (void)module;
+    const long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > 128) {
+        PyErr_SetString(PyExc_ValueError, "splits: expected 0 (automatic) or 1 to 128");
+        return NULL;
+    }
+#ifdef FATTN_WITH_CUDA
+    return PyLong_FromLong(fattn_v2_set_splits((int)n));
+#else
+    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support");
+    return NULL;
+#endif
+}
+
+static PyObject *py_v2_last_splits(PyObject *module, PyObject *unused) {
+    (void)module; (void)unused;
+#ifdef FATTN_WITH_CUDA
+    return PyLong_FromLong(fattn_v2_last_splits());
+#else
+    return PyLong_FromLong(0);
+#endif
+}
+
 /* gemm_baseline(q, k, v, s, o, stream, cublas_path): the unfused two-GEMM baseline on contiguous (B, H, S, D)
  * fp16/bf16 arrays; s is a (B, H, Sq, Sk) scratch array of the same dtype. */
 static PyObject *py_gemm_baseline(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -455,6 +482,9 @@ static PyMethodDef module_methods[] = {
     {"register_torch", py_register_torch, METH_VARARGS, "register_torch(Tensor, float32, float16, bfloat16)."},
     {"v2_configs", py_v2_configs, METH_NOARGS, "[(index, dp, warps, mt, bc, stages, active)] of v2's compiled configs."},
     {"v2_select", py_v2_select, METH_O, "v2_select(index): use config `index` for its head-dim bucket."},
+    {"v2_set_splits", py_v2_set_splits, METH_O,
+     "v2_set_splits(n) -> previous: force n key splits (1 = off), or 0 for the automatic choice."},
+    {"v2_last_splits", py_v2_last_splits, METH_NOARGS, "Key splits the last v2 launch used (1: none)."},
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
      "forward(q, k, v, out, lse, causal, scale, layout, variant, stream): attention forward into out (and lse)."},
     {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},

@@ -50,6 +50,8 @@ int fattn_v2_config_count(void);
 const v2_config *fattn_v2_config(int i);
 int fattn_v2_active(int bucket);    /* bucket 0, 1, 2: head dims <= 64, <= 128, <= 256 */
 fattn_status fattn_v2_select(int index); /* make config `index` the one used for its head-dim bucket */
+int fattn_v2_last_splits(void); /* key splits the last v2 launch used (1: none) */
+int fattn_v2_set_splits(int n); /* split-KV: 0 lets the heuristic decide, n >= 1 forces n splits; returns the old value */
 #ifdef __cplusplus
 }
 #endif

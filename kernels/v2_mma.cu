@@ -22,6 +22,8 @@
 #include "mma.cuh"
 #include "v2_configs.h"
 
+#include <pthread.h>
+
 /* Element offset of 16-byte chunk c of row r in a [rows][DP] tile, XOR-swizzled by the row's low 3 bits. */
 template <int DP> DEV int swz(int r, int c) { return r * DP + ((c ^ (r & 7)) << 3); }
 
@@ -44,8 +46,17 @@ DEV void load_tile(T *smem, const T *g, int64_t stride, int64_t valid, int d, in
     }
 }
 
+/* Split-KV (flash-decoding): with o_part set, split blockIdx.y of a grid of gridDim.y splits covers key blocks
+ * [y * blocks_per_split, (y + 1) * blocks_per_split) and writes its normalised partial output (fp32) and its LSE
+ * instead of O; v2_combine merges the splits.  o_part NULL: one split, O written directly. */
+typedef struct {
+    float *o_part;        /* [splits][b * h][sq][d] */
+    float *lse_part;      /* [splits][b * h][sq], natural log, -inf for a split that saw no key */
+    int blocks_per_split; /* key blocks of BC keys per split */
+} v2_split;
+
 template <typename T, int DP, int WARPS, int MT, int BC, int STAGES>
-__global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
+__global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p, const v2_split sp) {
     constexpr int THREADS = WARPS * 32, BR = 16 * MT * WARPS;
     constexpr int KSTEPS = DP / 16; /* k-steps of S = Q K^T */
     constexpr int NT = BC / 8;      /* n8 tiles of S */
@@ -68,6 +79,8 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
     const int64_t kend = fattn_row_kend(&p, i_last); /* no row of the block sees key kend or later */
     const int64_t kfull = fattn_row_kend(&p, i0);    /* every row of the block sees keys [0, kfull) */
     const int nblocks = (int)((kend + BC - 1) / BC), nfull = (int)(kfull / BC);
+    const int jb_begin = sp.o_part ? (int)blockIdx.y * sp.blocks_per_split : 0;
+    const int jb_end = sp.o_part ? min(nblocks, jb_begin + sp.blocks_per_split) : nblocks;
     const int wrow = warp * 16 * MT;                 /* the warp's first row in the block; this thread's rows
                                                         are wrow + 16 mt + g (+ 8) */
 
@@ -78,10 +91,10 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
             load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, v + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
     };
     load_tile<T, DP, BR, THREADS>(sQ, q, p.q_stride_s, p.sq - i0, d, tid);
-    if (nblocks > 0) load_kv(0, 0, STAGES == 2);
+    if (jb_begin < jb_end) load_kv(jb_begin, 0, STAGES == 2);
     cp_async_commit();
     if (STAGES == 2) {
-        if (nblocks > 1) load_kv(1, 1, true);
+        if (jb_begin + 1 < jb_end) load_kv(jb_begin + 1, 1, true);
         cp_async_commit();
     }
 
@@ -99,9 +112,9 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
     const unsigned qsign = p.scale_log2 < 0.f ? 0x80008000u : 0u;
     const float sl = fabsf(p.scale_log2);
 
-    for (int jb = 0; jb < nblocks; jb++) {
+    for (int jb = jb_begin; jb < jb_end; jb++) {
         const int64_t j0 = (int64_t)jb * BC;
-        const int stage = STAGES == 2 ? jb & 1 : 0;
+        const int stage = STAGES == 2 ? (jb - jb_begin) & 1 : 0;
         const T *sKj = sK + stage * BC * DP, *sVj = sV + stage * BC * DP;
         if (STAGES == 2) cp_async_wait<1>(); /* block j's group is complete; j+1's may be in flight */
         else cp_async_wait<0>();
@@ -110,7 +123,7 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
             load_tile<T, DP, BC, THREADS>(sV, v + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
             cp_async_commit();
         }
-        if (Q_IN_REGS && jb == 0) {
+        if (Q_IN_REGS && jb == jb_begin) {
 #pragma unroll
             for (int mt = 0; mt < (Q_IN_REGS ? MT : 0); mt++)
 #pragma unroll
@@ -208,7 +221,7 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
         if (STAGES == 1) {
             cp_async_wait<0>();
             __syncthreads(); /* V_j has landed; every warp is done with K_j */
-            if (jb + 1 < nblocks) load_kv(jb + 1, 0, false);
+            if (jb + 1 < jb_end) load_kv(jb + 1, 0, false);
             cp_async_commit();
         }
 
@@ -238,7 +251,7 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
 
         if (STAGES == 2) {
             __syncthreads(); /* every warp is done with stage `stage`: refill it with block j + 2 */
-            if (jb + 2 < nblocks) load_kv(jb + 2, stage, true);
+            if (jb + 2 < jb_end) load_kv(jb + 2, stage, true);
             cp_async_commit();
         }
     }
@@ -254,6 +267,18 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
             const float l = quad_sum(l_i[mt][r]);
             if (i >= p.sq) continue;
             const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (sp.o_part) { /* a split: partial O in fp32 and its LSE, merged by v2_combine */
+                const int64_t row = ((int64_t)blockIdx.y * nbh + bh) * p.sq + i;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) {
+                    const int col = dt * 8 + 2 * t;
+                    if (col < d)
+                        *(float2 *)(sp.o_part + row * d + col) =
+                            make_float2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+                }
+                if (t == 0) sp.lse_part[row] = lse_from(m_i[mt][r] * sl, l);
+                continue;
+            }
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
                 const int col = dt * 8 + 2 * t;
@@ -265,9 +290,42 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p) {
         }
 }
 
+/* Merges the splits of v2_fwd: one warp per query row.  LSE = log sum_s exp(LSE_s);  O = sum_s exp(LSE_s - LSE) O_s.
+ * Splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf.  Fixed order: the result
+ * is bitwise repeatable. */
+template <typename T>
+__global__ void __launch_bounds__(128) v2_combine(const attn_params p, const v2_split sp, int splits) {
+    const int lane = threadIdx.x & 31;
+    const int64_t nrows = p.b * p.h * p.sq, row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (row >= nrows) return;
+    const int64_t bh = row / p.sq, i = row % p.sq, b = bh / p.h, h = bh % p.h;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, sp.lse_part[s * nrows + row]);
+    float sum = 0.f;
+    for (int s = 0; s < splits; s++) {
+        const float ls = sp.lse_part[s * nrows + row];
+        if (ls != -INFINITY) sum += __expf(ls - mx);
+    }
+    const float lse = sum > 0.f ? mx + __logf(sum) : -INFINITY;
+    T *out = (T *)p.o + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
+    for (int col = 2 * lane; col < p.d; col += 64) {
+        float a0 = 0.f, a1 = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const float ls = sp.lse_part[s * nrows + row];
+            if (ls == -INFINITY) continue;
+            const float w = __expf(ls - lse);
+            const float2 x = *(const float2 *)(sp.o_part + (s * nrows + row) * p.d + col);
+            a0 += w * x.x;
+            a1 += w * x.y;
+        }
+        *(unsigned *)(out + col) = pack2(a0, a1, T());
+    }
+    if (p.lse && lane == 0) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse;
+}
+
 /* ---- the configuration table and the launcher ------------------------------------------------------------ */
 
-typedef void (*v2_kernel)(const attn_params);
+typedef void (*v2_kernel)(const attn_params, const v2_split);
 
 typedef struct {
     v2_config cfg;
@@ -319,6 +377,88 @@ extern "C" fattn_status fattn_check_v2(const attn_params *p) {
     return FATTN_OK;
 }
 
+/* ---- split-KV: how many splits, and where their partial results live ---------------------------------------- */
+
+static int v2_forced_splits = 0; /* 0: the heuristic decides; n >= 1: always n splits (tests, sweeps) */
+static int v2_last_splits = 0;   /* splits of the last launch (tests ask) */
+
+extern "C" int fattn_v2_last_splits(void) { return v2_last_splits; }
+
+extern "C" int fattn_v2_set_splits(int n) {
+    const int old = v2_forced_splits;
+    v2_forced_splits = n < 0 ? 0 : n;
+    return old;
+}
+
+/* Splits of the key sequence for a grid of `blocks` query blocks, `nkb` key blocks each: only when the grid would
+ * leave most multiprocessors idle (decode: Sq = 1 and a small batch), enough splits to give each multiprocessor
+ * SPLIT_CTAS_PER_SM blocks, each split at least SPLIT_MIN_KEY_BLOCKS key blocks long. */
+#define SPLIT_CTAS_PER_SM 4
+#define SPLIT_MIN_KEY_BLOCKS 4
+#define SPLIT_MAX 128
+static int v2_pick_splits(const attn_params *p, int64_t blocks, int64_t nkb) {
+    int64_t n = v2_forced_splits;
+    if (n == 0) {
+        if (blocks * 2 > p->sm_count * SPLIT_CTAS_PER_SM) return 1;
+        n = (p->sm_count * SPLIT_CTAS_PER_SM + blocks - 1) / blocks;
+        if (n > nkb / SPLIT_MIN_KEY_BLOCKS) n = nkb / SPLIT_MIN_KEY_BLOCKS;
+    }
+    if (n > nkb) n = nkb;
+    if (n > SPLIT_MAX) n = SPLIT_MAX;
+    return n < 1 ? 1 : (int)n;
+}
+
+/* One workspace per (device, stream), grown when a call needs more and never shared between streams (so calls on
+ * different streams cannot race on it).  It is allocated on the first split call, not per call.  Under CUDA graph
+ * capture nothing is allocated and no split is used: a captured graph must not hold a buffer a later call might
+ * free.  Calls hold the GIL; the mutex keeps the table consistent if they ever do not. */
+typedef struct {
+    int device;
+    void *stream;
+    void *buf;
+    size_t bytes;
+} v2_workspace;
+#define V2_WORKSPACES 32
+static v2_workspace v2_ws[V2_WORKSPACES];
+static int v2_nws;
+static pthread_mutex_t v2_ws_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* *buf = a workspace of >= bytes for (device, stream), or NULL when none can be had without risk (capture,
+ * table full, out of memory): the caller then runs without splits. */
+static void v2_workspace_get(int device, void *stream, size_t bytes, void **buf) {
+    *buf = NULL;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cap) != cudaSuccess) {
+        cudaGetLastError(); /* the legacy stream while another stream captures: treat as capturing */
+        return;
+    }
+    if (cap != cudaStreamCaptureStatusNone) return;
+    pthread_mutex_lock(&v2_ws_lock);
+    v2_workspace *w = NULL;
+    for (int i = 0; i < v2_nws && !w; i++)
+        if (v2_ws[i].device == device && v2_ws[i].stream == stream) w = &v2_ws[i];
+    if (!w && v2_nws < V2_WORKSPACES) {
+        w = &v2_ws[v2_nws++];
+        w->device = device;
+        w->stream = stream;
+    }
+    if (w && w->bytes < bytes) {
+        const size_t grow = bytes > 2 * w->bytes ? bytes : 2 * w->bytes;
+        void *nb = NULL;
+        if (cudaMalloc(&nb, grow) != cudaSuccess) {
+            cudaGetLastError();
+        } else {
+            if (w->buf) cudaFree(w->buf); /* synchronises the device: no queued kernel still uses the old one */
+            w->buf = nb;
+            w->bytes = grow;
+        }
+    }
+    if (w && w->bytes >= bytes) *buf = w->buf;
+    pthread_mutex_unlock(&v2_ws_lock);
+}
+
+static const void *v2_combine_kernel[2] = {(const void *)v2_combine<__half>, (const void *)v2_combine<__nv_bfloat16>};
+
 extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
     fattn_status st = fattn_check_v2(p);
     if (st) return st;
@@ -341,8 +481,34 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
         FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         v2_smem_set[idx][ti] |= 1ull << dev;
     }
-    void *args[] = {(void *)p};
-    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)e->kern[ti], dim3((unsigned)blocks), dim3(e->cfg.warps * 32), args,
-                                smem, (cudaStream_t)stream));
+    v2_split sp = {NULL, NULL, 0};
+    const int64_t nkb = (p->sk + e->cfg.bc - 1) / e->cfg.bc;
+    int splits = v2_pick_splits(p, blocks, nkb);
+    if (splits > 1) {
+        sp.blocks_per_split = (int)((nkb + splits - 1) / splits);
+        splits = (int)((nkb + sp.blocks_per_split - 1) / sp.blocks_per_split);
+        const size_t rows = (size_t)(p->b * p->h * p->sq);
+        void *ws = NULL;
+        v2_workspace_get(dev, stream, (size_t)splits * rows * (size_t)(p->d + 1) * sizeof(float), &ws);
+        if (ws) {
+            sp.o_part = (float *)ws;
+            sp.lse_part = sp.o_part + (size_t)splits * rows * (size_t)p->d;
+        } else {
+            splits = 1;
+        }
+    }
+    if (!sp.o_part) splits = 1;
+    v2_last_splits = splits;
+    void *args[] = {(void *)p, (void *)&sp};
+    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)e->kern[ti], dim3((unsigned)blocks, (unsigned)splits),
+                                      dim3(e->cfg.warps * 32), args, smem, (cudaStream_t)stream));
+    if (splits > 1) {
+        int nsplit = splits;
+        void *cargs[] = {(void *)p, (void *)&sp, (void *)&nsplit};
+        const int64_t rows = p->b * p->h * p->sq, cblocks = (rows + 3) / 4;
+        if (cblocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: %lld rows are too many to split", (long long)rows);
+        FATTN_CUDA_CHECK(cudaLaunchKernel(v2_combine_kernel[ti], dim3((unsigned)cblocks), dim3(128), cargs, 0,
+                                          (cudaStream_t)stream));
+    }
     return FATTN_OK;
 }

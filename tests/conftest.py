@@ -39,7 +39,25 @@ def targets():
     names = gpu_variants() if HAS_CUDA else [name for name, _, _ in fattn._C.all_gpu_variants()] or ["v0"]
     for name in names:
         out.append(pytest.param("cuda", name, id=f"cuda-{name}", marks=pytest.mark.gpu))
+        if name == "v2":  # v2 with split-KV forced on: every parity test runs the split + combine path too
+            out.append(pytest.param("cuda", name + SPLIT, id=f"cuda-{name}{SPLIT}", marks=pytest.mark.gpu))
     return out
+
+
+SPLIT = "-split"
+FORCED_SPLITS = 3
+
+
+def attention(q, k, v, variant=None, **kw):
+    """fattn.attention under no_grad; a variant named "<v>-split" runs <v> with FORCED_SPLITS key splits."""
+    with torch.no_grad():
+        if variant and variant.endswith(SPLIT):
+            old = fattn._C.v2_set_splits(FORCED_SPLITS)
+            try:
+                return fattn.attention(q, k, v, variant=variant[: -len(SPLIT)], **kw)
+            finally:
+                fattn._C.v2_set_splits(old)
+        return fattn.attention(q, k, v, variant=variant, **kw)
 
 
 def targets_with_dtypes(dtypes):

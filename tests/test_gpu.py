@@ -116,3 +116,79 @@ def test_jax_inputs_with_out():
     check_close(out, t, t, t, False, None)
     with pytest.raises(TypeError, match="JAX arrays are immutable"):
         fattn.attention(q, q, q)
+
+
+V2 = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() < (8, 0), reason="v2 needs sm_80")
+
+
+@V2
+@pytest.mark.parametrize("splits", [1, 2, 5, 16, 128])
+@pytest.mark.parametrize("causal", [False, "bottom_right"], ids=["full", "br"])
+def test_v2_split_counts(splits, causal):
+    """Split-KV forced to each count (more splits than key blocks included) matches the reference; LSE too."""
+    q = randn((2, 4, 3, 128), torch.float16, "cuda", 10)
+    k = randn((2, 2, 1000, 128), torch.float16, "cuda", 11)
+    v = randn((2, 2, 1000, 128), torch.float16, "cuda", 12)
+    old = fattn._C.v2_set_splits(splits)
+    try:
+        o, lse = fattn.attention(q, k, v, causal=causal, variant="v2", return_lse=True)
+        per = -(-16 // min(splits, 16))  # 1000 keys are 16 blocks of 64, dealt out evenly
+        assert fattn._C.v2_last_splits() == -(-16 // per)
+    finally:
+        fattn._C.v2_set_splits(old)
+    check_close(o, q, k, v, causal, None, lse=lse)
+
+
+@V2
+def test_v2_split_automatic_for_decode():
+    """Decode with few heads leaves most SMs idle: the heuristic splits; the result matches the unsplit one within
+    the accuracy gate, and forcing 1 split gives the unsplit kernel."""
+    q = randn((1, 4, 1, 128), torch.bfloat16, "cuda", 13)
+    k = randn((1, 4, 8192, 128), torch.bfloat16, "cuda", 14)
+    old = fattn._C.v2_set_splits(0)
+    try:
+        auto, lse = fattn.attention(q, k, k, variant="v2", return_lse=True)
+        assert fattn._C.v2_last_splits() > 1
+        fattn._C.v2_set_splits(1)
+        single = fattn.attention(q, k, k, variant="v2")
+        assert fattn._C.v2_last_splits() == 1
+    finally:
+        fattn._C.v2_set_splits(old)
+    check_close(auto, q, k, k, False, None, lse=lse)
+    check_close(single, q, k, k, False, None)
+
+
+@V2
+def test_v2_split_not_used_under_graph_capture():
+    """Under capture the split path allocates nothing and falls back to one split: capture and replay work and
+    give the unsplit result exactly; outside capture the same call splits again."""
+    q = randn((1, 2, 1, 128), torch.float16, "cuda", 15)
+    k = randn((1, 2, 4096, 128), torch.float16, "cuda", 16)
+    old = fattn._C.v2_set_splits(1)
+    try:
+        unsplit = fattn.attention(q, k, k, variant="v2")
+        fattn._C.v2_set_splits(8)
+        split = fattn.attention(q, k, k, variant="v2")
+        assert fattn._C.v2_last_splits() == 8
+        out = torch.empty_like(q)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            fattn.attention(q, k, k, variant="v2", out=out)
+        assert fattn._C.v2_last_splits() == 1
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+    finally:
+        fattn._C.v2_set_splits(old)
+    assert torch.equal(out, unsplit)
+    check_close(split, q, k, k, False, None)
+
+
+def test_v2_set_splits_checks_its_argument():
+    with pytest.raises(ValueError, match="splits"):
+        fattn._C.v2_set_splits(-1)
+    with pytest.raises(ValueError, match="splits"):
+        fattn._C.v2_set_splits(1000)
+    assert fattn._C.v2_set_splits(0) == 0

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conftest import DTYPES, check_close, randn, require, targets, targets_with_dtypes, torch, variant_dtypes
+from conftest import DTYPES, attention, check_close, randn, require, targets, targets_with_dtypes, torch, variant_dtypes
 
 import fattn
 
@@ -16,8 +16,7 @@ CAUSAL = [False, "top_left", "bottom_right"]
 
 
 def run(device, variant, q, k, v, **kw):
-    with torch.no_grad():
-        return fattn.attention(q, k, v, variant=variant, **kw)
+    return attention(q, k, v, variant=variant, **kw)
 
 
 @pytest.mark.parametrize("device,variant,dtype", targets_with_dtypes(list(DTYPES)))
