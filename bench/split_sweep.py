@@ -18,7 +18,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from conftest import check_close  # noqa: E402
 
 import fattn  # noqa: E402
-from fattn.bench import time_cuda  # noqa: E402
+from fattn.bench import collect_meta, time_cuda  # noqa: E402
 
 SHAPES = [(8, 32, 2048), (8, 32, 8192), (8, 32, 32768), (1, 32, 8192), (1, 8, 32768), (2, 16, 4096)]
 SPLITS = [0, 1, 2, 3, 4, 6, 8, 16, 32]
@@ -67,7 +67,8 @@ def main():
         print(f"{b:>2} {h:>3} {sk:>6}  " + " ".join(f"{c:>6}" for c in cells)
               + f"  {nbytes / ref['flash'] / 1e6:6.2f} {nbytes / ref['cudnn'] / 1e6:6.2f}   [auto={auto_n}]", flush=True)
     if args.json:
-        json.dump({"rows": rows}, open(args.json, "w"), indent=1)
+        meta = collect_meta("cuda", command="bench/split_sweep.py")
+        json.dump({"meta": meta, "rows": rows}, open(args.json, "w"), indent=1)
 
 
 if __name__ == "__main__":
