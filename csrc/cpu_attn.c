@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -292,4 +293,17 @@ fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg
     }
     if (failed) return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backend: out of memory for scratch buffers");
     return FATTN_OK;
+}
+
+fattn_status fattn_cpu_time(const attn_params *p, const fattn_cpu_config *cfg, int reps, int warmup, float *us) {
+    fattn_status st = FATTN_OK;
+    for (int i = 0; i < warmup && !st; i++) st = fattn_cpu_forward(p, cfg);
+    for (int i = 0; i < reps && !st; i++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        st = fattn_cpu_forward(p, cfg);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        us[i] = (float)((double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-3);
+    }
+    return st;
 }

@@ -15,4 +15,8 @@ fattn_cpu_config fattn_cpu_default_config(void);
 /* Runs on the calling thread (and its OpenMP team); never touches Python. */
 fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg);
 
+/* The timing harness on the CPU: `reps` calls after `warmup` untimed ones, each timed by CLOCK_MONOTONIC;
+ * us[i]: the microseconds of call i. */
+fattn_status fattn_cpu_time(const attn_params *p, const fattn_cpu_config *cfg, int reps, int warmup, float *us);
+
 #endif

@@ -16,7 +16,13 @@
 #ifndef FATTN_H
 #define FATTN_H
 
+#ifdef __CUDACC_RTC__ /* NVRTC (run-time compilation): no system headers */
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
+#else
 #include <stdint.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,6 +53,8 @@ typedef struct attn_params {
     int causal;                       /* fattn_causal */
     int64_t causal_offset;            /* 0 (top-left) or sk - sq (bottom-right) */
     int64_t sm_count;                 /* filled by the launcher's caller: multiprocessors on the device */
+    int config;                       /* variant-specific config index; -1: the tuned config if one is
+                                         registered for this problem, else the variant's default */
 } attn_params;
 
 /* Status codes; a non-zero status comes with a message from fattn_last_error(). */
@@ -58,9 +66,11 @@ typedef enum {
     FATTN_ERR_NOMEM = 4,
 } fattn_status;
 
+#ifndef __CUDACC_RTC__ /* host only */
 /* Records "file:line: message" in a thread-local buffer and returns `status`. */
 fattn_status fattn_set_error(fattn_status status, const char *file, int line, const char *fmt, ...);
 const char *fattn_last_error(void);
+#endif
 
 #define FATTN_FAIL(status, ...) fattn_set_error((status), __FILE__, __LINE__, __VA_ARGS__)
 
@@ -75,6 +85,15 @@ FATTN_HD int64_t fattn_row_kend(const attn_params *p, int64_t i) {
     if (!p->causal) return p->sk;
     int64_t e = i + p->causal_offset + 1;
     return e < 0 ? 0 : (e > p->sk ? p->sk : e);
+}
+
+/* The sequence-length bucket of the tuned-config cache: FATTN_SEQ_BUCKETS buckets of Sk (<= 512, <= 1k, ...,
+ * <= 32k, more), doubled by whether the queries fit one 64-row tile (decode-like calls tune differently). */
+#define FATTN_SEQ_BUCKETS 16
+FATTN_HD int fattn_seq_bucket(int64_t sq, int64_t sk) {
+    int b = 0;
+    while (b < 7 && sk > ((int64_t)512 << b)) b++;
+    return b + (sq <= 64 ? 8 : 0);
 }
 
 #ifdef __cplusplus

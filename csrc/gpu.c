@@ -76,6 +76,60 @@ fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_pa
     return st;
 }
 
+/* L2 flush buffer per device: twice the L2, allocated on the first timing call there. */
+static void *flush_buf[MAX_DEVICES];
+static size_t flush_bytes[MAX_DEVICES];
+
+static fattn_status time_one(const fattn_variant *variant, attn_params *p, void *stream, int device, int reps,
+                             int warmup, int flush, float *us) {
+    fattn_status st = FATTN_OK;
+    if (flush && !flush_buf[device]) {
+        int l2 = 0;
+        FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+        const size_t bytes = 2 * (size_t)(l2 > 0 ? l2 : 64 << 20);
+        FATTN_CUDA_CHECK(cudaMalloc(&flush_buf[device], bytes));
+        flush_bytes[device] = bytes;
+    }
+    for (int i = 0; i < warmup && !st; i++) st = variant->launch(p, stream);
+    cudaEvent_t ev[2 * FATTN_TIME_MAX_REPS];
+    int made = 0;
+    for (; made < 2 * reps && !st; made++)
+        if (cudaEventCreate(&ev[made]) != cudaSuccess) st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaEventCreate failed");
+    for (int i = 0; i < reps && !st; i++) {
+        cudaError_t e = flush ? cudaMemsetAsync(flush_buf[device], i & 0xff, flush_bytes[device], (cudaStream_t)stream)
+                              : cudaSuccess;
+        if (e == cudaSuccess) e = cudaEventRecord(ev[2 * i], (cudaStream_t)stream);
+        if (e != cudaSuccess) { st = FATTN_FAIL(FATTN_ERR_CUDA, "timing: %s", cudaGetErrorString(e)); break; }
+        if ((st = variant->launch(p, stream))) break;
+        if ((e = cudaEventRecord(ev[2 * i + 1], (cudaStream_t)stream)) != cudaSuccess)
+            st = FATTN_FAIL(FATTN_ERR_CUDA, "timing: %s", cudaGetErrorString(e));
+    }
+    if (!st) {
+        cudaError_t e = cudaEventSynchronize(ev[2 * reps - 1]);
+        for (int i = 0; i < reps && e == cudaSuccess; i++) e = cudaEventElapsedTime(&us[i], ev[2 * i], ev[2 * i + 1]);
+        if (e != cudaSuccess) st = FATTN_FAIL(FATTN_ERR_CUDA, "timing: %s", cudaGetErrorString(e));
+        for (int i = 0; i < reps; i++) us[i] *= 1000.f;
+    }
+    for (int i = 0; i < made; i++) cudaEventDestroy(ev[i]);
+    return st;
+}
+
+fattn_status fattn_gpu_time(const fattn_variant *variant, int device, attn_params *p, void *stream, int reps,
+                            int warmup, int flush, float *us) {
+    int sm, sm_count, current = -1;
+    if (reps < 1 || reps > FATTN_TIME_MAX_REPS || warmup < 0)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "reps must be in [1, %d] and warmup >= 0", FATTN_TIME_MAX_REPS);
+    fattn_status st = fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0);
+    if (st) return st;
+    p->sm_count = sm_count;
+    FATTN_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
+    st = time_one(variant, p, stream, device, reps, warmup, flush, us);
+    if (st) cudaGetLastError();
+    if (current != device) cudaSetDevice(current);
+    return st;
+}
+
 #else /* built without CUDA */
 
 const fattn_variant fattn_gpu_variants[] = {{0}};
@@ -92,6 +146,11 @@ fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *nam
 }
 fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream) {
     (void)variant; (void)device; (void)p; (void)stream;
+    return not_built();
+}
+fattn_status fattn_gpu_time(const fattn_variant *variant, int device, attn_params *p, void *stream, int reps,
+                            int warmup, int flush, float *us) {
+    (void)variant; (void)device; (void)p; (void)stream; (void)reps; (void)warmup; (void)flush; (void)us;
     return not_built();
 }
 const fattn_variant *fattn_gpu_default(int device, const attn_params *p) {

@@ -52,6 +52,13 @@ const fattn_variant *fattn_gpu_default(int device, const attn_params *p);
 /* Runs `variant` on `device`: switches the current device if needed and restores it afterwards. */
 fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream);
 
+/* The timing harness: `reps` launches of variant on `stream`, after `warmup` untimed ones, each between two CUDA
+ * events, the L2 flushed (a memset of twice its size, outside the events) before each when `flush`.  us[i]: the
+ * microseconds of launch i.  Waits for the last event (the caller releases the GIL). */
+#define FATTN_TIME_MAX_REPS 10000
+fattn_status fattn_gpu_time(const fattn_variant *variant, int device, attn_params *p, void *stream, int reps,
+                            int warmup, int flush, float *us);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,10 @@
  *   cuda_device_count() -> int          raises RuntimeError when no driver / device can be used
  *   device_info(device_id) -> (name, compute capability, multiprocessors)
  *   cpu_config() -> (br, bc, threads);  set_cpu_config(br, bc, threads)
+ *   forward(..., stream, config): config None (the tuned config if one is registered, else the default), a v2
+ *       config index (GPU), or (br, bc, threads) (CPU).  time_forward(...): the C timing harness on one call.
+ *   rtc_compile / v2_add_rtc / set_tuned / clear_tuned / seq_bucket: run-time compilation and the tuned-config
+ *       cache, driven by fattn/_rtc.py and fattn/_tuned.py.
  *
  * Arguments are checked here, each error naming its argument; C errors come back as RuntimeError with file:line.
  */
@@ -20,6 +24,7 @@
 #include "cpu_attn.h"
 #include "gemm_baseline.h"
 #include "gpu.h"
+#include "rtc.h"
 #include "tensor.h"
 #ifdef FATTN_WITH_CUDA
 #include "../kernels/v2_configs.h"
@@ -28,6 +33,11 @@
 typedef struct {
     fattn_names names;
     fattn_cpu_config cpu;
+    /* the tuned-config cache's CPU entries (fattn/_tuned.py): [dtype][head dim / 8 - 1][causal][sequence bucket],
+     * br = 0 for none */
+    fattn_cpu_config cpu_tuned[3][FATTN_MAX_HEADDIM / 8][2][FATTN_SEQ_BUCKETS];
+    fattn_cpu_config last_cpu; /* the config of the last CPU call (last_config()) */
+    int last_gpu;              /* 1 if the last call ran on the GPU */
 } module_state;
 
 static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
@@ -142,6 +152,7 @@ static int build_params(fattn_tensor *ts, int has_lse, int layout, int causal, P
     REQUIRE(!ts[3].readonly, PyExc_ValueError, "out: the array is read-only");
 
     memset(p, 0, sizeof *p);
+    p->config = -1;
     p->q = q.data; p->k = k.data; p->v = v.data; p->o = o.data;
     p->q_stride_b = q.sb; p->q_stride_h = q.sh; p->q_stride_s = q.ss;
     p->k_stride_b = k.sb; p->k_stride_h = k.sh; p->k_stride_s = k.ss;
@@ -200,53 +211,85 @@ static PyObject *raise_status(void) {
     return NULL;
 }
 
-static int run_cpu(const module_state *st, const char *variant, attn_params *p) {
+/* The CPU config of a call: an explicit (br, bc, threads) tuple, else the tuned one registered for this problem, else
+ * the module's (set_cpu_config). */
+static int parse_cpu_config(PyObject *obj, fattn_cpu_config *c) {
+    if (!PyArg_ParseTuple(obj, "iii", &c->br, &c->bc, &c->threads)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "config: expected a (br, bc, threads) tuple of ints for the CPU backend");
+        return -1;
+    }
+    if (c->br < 1 || c->br > 1024 || c->bc < 16 || c->bc > 1024 || c->bc % 16 || c->threads < 0) {
+        PyErr_SetString(PyExc_ValueError, "config: need 1 <= br <= 1024, bc a multiple of 16 in [16, 1024], threads >= 0");
+        return -1;
+    }
+    return 0;
+}
+
+static int cpu_config_for(const module_state *st, PyObject *config, const attn_params *p, fattn_cpu_config *c) {
+    if (config != Py_None) return PyTuple_Check(config) ? parse_cpu_config(config, c) :
+        (PyErr_SetString(PyExc_TypeError, "config: expected a (br, bc, threads) tuple for the CPU backend"), -1);
+    const fattn_cpu_config *t = &st->cpu_tuned[p->dtype][p->d / 8 - 1][p->causal != 0][fattn_seq_bucket(p->sq, p->sk)];
+    *c = t->br ? *t : st->cpu;
+    return 0;
+}
+
+static int check_cpu_variant(const char *variant) {
     if (variant && strcmp(variant, "cpu")) {
         PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
                      variant);
         return -1;
     }
-    fattn_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = fattn_cpu_forward(p, &st->cpu);
-    Py_END_ALLOW_THREADS
-    if (s) { raise_status(); return -1; }
     return 0;
 }
 
-static int run_gpu(const char *variant, int device, attn_params *p, PyObject *stream) {
+/* The GPU variant for a call: the named one (checked against p), or the default for the device. */
+static const fattn_variant *gpu_variant_for(const char *variant, int device, const attn_params *p) {
     if (!fattn_gpu_compiled()) {
         PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support (nvcc was not found at build time)");
-        return -1;
+        return NULL;
     }
     const fattn_variant *v;
     if (variant) {
         v = find_gpu_variant(variant);
         if (!v) {
             PyErr_Format(PyExc_ValueError, "variant: unknown GPU variant '%s'; fattn.variants('cuda') lists them", variant);
-            return -1;
+            return NULL;
         }
         if (!(v->dtypes >> p->dtype & 1)) {
             PyErr_Format(PyExc_TypeError, "variant: %s does not support this dtype", variant);
-            return -1;
+            return NULL;
         }
         if (v->check(p)) {
             PyErr_Format(PyExc_ValueError, "variant: %s", fattn_last_error());
-            return -1;
+            return NULL;
         }
     } else if (!(v = fattn_gpu_default(device, p))) {
         raise_status();
+    }
+    return v;
+}
+
+/* The GPU config of a call: None (tuned or default) or an int index into the variant's config table. */
+static int gpu_config_for(PyObject *config, attn_params *p) {
+    if (config == Py_None) return 0;
+    const long i = PyLong_Check(config) ? PyLong_AsLong(config) : -2;
+    if (i < 0 || i > 0x7fffffff) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "config: expected None or a config index >= 0 for a GPU variant");
         return -1;
     }
-    void *s = NULL;
-    if (stream != Py_None) {
-        s = PyLong_AsVoidPtr(stream);
-        if (PyErr_Occurred()) return -1;
-        /* DLPack's 1 and 2 (legacy and per-thread default streams) are also the runtime's cudaStreamLegacy and
-         * cudaStreamPerThread handles, so the value is passed through unchanged. */
-    }
-    if (fattn_gpu_forward(v, device, p, s)) { raise_status(); return -1; }
+    p->config = (int)i;
     return 0;
+}
+
+static int stream_of(PyObject *stream, void **s) {
+    *s = NULL;
+    if (stream == Py_None) return 0;
+    *s = PyLong_AsVoidPtr(stream);
+    /* DLPack's 1 and 2 (legacy and per-thread default streams) are also the runtime's cudaStreamLegacy and
+     * cudaStreamPerThread handles, so the value is passed through unchanged. */
+    return PyErr_Occurred() ? -1 : 0;
 }
 
 /* Takes argument `obj` into `out`: torch tensors through the lean path, anything else through DLPack, which is
@@ -259,38 +302,139 @@ static int take_arg(const module_state *st, PyObject *obj, const char *name, PyO
     return fattn_tensor_take(&st->names, obj, name, t == kDLCUDA ? stream : Py_None, out);
 }
 
+/* One call's arguments, taken and checked: forward() and time_forward() share this. */
+typedef struct {
+    fattn_tensor ts[5];
+    attn_params p;
+    const char *variant;
+    PyObject *stream, *config;
+    int gpu, device;
+} call_args;
+
+static void call_release(call_args *c) {
+    for (int i = 0; i < 5; i++) fattn_tensor_release(&c->ts[i]);
+}
+
+/* args: q, k, v, out, lse, causal, scale, layout, variant, stream[, config].  0 on success (release with
+ * call_release either way). */
+static int call_take(module_state *st, PyObject *const *args, int has_config, call_args *c) {
+    static const char *names[5] = {"q", "k", "v", "out", "lse"};
+    memset(c, 0, sizeof *c);
+    PyObject *variant_o = args[8];
+    c->stream = args[9];
+    c->config = has_config ? args[10] : Py_None;
+    const int has_lse = args[4] != Py_None;
+    const long causal = PyLong_AsLong(args[5]), layout = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred()) return -1;
+    if (variant_o != Py_None && !(c->variant = PyUnicode_AsUTF8(variant_o))) return -1;
+    for (int i = 0; i < 4 + has_lse; i++)
+        if (take_arg(st, args[i], names[i], c->stream, &c->ts[i])) return -1;
+    if (build_params(c->ts, has_lse, (int)layout, (int)causal, args[6], &c->p)) return -1;
+    c->gpu = c->ts[0].t->device.device_type == kDLCUDA; /* build_params checked that all share q's device */
+    c->device = c->ts[0].t->device.device_id;
+    return 0;
+}
+
 static PyObject *py_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_Format(PyExc_TypeError, "forward() takes 10 positional arguments (%zd given)", nargs);
+    if (nargs != 10 && nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "forward() takes 10 or 11 positional arguments (%zd given)", nargs);
         return NULL;
     }
     module_state *st = get_state(module);
-    static const char *names[5] = {"q", "k", "v", "out", "lse"};
-    PyObject *causal_o = args[5], *scale = args[6], *layout_o = args[7], *variant_o = args[8], *stream = args[9];
-    const int has_lse = args[4] != Py_None;
-    const long causal = PyLong_AsLong(causal_o), layout = PyLong_AsLong(layout_o);
-    if (PyErr_Occurred()) return NULL;
-    const char *variant = NULL;
-    if (variant_o != Py_None) {
-        variant = PyUnicode_AsUTF8(variant_o);
-        if (!variant) return NULL;
-    }
-    fattn_tensor ts[5];
-    memset(ts, 0, sizeof ts);
+    call_args c;
     PyObject *result = NULL;
-    for (int i = 0; i < 4 + has_lse; i++)
-        if (take_arg(st, args[i], names[i], stream, &ts[i])) goto done;
-    attn_params p;
-    if (build_params(ts, has_lse, (int)layout, (int)causal, scale, &p)) goto done;
-    if (p.b * p.h * p.sq == 0) { result = Py_NewRef(Py_None); goto done; } /* nothing to compute */
-    if (ts[0].t->device.device_type == kDLCUDA) { /* build_params checked that all arrays share q's device */
-        if (run_gpu(variant, ts[0].t->device.device_id, &p, stream)) goto done;
+    if (call_take(st, args, nargs == 11, &c)) goto done;
+    attn_params *p = &c.p;
+    if (p->b * p->h * p->sq == 0) { result = Py_NewRef(Py_None); goto done; } /* nothing to compute */
+    fattn_status s;
+    if (c.gpu) {
+        const fattn_variant *v = gpu_variant_for(c.variant, c.device, p);
+        void *stream;
+        if (!v || gpu_config_for(c.config, p) || stream_of(c.stream, &stream)) goto done;
+        s = fattn_gpu_forward(v, c.device, p, stream);
+        st->last_gpu = 1;
     } else {
-        if (run_cpu(st, variant, &p)) goto done;
+        fattn_cpu_config cfg;
+        if (check_cpu_variant(c.variant) || cpu_config_for(st, c.config, p, &cfg)) goto done;
+        st->last_cpu = cfg;
+        st->last_gpu = 0;
+        Py_BEGIN_ALLOW_THREADS
+        s = fattn_cpu_forward(p, &cfg);
+        Py_END_ALLOW_THREADS
     }
+    if (s) { raise_status(); goto done; }
     result = Py_NewRef(Py_None);
 done:
-    for (int i = 0; i < 5; i++) fattn_tensor_release(&ts[i]);
+    call_release(&c);
+    return result;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static double quantile(const float *sorted, int n, double q) {
+    const double pos = (n - 1) * q;
+    const int lo = (int)pos, hi = lo + 1 < n ? lo + 1 : n - 1;
+    return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+}
+
+/* time_forward(q, k, v, out, lse, causal, scale, layout, variant, stream, config, reps, warmup, flush)
+ *   -> (p50_us, p90_us, [us of each repeat])    the timing harness (gpu.h, cpu_attn.h) on one call's arguments */
+static PyObject *py_time_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "time_forward(q, k, v, out, lse, causal, scale, layout, variant, stream, "
+                                         "config, reps, warmup, flush)");
+        return NULL;
+    }
+    const long reps = PyLong_AsLong(args[11]), warmup = PyLong_AsLong(args[12]);
+    const int flush = PyObject_IsTrue(args[13]);
+    if (PyErr_Occurred() || flush < 0) return NULL;
+    if (reps < 1 || reps > FATTN_TIME_MAX_REPS || warmup < 0 || warmup > FATTN_TIME_MAX_REPS) {
+        PyErr_Format(PyExc_ValueError, "reps: need 1 <= reps <= %d and 0 <= warmup <= %d", FATTN_TIME_MAX_REPS,
+                     FATTN_TIME_MAX_REPS);
+        return NULL;
+    }
+    module_state *st = get_state(module);
+    call_args c;
+    PyObject *result = NULL;
+    float *us = NULL;
+    if (call_take(st, args, 1, &c)) goto done;
+    attn_params *p = &c.p;
+    if (p->b * p->h * p->sq == 0) {
+        PyErr_SetString(PyExc_ValueError, "q: nothing to time (an empty problem)");
+        goto done;
+    }
+    if (!(us = (float *)PyMem_Calloc((size_t)reps, sizeof(float)))) { PyErr_NoMemory(); goto done; }
+    fattn_status s;
+    if (c.gpu) {
+        const fattn_variant *v = gpu_variant_for(c.variant, c.device, p);
+        void *stream;
+        if (!v || gpu_config_for(c.config, p) || stream_of(c.stream, &stream)) goto done;
+        Py_BEGIN_ALLOW_THREADS
+        s = fattn_gpu_time(v, c.device, p, stream, (int)reps, (int)warmup, flush, us);
+        Py_END_ALLOW_THREADS
+    } else {
+        fattn_cpu_config cfg;
+        if (check_cpu_variant(c.variant) || cpu_config_for(st, c.config, p, &cfg)) goto done;
+        Py_BEGIN_ALLOW_THREADS
+        s = fattn_cpu_time(p, &cfg, (int)reps, (int)warmup, us);
+        Py_END_ALLOW_THREADS
+    }
+    if (s) { raise_status(); goto done; }
+    PyObject *samples = PyList_New(reps);
+    for (long i = 0; samples && i < reps; i++) {
+        PyObject *x = PyFloat_FromDouble(us[i]);
+        if (!x) { Py_CLEAR(samples); break; }
+        PyList_SET_ITEM(samples, i, x);
+    }
+    if (!samples) goto done;
+    qsort(us, (size_t)reps, sizeof(float), cmp_float);
+    result = Py_BuildValue("(ddN)", quantile(us, (int)reps, 0.5), quantile(us, (int)reps, 0.9), samples);
+done:
+    PyMem_Free(us);
+    call_release(&c);
     return result;
 }
 
@@ -358,13 +502,137 @@ static PyObject *py_cpu_config(PyObject *module, PyObject *unused) {
 
 static PyObject *py_set_cpu_config(PyObject *module, PyObject *args) {
     fattn_cpu_config c;
-    if (!PyArg_ParseTuple(args, "iii:set_cpu_config", &c.br, &c.bc, &c.threads)) return NULL;
-    if (c.br < 1 || c.br > 1024 || c.bc < 16 || c.bc > 1024 || c.bc % 16 || c.threads < 0) {
-        PyErr_SetString(PyExc_ValueError, "config: need 1 <= br <= 1024, bc a multiple of 16 in [16, 1024], threads >= 0");
-        return NULL;
-    }
+    if (parse_cpu_config(args, &c)) return NULL;
     get_state(module)->cpu = c;
     Py_RETURN_NONE;
+}
+
+/* ---- run-time compilation and the tuned-config cache (fattn/_rtc.py, fattn/_tuned.py) ------------------- */
+
+static PyObject *py_rtc_version(PyObject *module, PyObject *arg) {
+    (void)module;
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (!path) return NULL;
+    int major = 0, minor = 0;
+    if (fattn_rtc_version(path, &major, &minor)) return raise_status();
+    return Py_BuildValue("(ii)", major, minor);
+}
+
+/* rtc_compile(nvrtc_path, source, name, [options]) -> (cubin bytes, log); RuntimeError with the log on failure. */
+static PyObject *py_rtc_compile(PyObject *module, PyObject *args) {
+    (void)module;
+    const char *path, *source, *name;
+    PyObject *opts_o;
+    if (!PyArg_ParseTuple(args, "sssO!:rtc_compile", &path, &source, &name, &PyList_Type, &opts_o)) return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(opts_o);
+    const char **opts = (const char **)PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    if (!opts) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!(opts[i] = PyUnicode_AsUTF8(PyList_GET_ITEM(opts_o, i)))) goto done;
+    char *image = NULL, *log = NULL;
+    size_t size = 0;
+    fattn_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fattn_rtc_compile(path, source, name, opts, (int)n, &image, &size, &log);
+    Py_END_ALLOW_THREADS
+    if (st) PyErr_Format(PyExc_RuntimeError, "fattn: %s\n%s", fattn_last_error(), log ? log : "");
+    else result = Py_BuildValue("(y#s)", image, (Py_ssize_t)size, log ? log : "");
+    free(image);
+    free(log);
+done:
+    PyMem_Free(opts);
+    return result;
+}
+
+static int dtype_code(const char *name) {
+    return !strcmp(name, "fp32") ? FATTN_F32 : !strcmp(name, "fp16") ? FATTN_F16 : !strcmp(name, "bf16") ? FATTN_BF16 : -1;
+}
+
+/* v2_add_rtc(cubin, func, dtype, dp, warps, mt, bc, stages) -> config index */
+static PyObject *py_v2_add_rtc(PyObject *module, PyObject *args) {
+    (void)module;
+    const char *image, *func, *dtype;
+    Py_ssize_t size;
+    int dp, warps, mt, bc, stages;
+    if (!PyArg_ParseTuple(args, "y#ssiiiii:v2_add_rtc", &image, &size, &func, &dtype, &dp, &warps, &mt, &bc, &stages))
+        return NULL;
+#ifdef FATTN_WITH_CUDA
+    const v2_config cfg = {dp, warps, mt, bc, stages};
+    int index = -1;
+    if (fattn_v2_add_rtc(&cfg, dtype_code(dtype), image, (size_t)size, func, &index)) return raise_status();
+    return PyLong_FromLong(index);
+#else
+    (void)image; (void)func; (void)dtype; (void)size;
+    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support");
+    return NULL;
+#endif
+}
+
+/* set_tuned(kind, device, dtype, head_dim, causal, seq_bucket, config): kind "v2" (config: an index, -1 clears) or
+ * "cpu" (config: (br, bc, threads), or None to clear). */
+static PyObject *py_set_tuned(PyObject *module, PyObject *args) {
+    const char *kind, *dtype;
+    int device, head_dim, causal, bucket;
+    PyObject *config;
+    if (!PyArg_ParseTuple(args, "sisiiiO:set_tuned", &kind, &device, &dtype, &head_dim, &causal, &bucket, &config))
+        return NULL;
+    const int dt = dtype_code(dtype);
+    if (dt < 0 || head_dim < 8 || head_dim > FATTN_MAX_HEADDIM || head_dim % 8 || bucket < 0 || bucket >= FATTN_SEQ_BUCKETS) {
+        PyErr_SetString(PyExc_ValueError, "tuned entry: dtype, head_dim or seq_bucket out of range");
+        return NULL;
+    }
+    if (!strcmp(kind, "cpu")) {
+        fattn_cpu_config c = {0, 0, 0};
+        if (config != Py_None && parse_cpu_config(config, &c)) return NULL;
+        get_state(module)->cpu_tuned[dt][head_dim / 8 - 1][causal != 0][bucket] = c;
+        Py_RETURN_NONE;
+    }
+    if (strcmp(kind, "v2")) {
+        PyErr_Format(PyExc_ValueError, "tuned entry: unknown kernel family '%s'", kind);
+        return NULL;
+    }
+#ifdef FATTN_WITH_CUDA
+    const long index = PyLong_AsLong(config);
+    if (index == -1 && PyErr_Occurred()) return NULL;
+    if (fattn_v2_set_tuned(device, dt, head_dim, causal, bucket, (int)index)) {
+        PyErr_Format(PyExc_ValueError, "tuned entry: %s", fattn_last_error());
+        return NULL;
+    }
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support");
+    return NULL;
+#endif
+}
+
+static PyObject *py_clear_tuned(PyObject *module, PyObject *unused) {
+    (void)unused;
+    module_state *st = get_state(module);
+    memset(st->cpu_tuned, 0, sizeof st->cpu_tuned);
+#ifdef FATTN_WITH_CUDA
+    fattn_v2_clear_tuned();
+#endif
+    Py_RETURN_NONE;
+}
+
+/* last_config() -> ("cpu", (br, bc, threads)) or ("v2", index): what the last forward() ran (tests ask). */
+static PyObject *py_last_config(PyObject *module, PyObject *unused) {
+    (void)unused;
+    const module_state *st = get_state(module);
+    if (!st->last_gpu) return Py_BuildValue("(s(iii))", "cpu", st->last_cpu.br, st->last_cpu.bc, st->last_cpu.threads);
+#ifdef FATTN_WITH_CUDA
+    return Py_BuildValue("(si)", "v2", fattn_v2_last_config());
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
+static PyObject *py_seq_bucket(PyObject *module, PyObject *args) {
+    (void)module;
+    long long sq, sk;
+    if (!PyArg_ParseTuple(args, "LL:seq_bucket", &sq, &sk)) return NULL;
+    return PyLong_FromLong(fattn_seq_bucket(sq, sk));
 }
 
 /* v2's compiled configurations: [(index, dp, warps, mt, bc, stages, active)], and selecting one. */
@@ -375,8 +643,9 @@ static PyObject *py_v2_configs(PyObject *module, PyObject *unused) {
     for (int i = 0; list && i < fattn_v2_config_count(); i++) {
         const v2_config *c = fattn_v2_config(i);
         const int bucket = c->dp <= 64 ? 0 : c->dp <= 128 ? 1 : 2;
-        PyObject *row = Py_BuildValue("(iiiiiiO)", i, c->dp, c->warps, c->mt, c->bc, c->stages,
-                                      fattn_v2_active(bucket) == i ? Py_True : Py_False);
+        PyObject *row = Py_BuildValue("(iiiiiiOO)", i, c->dp, c->warps, c->mt, c->bc, c->stages,
+                                      fattn_v2_active(bucket) == i ? Py_True : Py_False,
+                                      fattn_v2_config_aot(i) ? Py_True : Py_False);
         if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
         Py_XDECREF(row);
     }
@@ -480,13 +749,26 @@ static PyMethodDef module_methods[] = {
     {"gemm_baseline", (PyCFunction)(void (*)(void))py_gemm_baseline, METH_FASTCALL,
      "gemm_baseline(q, k, v, s, o, stream, cublas_path): unfused S = Q K^T, O = S V through cuBLAS."},
     {"register_torch", py_register_torch, METH_VARARGS, "register_torch(Tensor, float32, float16, bfloat16)."},
-    {"v2_configs", py_v2_configs, METH_NOARGS, "[(index, dp, warps, mt, bc, stages, active)] of v2's compiled configs."},
+    {"v2_configs", py_v2_configs, METH_NOARGS,
+     "[(index, dp, warps, mt, bc, stages, active, ahead_of_time)] of v2's configs (run-time compiled ones last)."},
+    {"time_forward", (PyCFunction)(void (*)(void))py_time_forward, METH_FASTCALL,
+     "time_forward(q, k, v, out, lse, causal, scale, layout, variant, stream, config, reps, warmup, flush) -> "
+     "(p50_us, p90_us, samples): the C timing harness."},
+    {"rtc_version", py_rtc_version, METH_O, "rtc_version(nvrtc_path) -> (major, minor) of NVRTC."},
+    {"rtc_compile", py_rtc_compile, METH_VARARGS, "rtc_compile(nvrtc_path, source, name, options) -> (cubin, log)."},
+    {"v2_add_rtc", py_v2_add_rtc, METH_VARARGS,
+     "v2_add_rtc(cubin, func, dtype, dp, warps, mt, bc, stages) -> index of a run-time compiled v2 config."},
+    {"set_tuned", py_set_tuned, METH_VARARGS,
+     "set_tuned(kind, device, dtype, head_dim, causal, seq_bucket, config): one tuned-config cache entry."},
+    {"clear_tuned", py_clear_tuned, METH_NOARGS, "Forget every registered tuned config."},
+    {"last_config", py_last_config, METH_NOARGS, "What the last forward() ran: (\"cpu\", (br, bc, threads)) or (\"v2\", index)."},
+    {"seq_bucket", py_seq_bucket, METH_VARARGS, "seq_bucket(sq, sk) -> the tuned cache's sequence bucket."},
     {"v2_select", py_v2_select, METH_O, "v2_select(index): use config `index` for its head-dim bucket."},
     {"v2_set_splits", py_v2_set_splits, METH_O,
      "v2_set_splits(n) -> previous: force n key splits (1 = off), or 0 for the automatic choice."},
     {"v2_last_splits", py_v2_last_splits, METH_NOARGS, "Key splits the last v2 launch used (1: none)."},
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
-     "forward(q, k, v, out, lse, causal, scale, layout, variant, stream): attention forward into out (and lse)."},
+     "forward(q, k, v, out, lse, causal, scale, layout, variant, stream[, config]): attention into out (and lse)."},
     {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},
     {"variants", (PyCFunction)(void (*)(void))py_variants, METH_FASTCALL,
      "variants(device_type, device_id): [(name, summary)] of the variants that run there."},

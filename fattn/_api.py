@@ -1,6 +1,6 @@
 """fattn's public API: attention() and variants()."""
 from . import _C
-from . import _frameworks
+from . import _frameworks, _tuned
 from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
 
 _CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
@@ -80,6 +80,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
             b, h, s = (shape[0], shape[1], shape[2]) if layout_code == 0 else (shape[0], shape[2], shape[1])
             lse = EMPTY[fw](q, (b, h, s), True)
 
+    if (dev_type, dev_id) not in _tuned.LOADED:
+        _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     _C.forward(q, k, v, out, lse, causal_code, scale, layout_code, variant, stream)
     return (out, lse) if lse is not None else out

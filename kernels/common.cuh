@@ -5,10 +5,16 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#ifdef __CUDACC_RTC__ /* NVRTC (fattn/_rtc.py): device code only, no system headers */
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#else
 #include <cuda_runtime.h>
 #include <math.h>
 
 #include "../csrc/cuda_check.h"
+#endif
 #include "../csrc/fattn.h"
 
 #define DEV static __device__ __forceinline__

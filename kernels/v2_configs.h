@@ -42,6 +42,8 @@ typedef struct {
     X(256, 8, 1, 64, 2)     \
     X(256, 4, 1, 64, 2)
 
+#ifndef __CUDACC_RTC__ /* host declarations; NVRTC compiles the kernels only */
+#include <stddef.h>
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -50,10 +52,20 @@ int fattn_v2_config_count(void);
 const v2_config *fattn_v2_config(int i);
 int fattn_v2_active(int bucket);    /* bucket 0, 1, 2: head dims <= 64, <= 128, <= 256 */
 fattn_status fattn_v2_select(int index); /* make config `index` the one used for its head-dim bucket */
+int fattn_v2_config_aot(int i);  /* 1 if config i is compiled ahead of time, 0 if added at run time */
+/* Adds a configuration compiled at run time (a cubin holding extern "C" kernel `func` for `dtype`); *index: its
+ * table index, usable as attn_params.config and in fattn_v2_set_tuned. */
+fattn_status fattn_v2_add_rtc(const v2_config *cfg, int dtype, const void *image, size_t size, const char *func,
+                              int *index);
+/* The tuned-config cache: config `index` (-1: none) for (device, dtype, head dim, causal, fattn_seq_bucket). */
+fattn_status fattn_v2_set_tuned(int device, int dtype, int head_dim, int causal, int seq_bucket, int index);
+void fattn_v2_clear_tuned(void);
+int fattn_v2_last_config(void); /* table index the last v2 launch used */
 int fattn_v2_last_splits(void); /* key splits the last v2 launch used (1: none) */
 int fattn_v2_set_splits(int n); /* split-KV: 0 lets the heuristic decide, n >= 1 forces n splits; returns the old value */
 #ifdef __cplusplus
 }
 #endif
+#endif /* __CUDACC_RTC__ */
 
 #endif

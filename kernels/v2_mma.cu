@@ -22,7 +22,12 @@
 #include "mma.cuh"
 #include "v2_configs.h"
 
+#ifndef __CUDACC_RTC__
 #include <pthread.h>
+#include <string.h>
+
+#include "../csrc/rtc.h"
+#endif
 
 /* Element offset of 16-byte chunk c of row r in a [rows][DP] tile, XOR-swizzled by the row's low 3 bits. */
 template <int DP> DEV int swz(int r, int c) { return r * DP + ((c ^ (r & 7)) << 3); }
@@ -55,8 +60,10 @@ typedef struct {
     int blocks_per_split; /* key blocks of BC keys per split */
 } v2_split;
 
+/* The forward pass of one block; v2_fwd (compiled ahead of time) and fattn_v2_rtc (compiled at run time by NVRTC
+ * with the configuration as macros) are both this body. */
 template <typename T, int DP, int WARPS, int MT, int BC, int STAGES>
-__global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p, const v2_split sp) {
+DEV void v2_body(const attn_params p, const v2_split sp) {
     constexpr int THREADS = WARPS * 32, BR = 16 * MT * WARPS;
     constexpr int KSTEPS = DP / 16; /* k-steps of S = Q K^T */
     constexpr int NT = BC / 8;      /* n8 tiles of S */
@@ -290,6 +297,17 @@ __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p, const 
         }
 }
 
+template <typename T, int DP, int WARPS, int MT, int BC, int STAGES>
+__global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p, const v2_split sp) {
+    v2_body<T, DP, WARPS, MT, BC, STAGES>(p, sp);
+}
+
+#ifdef FATTN_V2_RTC /* one configuration compiled by NVRTC (fattn/_rtc.py): V2_T, V2_DP, ... given as macros */
+extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const attn_params p, const v2_split sp) {
+    v2_body<V2_T, V2_DP, V2_WARPS, V2_MT, V2_BC, V2_STAGES>(p, sp);
+}
+#endif
+
 /* Merges the splits of v2_fwd: one warp per query row.  LSE = log sum_s exp(LSE_s);  O = sum_s exp(LSE_s - LSE) O_s.
  * Splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf.  Fixed order: the result
  * is bitwise repeatable. */
@@ -323,38 +341,86 @@ __global__ void __launch_bounds__(128) v2_combine(const attn_params p, const v2_
     if (p.lse && lane == 0) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse;
 }
 
+#ifndef __CUDACC_RTC__ /* host code: the configuration table, split-KV planning, the launcher */
 /* ---- the configuration table and the launcher ------------------------------------------------------------ */
 
 typedef void (*v2_kernel)(const attn_params, const v2_split);
 
 typedef struct {
     v2_config cfg;
-    v2_kernel kern[2]; /* fp16, bf16 (NULL: that dtype is not compiled for this config) */
+    v2_kernel kern[2];           /* fp16, bf16 compiled ahead of time (NULL: not compiled for that dtype) */
+    fattn_rtc_kernel *rtc[2];    /* or compiled at run time by NVRTC (fattn_v2_add_rtc) */
 } v2_entry;
 
-#define V2_ENTRY_F16(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, NULL}},
+#define V2_ENTRY_F16(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, NULL}, {NULL, NULL}},
 #define V2_ENTRY_BOTH(dp, w, mt, bc, st) \
-    {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st>}},
-static const v2_entry v2_table[] = {V2_DEFAULT_CONFIGS(V2_ENTRY_BOTH) V2_SMALL_GRID_CONFIGS(V2_ENTRY_BOTH)
-                                        V2_SWEEP_CONFIGS(V2_ENTRY_F16)};
-#define V2_NCONFIGS ((int)(sizeof v2_table / sizeof v2_table[0]))
+    {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st>}, {NULL, NULL}},
+/* Ahead-of-time entries first (defaults, small-grid, sweep), then the run-time compiled ones as they are added. */
+#define V2_MAX_CONFIGS 512
+static v2_entry v2_table[V2_MAX_CONFIGS] = {V2_DEFAULT_CONFIGS(V2_ENTRY_BOTH) V2_SMALL_GRID_CONFIGS(V2_ENTRY_BOTH)
+                                                V2_SWEEP_CONFIGS(V2_ENTRY_F16)};
+#define V2_COUNT(dp, w, mt, bc, st) +1
+enum { V2_NAOT = 0 V2_DEFAULT_CONFIGS(V2_COUNT) V2_SMALL_GRID_CONFIGS(V2_COUNT) V2_SWEEP_CONFIGS(V2_COUNT) };
+#undef V2_COUNT
+static int v2_nconfigs = V2_NAOT;
+static pthread_mutex_t v2_table_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int v2_active[3] = {0, 1, 2}; /* per head-dim bucket: index into v2_table (defaults come first, then
                                          the small-grid configs at 3 + bucket) */
-static unsigned long long v2_smem_set[V2_NCONFIGS][2]; /* bit per device: > 48 KB opt-in done */
+static unsigned long long v2_smem_set[V2_MAX_CONFIGS][2]; /* bit per device: > 48 KB opt-in done (AOT kernels) */
+
+/* The tuned-config cache as registered by fattn/_tuned.py: index + 1 into v2_table per (device, dtype, head dim / 8,
+ * causal, sequence bucket), 0 for none. */
+#define V2_TUNED_DEVICES 16
+static short v2_tuned[V2_TUNED_DEVICES][2][FATTN_MAX_HEADDIM / 8][2][FATTN_SEQ_BUCKETS];
 
 static int dp_bucket(int64_t d) { return d <= 64 ? 0 : d <= 128 ? 1 : 2; }
 
-extern "C" int fattn_v2_config_count(void) { return V2_NCONFIGS; }
-extern "C" const v2_config *fattn_v2_config(int i) { return i >= 0 && i < V2_NCONFIGS ? &v2_table[i].cfg : NULL; }
+extern "C" int fattn_v2_config_count(void) { return v2_nconfigs; }
+extern "C" const v2_config *fattn_v2_config(int i) { return i >= 0 && i < v2_nconfigs ? &v2_table[i].cfg : NULL; }
+extern "C" int fattn_v2_config_aot(int i) { return i >= 0 && i < V2_NAOT; }
 extern "C" int fattn_v2_active(int bucket) { return v2_active[bucket]; }
 
 extern "C" fattn_status fattn_v2_select(int index) {
-    if (index < 0 || index >= V2_NCONFIGS)
-        return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d out of range [0, %d)", index, V2_NCONFIGS);
+    if (index < 0 || index >= v2_nconfigs)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d out of range [0, %d)", index, v2_nconfigs);
     v2_active[dp_bucket(v2_table[index].cfg.dp)] = index;
     return FATTN_OK;
 }
+
+extern "C" fattn_status fattn_v2_add_rtc(const v2_config *cfg, int dtype, const void *image, size_t size,
+                                         const char *func, int *index) {
+    if (dtype != FATTN_F16 && dtype != FATTN_BF16)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v2 runs float16 and bfloat16 only");
+    fattn_rtc_kernel *k = fattn_rtc_kernel_new(image, size, func);
+    if (!k) return FATTN_FAIL(FATTN_ERR_NOMEM, "out of memory for a run-time compiled kernel");
+    fattn_status st = FATTN_OK;
+    pthread_mutex_lock(&v2_table_lock);
+    if (v2_nconfigs >= V2_MAX_CONFIGS) {
+        st = FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 holds at most %d configurations", V2_MAX_CONFIGS);
+    } else {
+        v2_entry *e = &v2_table[v2_nconfigs];
+        memset(e, 0, sizeof *e);
+        e->cfg = *cfg;
+        e->rtc[dtype - FATTN_F16] = k;
+        *index = v2_nconfigs++;
+    }
+    pthread_mutex_unlock(&v2_table_lock);
+    return st; /* on failure k is leaked: it holds only host memory and this happens at most once per call */
+}
+
+extern "C" fattn_status fattn_v2_set_tuned(int device, int dtype, int head_dim, int causal, int seq_bucket, int index) {
+    if (device < 0 || device >= V2_TUNED_DEVICES || (dtype != FATTN_F16 && dtype != FATTN_BF16) || head_dim < 8 ||
+        head_dim > FATTN_MAX_HEADDIM || head_dim % 8 || seq_bucket < 0 || seq_bucket >= FATTN_SEQ_BUCKETS ||
+        index < -1 || index >= v2_nconfigs)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v2 tuned entry out of range");
+    if (index >= 0 && (v2_table[index].cfg.dp < head_dim || (!v2_table[index].kern[dtype - 1] && !v2_table[index].rtc[dtype - 1])))
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d cannot run head dim %d in this dtype", index, head_dim);
+    v2_tuned[device][dtype - FATTN_F16][head_dim / 8 - 1][causal != 0][seq_bucket] = (short)(index + 1);
+    return FATTN_OK;
+}
+
+extern "C" void fattn_v2_clear_tuned(void) { memset(v2_tuned, 0, sizeof v2_tuned); }
 
 static size_t v2_smem_bytes(const v2_config *c) {
     return (size_t)(16 * c->mt * c->warps + 2 * c->stages * c->bc) * c->dp * 2;
@@ -382,7 +448,10 @@ extern "C" fattn_status fattn_check_v2(const attn_params *p) {
 static int v2_forced_splits = 0; /* 0: the heuristic decides; n >= 1: always n splits (tests, sweeps) */
 static int v2_last_splits = 0;   /* splits of the last launch (tests ask) */
 
+static int v2_last_config = -1;   /* table index of the last launch */
+
 extern "C" int fattn_v2_last_splits(void) { return v2_last_splits; }
+extern "C" int fattn_v2_last_config(void) { return v2_last_config; }
 
 extern "C" int fattn_v2_set_splits(int n) {
     const int old = v2_forced_splits;
@@ -461,25 +530,52 @@ static void v2_workspace_get(int device, void *stream, size_t bytes, void **buf)
 
 static const void *v2_combine_kernel[2] = {(const void *)v2_combine<__half>, (const void *)v2_combine<__nv_bfloat16>};
 
-extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
-    fattn_status st = fattn_check_v2(p);
-    if (st) return st;
+/* Which table entry runs p on `dev`: an explicit p->config, else the tuned config registered for this problem, else
+ * the active default of the head-dim bucket (64-row tiles when its grid would idle SMs or Sq fits 64 rows). */
+static fattn_status v2_choose(const attn_params *p, int dev, int *index) {
     const int bucket = dp_bucket(p->d), ti = p->dtype - FATTN_F16;
-    int idx = v2_active[bucket];
-    if (!v2_table[idx].kern[ti]) idx = bucket; /* sweep configs are fp16-only: bf16 keeps the default */
-    if (idx == bucket) { /* the default: 64-row tiles when it would idle SMs or the queries fit in 64 rows */
+    int idx = p->config;
+    if (idx >= 0) {
+        if (idx >= v2_nconfigs) return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d out of range [0, %d)", idx, v2_nconfigs);
+        const v2_entry *e = &v2_table[idx];
+        if (e->cfg.dp < p->d) return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d is for head dims <= %d", idx, e->cfg.dp);
+        if (!e->kern[ti] && !e->rtc[ti])
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d is not compiled for this dtype", idx);
+        *index = idx;
+        return FATTN_OK;
+    }
+    if (dev < V2_TUNED_DEVICES) {
+        const int t = v2_tuned[dev][ti][p->d / 8 - 1][p->causal != 0][fattn_seq_bucket(p->sq, p->sk)];
+        if (t > 0) {
+            *index = t - 1;
+            return FATTN_OK;
+        }
+    }
+    idx = v2_active[bucket];
+    if (!v2_table[idx].kern[ti] && !v2_table[idx].rtc[ti]) idx = bucket; /* sweep configs are fp16-only */
+    if (idx == bucket) {
         const v2_config *c = &v2_table[idx].cfg;
         const int64_t br = 16 * c->mt * c->warps;
         if ((p->sq + br - 1) / br * p->b * p->h < p->sm_count || p->sq <= 64) idx = 3 + bucket;
     }
+    *index = idx;
+    return FATTN_OK;
+}
+
+extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
+    fattn_status st = fattn_check_v2(p);
+    if (st) return st;
+    const int ti = p->dtype - FATTN_F16;
+    int dev = 0, idx = 0;
+    FATTN_CUDA_CHECK(cudaGetDevice(&dev));
+    if ((st = v2_choose(p, dev, &idx))) return st;
+    v2_last_config = idx;
     const v2_entry *e = &v2_table[idx];
     const int64_t br = 16 * e->cfg.mt * e->cfg.warps, nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
     if (blocks == 0) return FATTN_OK;
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: grid of %lld blocks is too large", (long long)blocks);
     const size_t smem = v2_smem_bytes(&e->cfg);
-    int dev = 0;
-    FATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    if (smem > 48 * 1024 && !(v2_smem_set[idx][ti] >> dev & 1)) {
+    if (e->kern[ti] && smem > 48 * 1024 && !(v2_smem_set[idx][ti] >> dev & 1)) {
         FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         v2_smem_set[idx][ti] |= 1ull << dev;
     }
@@ -502,8 +598,13 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
     if (!sp.o_part) splits = 1;
     v2_last_splits = splits;
     void *args[] = {(void *)p, (void *)&sp};
-    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)e->kern[ti], dim3((unsigned)blocks, (unsigned)splits),
-                                      dim3(e->cfg.warps * 32), args, smem, (cudaStream_t)stream));
+    if (e->kern[ti]) {
+        FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)e->kern[ti], dim3((unsigned)blocks, (unsigned)splits),
+                                          dim3(e->cfg.warps * 32), args, smem, (cudaStream_t)stream));
+    } else if ((st = fattn_rtc_launch(e->rtc[ti], (unsigned)blocks, (unsigned)splits, e->cfg.warps * 32, (unsigned)smem,
+                                      stream, args))) {
+        return st;
+    }
     if (splits > 1) {
         int nsplit = splits;
         void *cargs[] = {(void *)p, (void *)&sp, (void *)&nsplit};
@@ -514,3 +615,4 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
     }
     return FATTN_OK;
 }
+#endif /* __CUDACC_RTC__ */

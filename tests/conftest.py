@@ -12,6 +12,9 @@ import zlib
 
 import pytest
 
+# Tests never read the user's tuned-config cache: each test that wants one points FATTN_TUNED_CACHE at its own.
+os.environ["FATTN_TUNED_CACHE"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "no-tuned-cache.json")
+
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
