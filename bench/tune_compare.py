@@ -17,7 +17,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from conftest import check_close  # noqa: E402
 
-from fattn import _C, _rtc, _tuned  # noqa: E402
+from fattn import _C, _frameworks, _rtc, _tuned  # noqa: E402
 from fattn._api import _CAUSAL  # noqa: E402
 from fattn.bench import collect_meta, time_cuda  # noqa: E402
 from fattn.tune.space import Problem, V2Space  # noqa: E402
@@ -36,6 +36,7 @@ def main():
     rows, lines = [], ["| shape | causal | dtype | default config | tuned config | default us | tuned us | flash us |"
                        " cudnn us | tuned/default | tuned vs flash | tuned vs cudnn |", "|" + "---|" * 12]
     space = V2Space()
+    _frameworks.register_torch(_C)
     for e in entries:
         b, h, sq, sk, d = e["shape"]
         dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[e["dtype"]]
@@ -45,7 +46,7 @@ def main():
         k = torch.randn(b, h, sk, d, device="cuda", dtype=dt)
         v = torch.randn(b, h, sk, d, device="cuda", dtype=dt)
         out = torch.empty_like(q)
-        stream = torch.cuda.current_stream().cuda_stream
+        stream = _frameworks.current_stream("torch", 0)
         cfgs = {"default": space.default(prob), "tuned": e["config"]}
         us = {}
         for name, cfg in cfgs.items():

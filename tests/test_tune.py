@@ -208,8 +208,9 @@ def test_rtc_v2_config_runs_correctly(tmp_path, monkeypatch):
             k = randn((2, 2, 257, 128), tdt, "cuda", 2)
             out = torch.empty_like(q)
             lse = torch.empty(2, 4, 113, device="cuda")
+            fattn._frameworks.register_torch(_C)
             _C.forward(q, k, k, out, lse, fattn._api._CAUSAL[causal], None, 0, "v2",
-                       torch.cuda.current_stream().cuda_stream, idx)
+                       fattn._frameworks.current_stream("torch", 0), idx)
             assert _C.last_config() == ("v2", idx)
             check_close(out, q, k, k, causal, None, lse=lse)
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import _C, _rtc
+from .. import _C, _frameworks, _rtc
 from .._api import _CAUSAL
 
 ROUNDING = {"fp32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
@@ -50,6 +50,8 @@ class Runner:
                 raise RuntimeError("tuning on the GPU needs torch for the test arrays (pip install torch)") from None
             self.torch = torch
             self.arch = _C.device_info(0)[1]
+            if _frameworks._torch_raw_stream is None:
+                _frameworks.register_torch(_C)
         self.variant = "cpu" if not self.gpu else space.family
         p = problem
         self.inputs = self._make((p.b, p.h, p.sq, p.d), (p.b, p.kv_heads, p.sk, p.d))
@@ -109,7 +111,7 @@ class Runner:
 
     # ---- running ----
     def _stream(self):
-        return self.torch.cuda.current_stream().cuda_stream if self.gpu else None
+        return _frameworks.current_stream("torch", 0) if self.gpu else None
 
     def _forward(self, arrays, causal, arg):
         q, k, v, out = arrays
