@@ -302,8 +302,8 @@ def collect_meta(device, timer="events", command=None):
     sha = _sh("git", "rev-parse", "HEAD", cwd=repo)
     if sha and _sh("git", "status", "--porcelain", cwd=repo):
         sha += "-dirty"
-    # A copy of the tree without .git (the GPU machine gets one) is stamped by whoever sent it.
-    sha = sha or os.environ.get("FATTN_GIT_SHA")
+    # A copy of the tree sent to the GPU machine is stamped by whoever sent it: its .git, if any, may be stale.
+    sha = os.environ.get("FATTN_GIT_SHA") or sha
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {"gpu": gpu, "driver": driver.splitlines()[0] if driver else None, "cuda": torch.version.cuda,
             "torch": torch.__version__, "cudnn": cudnn, "git_sha": sha,

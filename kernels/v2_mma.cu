@@ -15,7 +15,12 @@
  * Keys past the block's last visible key are zero-filled, never read (no reads past a sequence's end).
  * Head dims are bucketed at compile time (DP = 64 / 128 / 256, columns past d zero-filled); fp16 and bf16.
  * Needs 16-byte aligned q/k/v with strides a multiple of 8 elements (fattn falls back to v1 otherwise).
- * The (WARPS, MT, Bc, STAGES) configurations compiled in are the table in v2_configs.h; bench/v2_sweep.py times them.
+ * The (WARPS, MT, Bc, STAGES) configurations compiled in are the table in v2_configs.h; bench/v2_sweep.py times them;
+ * any other configuration is compiled at run time by NVRTC (fattn/_rtc.py: this file with FATTN_V2_RTC and the
+ * configuration as macros) for fattn.tune and the tuned-config cache.
+ * Split-KV (flash-decoding): when the grid has fewer blocks than SMs (decode with a small batch), blockIdx.y splits
+ * the key blocks, each split writes an fp32 partial O and its LSE, and v2_combine merges them; at (B, H) = (1, 32),
+ * Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without (evidence/bench/h100_split_sweep_fd91998.json).
  * Speed (H100 80GB HBM3, fa3 grid fp16, evidence/bench/h100_v2_ratios.md): 151-340 TFLOP/s, 0.76-1.10x torch's
  * FlashAttention-2 and 0.41-0.65x torch cudnn; decode 2.55-3.03 TB/s of K+V.  Run: python -m fattn.bench --grid fa3.
  */
