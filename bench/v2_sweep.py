@@ -71,7 +71,7 @@ def main():
                     with sdpa_kernel([be]):
                         torch_us[(d, b, h, s, causal, name)] = time_us(
                             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), flush)
-    for idx, dp, warps, mt, bc, stages, _ in configs:
+    for idx, dp, warps, mt, bc, stages, *_ in configs:
         fattn._C.v2_select(idx)
         cfg = dict(index=idx, dp=dp, warps=warps, mt=mt, bc=bc, stages=stages, default=defaults[dp] == idx)
         err = gate(dp)

@@ -206,6 +206,11 @@ static const fattn_variant *find_gpu_variant(const char *name) {
     return NULL;
 }
 
+static PyObject *not_built(void) {
+    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support (nvcc was not found at build time)");
+    return NULL;
+}
+
 static PyObject *raise_status(void) {
     PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
     return NULL;
@@ -246,7 +251,7 @@ static int check_cpu_variant(const char *variant) {
 /* The GPU variant for a call: the named one (checked against p), or the default for the device. */
 static const fattn_variant *gpu_variant_for(const char *variant, int device, const attn_params *p) {
     if (!fattn_gpu_compiled()) {
-        PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support (nvcc was not found at build time)");
+        not_built();
         return NULL;
     }
     const fattn_variant *v;
@@ -564,8 +569,7 @@ static PyObject *py_v2_add_rtc(PyObject *module, PyObject *args) {
     return PyLong_FromLong(index);
 #else
     (void)image; (void)func; (void)dtype; (void)size;
-    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support");
-    return NULL;
+    return not_built();
 #endif
 }
 
@@ -601,8 +605,7 @@ static PyObject *py_set_tuned(PyObject *module, PyObject *args) {
     }
     Py_RETURN_NONE;
 #else
-    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support");
-    return NULL;
+    return not_built();
 #endif
 }
 
@@ -643,9 +646,11 @@ static PyObject *py_v2_configs(PyObject *module, PyObject *unused) {
     for (int i = 0; list && i < fattn_v2_config_count(); i++) {
         const v2_config *c = fattn_v2_config(i);
         const int bucket = c->dp <= 64 ? 0 : c->dp <= 128 ? 1 : 2;
-        PyObject *row = Py_BuildValue("(iiiiiiOO)", i, c->dp, c->warps, c->mt, c->bc, c->stages,
+        const int dt = fattn_v2_config_dtypes(i);
+        PyObject *row = Py_BuildValue("(iiiiiiOOs)", i, c->dp, c->warps, c->mt, c->bc, c->stages,
                                       fattn_v2_active(bucket) == i ? Py_True : Py_False,
-                                      fattn_v2_config_aot(i) ? Py_True : Py_False);
+                                      fattn_v2_config_aot(i) ? Py_True : Py_False,
+                                      dt == 3 ? "fp16,bf16" : dt == 1 ? "fp16" : "bf16");
         if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
         Py_XDECREF(row);
     }
@@ -664,8 +669,7 @@ static PyObject *py_v2_select(PyObject *module, PyObject *arg) {
     }
     Py_RETURN_NONE;
 #else
-    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support");
-    return NULL;
+    return not_built();
 #endif
 }
 
@@ -682,8 +686,7 @@ static PyObject *py_v2_set_splits(PyObject *module, PyObject *arg) {
 #ifdef FATTN_WITH_CUDA
     return PyLong_FromLong(fattn_v2_set_splits((int)n));
 #else
-    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support");
-    return NULL;
+    return not_built();
 #endif
 }
 
@@ -750,7 +753,7 @@ static PyMethodDef module_methods[] = {
      "gemm_baseline(q, k, v, s, o, stream, cublas_path): unfused S = Q K^T, O = S V through cuBLAS."},
     {"register_torch", py_register_torch, METH_VARARGS, "register_torch(Tensor, float32, float16, bfloat16)."},
     {"v2_configs", py_v2_configs, METH_NOARGS,
-     "[(index, dp, warps, mt, bc, stages, active, ahead_of_time)] of v2's configs (run-time compiled ones last)."},
+     "[(index, dp, warps, mt, bc, stages, active, ahead_of_time, 'fp16,bf16')] of v2's configs (run-time ones last)."},
     {"time_forward", (PyCFunction)(void (*)(void))py_time_forward, METH_FASTCALL,
      "time_forward(q, k, v, out, lse, causal, scale, layout, variant, stream, config, reps, warmup, flush) -> "
      "(p50_us, p90_us, samples): the C timing harness."},

@@ -176,9 +176,9 @@ def v2_index(cfg, dtype, arch):
     """The v2 table index of `cfg` for `dtype`: an ahead-of-time entry if one matches, else the configuration
     compiled at run time (from the disk cache when it is there) and added to the table once per process."""
     t = (cfg["dp"], cfg["warps"], cfg["mt"], cfg["bc"], cfg["stages"])
-    for idx, dp, warps, mt, bc, stages, _active, aot in _C.v2_configs():
-        if aot and (dp, warps, mt, bc, stages) == t and (dtype == "fp16" or idx < 6):
-            return idx  # sweep entries (index >= 6) are compiled for fp16 only
+    for idx, dp, warps, mt, bc, stages, _active, aot, dtypes in _C.v2_configs():
+        if aot and (dp, warps, mt, bc, stages) == t and dtype in dtypes.split(","):
+            return idx
     key = ("v2", t, dtype, arch)
     with _lock:
         if key not in _loaded:

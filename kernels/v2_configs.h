@@ -53,6 +53,7 @@ const v2_config *fattn_v2_config(int i);
 int fattn_v2_active(int bucket);    /* bucket 0, 1, 2: head dims <= 64, <= 128, <= 256 */
 fattn_status fattn_v2_select(int index); /* make config `index` the one used for its head-dim bucket */
 int fattn_v2_config_aot(int i);  /* 1 if config i is compiled ahead of time, 0 if added at run time */
+int fattn_v2_config_dtypes(int i); /* bit 0: fp16, bit 1: bf16 compiled for config i */
 /* Adds a configuration compiled at run time (a cubin holding extern "C" kernel `func` for `dtype`); *index: its
  * table index, usable as attn_params.config and in fattn_v2_set_tuned. */
 fattn_status fattn_v2_add_rtc(const v2_config *cfg, int dtype, const void *image, size_t size, const char *func,

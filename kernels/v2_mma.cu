@@ -384,6 +384,11 @@ static int dp_bucket(int64_t d) { return d <= 64 ? 0 : d <= 128 ? 1 : 2; }
 extern "C" int fattn_v2_config_count(void) { return v2_nconfigs; }
 extern "C" const v2_config *fattn_v2_config(int i) { return i >= 0 && i < v2_nconfigs ? &v2_table[i].cfg : NULL; }
 extern "C" int fattn_v2_config_aot(int i) { return i >= 0 && i < V2_NAOT; }
+extern "C" int fattn_v2_config_dtypes(int i) {
+    if (i < 0 || i >= v2_nconfigs) return 0;
+    const v2_entry *e = &v2_table[i];
+    return (e->kern[0] || e->rtc[0] ? 1 : 0) | (e->kern[1] || e->rtc[1] ? 2 : 0);
+}
 extern "C" int fattn_v2_active(int bucket) { return v2_active[bucket]; }
 
 extern "C" fattn_status fattn_v2_select(int index) {
