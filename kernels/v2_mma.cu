@@ -472,8 +472,9 @@ extern "C" int fattn_v2_set_splits(int n) {
 /* Splits of the key sequence for a grid of `blocks` query blocks, `nkb` key blocks each: only when the grid has
  * fewer blocks than multiprocessors (decode: Sq = 1 and a small batch), enough splits to give each multiprocessor
  * SPLIT_CTAS_PER_SM blocks, each split at least SPLIT_MIN_KEY_BLOCKS key blocks long.  Measured on the H100
- * (bench/split_sweep.py, evidence/bench/h100_split_sweep_*.json): about 2 blocks per SM is best at B*H = 8, 32
- * (D = 128); at B*H = 256 any split is slower than none. */
+ * and H200 (bench/split_sweep.py, evidence/bench/h1?0_split_sweep_*.json): about 2 blocks per SM is best at
+ * B*H = 8, 32 (D = 128), and at B*H = 32 nine splits (288 blocks) lose to eight (256) by 14%; at B*H = 256 any
+ * split is slower than none. */
 #define SPLIT_CTAS_PER_SM 2
 #define SPLIT_MIN_KEY_BLOCKS 4
 #define SPLIT_MAX 128
@@ -481,7 +482,7 @@ static int v2_pick_splits(const attn_params *p, int64_t blocks, int64_t nkb) {
     int64_t n = v2_forced_splits;
     if (n == 0) {
         if (blocks >= p->sm_count) return 1;
-        n = (p->sm_count * SPLIT_CTAS_PER_SM + blocks - 1) / blocks;
+        n = p->sm_count * SPLIT_CTAS_PER_SM / blocks; /* rounded down: a partial extra wave costs more than it gives */
         if (n > nkb / SPLIT_MIN_KEY_BLOCKS) n = nkb / SPLIT_MIN_KEY_BLOCKS;
     }
     if (n > nkb) n = nkb;
