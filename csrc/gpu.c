@@ -3,6 +3,7 @@
  * not compiled in.  The CUDA runtime is linked statically: it loads the driver on first use, so importing fattn
  * on a machine without a GPU or driver works, and the first GPU call returns a clear error. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu.h"
@@ -91,7 +92,8 @@ static fattn_status time_one(const fattn_variant *variant, attn_params *p, void 
         flush_bytes[device] = bytes;
     }
     for (int i = 0; i < warmup && !st; i++) st = variant->launch(p, stream);
-    cudaEvent_t ev[2 * FATTN_TIME_MAX_REPS];
+    cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * (size_t)reps, sizeof(cudaEvent_t));
+    if (!ev) return FATTN_FAIL(FATTN_ERR_NOMEM, "out of memory for %d timing events", 2 * reps);
     int made = 0;
     for (; made < 2 * reps && !st; made++)
         if (cudaEventCreate(&ev[made]) != cudaSuccess) st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaEventCreate failed");
@@ -111,6 +113,7 @@ static fattn_status time_one(const fattn_variant *variant, attn_params *p, void 
         for (int i = 0; i < reps; i++) us[i] *= 1000.f;
     }
     for (int i = 0; i < made; i++) cudaEventDestroy(ev[i]);
+    free(ev);
     return st;
 }
 

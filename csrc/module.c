@@ -232,8 +232,7 @@ static int parse_cpu_config(PyObject *obj, fattn_cpu_config *c) {
 }
 
 static int cpu_config_for(const module_state *st, PyObject *config, const attn_params *p, fattn_cpu_config *c) {
-    if (config != Py_None) return PyTuple_Check(config) ? parse_cpu_config(config, c) :
-        (PyErr_SetString(PyExc_TypeError, "config: expected a (br, bc, threads) tuple for the CPU backend"), -1);
+    if (config != Py_None) return parse_cpu_config(config, c);
     const fattn_cpu_config *t = &st->cpu_tuned[p->dtype][p->d / 8 - 1][p->causal != 0][fattn_seq_bucket(p->sq, p->sk)];
     *c = t->br ? *t : st->cpu;
     return 0;

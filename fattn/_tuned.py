@@ -22,7 +22,7 @@ import platform
 import tempfile
 import warnings
 
-from . import _C
+from . import _C, _frameworks
 
 FORMAT = "fattn-tuned/1"
 LOADED = set()       # (device_type, device_id) whose entries are registered
@@ -127,7 +127,7 @@ def ensure(dev_type, dev_id):
     if key in LOADED:
         return
     LOADED.add(key)
-    kind = "cpu" if dev_type == 1 else "cuda"
+    kind = "cpu" if dev_type == _frameworks.CPU else "cuda"
     for e in entries():
         try:
             why = _register(e, kind, dev_id)

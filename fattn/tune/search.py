@@ -55,8 +55,8 @@ def evaluate(runner, cfg, default_cfg, compile_errors, problem=None):
         if problem is None:
             p50, p90 = runner.time(cfg)
         else:
-            arrays = runner._make((problem.b, problem.h, problem.sq, problem.d),
-                                  (problem.b, problem.kv_heads, problem.sk, problem.d))
+            arrays = runner.arrays((problem.b, problem.h, problem.sq, problem.d),
+                                   (problem.b, problem.kv_heads, problem.sk, problem.d))
             p50, p90 = runner.time(cfg, arrays=arrays)
     except Exception as e:
         return "launch_failed", None, None, f"{type(e).__name__}: {e}"
