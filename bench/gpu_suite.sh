@@ -4,6 +4,8 @@
 #   bash bench/gpu_suite.sh "$OUT"                          # seeds + fa3 + decode
 #   bash bench/gpu_suite.sh "$OUT" "seeds fa3 fa3_bf16"     # a subset (fa3_bf16: the fa3 grid in bfloat16)
 #   FATTN_SWEEP=1 FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT"   # also the v2 config sweep, compute-sanitizer
+#   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
+#   FATTN_VARIANTS=v2,v3 FATTN_TORCH_BACKENDS=flash,cudnn ...   # fewer columns
 #
 # Writes to OUT_DIR: suite.log (environment, build, pytest), <grid>.json per grid (stamped with GPU, driver, CUDA,
 # torch, cuDNN, git SHA), summary.md (every grid's Markdown table), v2_sweep.json and sanitize.log when asked,
@@ -36,8 +38,16 @@ fi
 say "build took $(( $(date +%s) - t0 )) s"
 grep -E "registers|spill" "$LOG" | tail -5 || true
 
-say "pytest"
-python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee -a "$LOG" | tail -15
+if [ -n "${FATTN_SMOKE:-}" ]; then  # e.g. FATTN_SMOKE=v3: a quick look at one variant; stop here if it fails
+  say "smoke $FATTN_SMOKE"
+  if ! timeout 120 python3 bench/smoke.py --variant "$FATTN_SMOKE" 2>&1 | tee -a "$LOG"; then
+    echo "SMOKE FAILED"; exit 1
+  fi
+fi
+
+say "pytest ${FATTN_PYTEST_ARGS:-}"
+# shellcheck disable=SC2086
+timeout "${FATTN_PYTEST_TIMEOUT:-420}" python3 -m pytest -q -rs -p no:cacheprovider tests ${FATTN_PYTEST_ARGS:-} 2>&1 | tee -a "$LOG" | tail -15
 PYTEST_RC=${PIPESTATUS[0]}
 say "pytest exit code $PYTEST_RC"
 
@@ -46,8 +56,8 @@ for g in $GRIDS; do
   case $g in
     seeds)  args=(--grid seeds --variants "v0,$VARIANTS") ;;
     seeds_e2e) args=(--grid seeds --variants "$VARIANTS" --timer batch --reps 200) ;;
-    fa3)    args=(--grid fa3 --variants "$VARIANTS" --torch-backends flash,efficient,cudnn --reps 10 --warmup 2) ;;
-    fa3_bf16) args=(--grid fa3 --dtype bf16 --variants "$VARIANTS" --torch-backends flash,efficient,cudnn --reps 10 --warmup 2) ;;
+    fa3)    args=(--grid fa3 --variants "$VARIANTS" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,efficient,cudnn}" --reps 10 --warmup 2) ;;
+    fa3_bf16) args=(--grid fa3 --dtype bf16 --variants "$VARIANTS" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,efficient,cudnn}" --reps 10 --warmup 2) ;;
     decode) args=(--grid decode --variants "$VARIANTS" --torch-backends flash,efficient,cudnn) ;;
     *)      args=(--grid "$g" --variants "$VARIANTS") ;;
   esac

@@ -11,8 +11,8 @@
 #ifdef FATTN_WITH_CUDA
 #include "cuda_check.h"
 
-#define FATTN_VARIANT_ROW(name, summary, min_sm, dtypes) \
-    {#name, summary, min_sm, dtypes, fattn_launch_##name, fattn_check_##name},
+#define FATTN_VARIANT_ROW(name, summary, min_sm, max_sm, dtypes, prefer) \
+    {#name, summary, min_sm, max_sm, dtypes, fattn_launch_##name, fattn_check_##name, prefer},
 const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW){0}};
 #undef FATTN_VARIANT_ROW
 
@@ -52,18 +52,28 @@ const fattn_variant *fattn_gpu_default(int device, const attn_params *p) {
     if (fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0)) return NULL;
     const fattn_variant *best = NULL;
     for (const fattn_variant *v = fattn_gpu_variants; v->name; v++)
-        if (sm >= v->min_sm && (v->dtypes >> p->dtype & 1) && v->check(p) == FATTN_OK) best = v;
+        if (fattn_variant_runs_on(v, sm) && (v->dtypes >> p->dtype & 1) && v->check(p) == FATTN_OK &&
+            (!v->prefer || v->prefer(p)))
+            best = v;
     if (!best) FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "no GPU variant runs these arguments on device %d", device);
     return best;
+}
+
+static fattn_status check_runs_on(const fattn_variant *variant, int device, int sm) {
+    if (fattn_variant_runs_on(variant, sm)) return FATTN_OK;
+    if (variant->max_sm)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "variant %s needs compute capability %d.%d to %d.%d, device %d has %d.%d",
+                          variant->name, variant->min_sm / 10, variant->min_sm % 10, variant->max_sm / 10,
+                          variant->max_sm % 10, device, sm / 10, sm % 10);
+    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "variant %s needs compute capability %d.%d, device %d has %d.%d",
+                      variant->name, variant->min_sm / 10, variant->min_sm % 10, device, sm / 10, sm % 10);
 }
 
 fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream) {
     int sm, sm_count, current = -1;
     fattn_status st = fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0);
     if (st) return st;
-    if (sm < variant->min_sm)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "variant %s needs compute capability %d.%d, device %d has %d.%d",
-                          variant->name, variant->min_sm / 10, variant->min_sm % 10, device, sm / 10, sm % 10);
+    if ((st = check_runs_on(variant, device, sm))) return st;
     p->sm_count = sm_count;
     FATTN_CUDA_CHECK(cudaGetDevice(&current));
     if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
@@ -123,7 +133,7 @@ fattn_status fattn_gpu_time(const fattn_variant *variant, int device, attn_param
     if (reps < 1 || reps > FATTN_TIME_MAX_REPS || warmup < 0)
         return FATTN_FAIL(FATTN_ERR_INVALID, "reps must be in [1, %d] and warmup >= 0", FATTN_TIME_MAX_REPS);
     fattn_status st = fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0);
-    if (st) return st;
+    if (st || (st = check_runs_on(variant, device, sm))) return st;
     p->sm_count = sm_count;
     FATTN_CUDA_CHECK(cudaGetDevice(&current));
     if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));

@@ -479,7 +479,7 @@ static PyObject *py_variants(PyObject *module, PyObject *const *args, Py_ssize_t
     if (fattn_gpu_device_info(dev, &sm, &count, NULL, 0)) return raise_status();
     PyObject *list = PyList_New(0);
     for (const fattn_variant *v = fattn_gpu_variants; list && v->name; v++) {
-        if (sm < v->min_sm) continue;
+        if (!fattn_variant_runs_on(v, sm)) continue;
         PyObject *row = Py_BuildValue("(ss)", v->name, v->summary);
         if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
         Py_XDECREF(row);

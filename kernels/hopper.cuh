@@ -1,0 +1,109 @@
+/* hopper.cuh -- sm_90 building blocks in inline PTX: mbarriers, TMA (cp.async.bulk.tensor), wgmma fences and
+ * shared-memory descriptors, register reallocation, named barriers.
+ *
+ * Shared-memory tiles here are "panels" of 64 columns (128 bytes of fp16/bf16) by `rows` rows, 128-byte swizzled
+ * the way TMA writes them with CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+ * A panel starts on a 1024-byte boundary (the swizzle pattern repeats every 8 rows of 128 bytes); a tile of D
+ * columns is D / 64 panels back to back.
+ */
+#ifndef FATTN_HOPPER_CUH
+#define FATTN_HOPPER_CUH
+
+#include "common.cuh"
+
+DEV unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* ---- mbarriers ------------------------------------------------------------------------------------------ */
+
+DEV void mbar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+/* Makes the initialised barriers visible to the async proxy (TMA); follow with a block-wide barrier. */
+DEV void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+/* One arrival that also tells the barrier to expect `bytes` more bytes of TMA transactions in this phase. */
+DEV void mbar_arrive_expect_tx(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+DEV void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+/* Waits until the phase with parity `parity` has completed. */
+DEV void mbar_wait(uint64_t *bar, unsigned parity) {
+    const unsigned a = smem_addr(bar);
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(a), "r"(parity) : "memory");
+    } while (!done);
+}
+
+/* ---- TMA ---------------------------------------------------------------------------------------------------- */
+
+/* Box (c0, c1, c2, c3) of the 4-D tensor map `map` -> shared memory at dst; completes `bytes` on bar.  Out-of-bounds
+ * elements are written as zeros (and still counted in the transaction bytes). */
+DEV void tma_load_4d(void *dst, const void *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+        ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        : "memory");
+}
+/* Shared memory at src -> box (c0, c1, c2, c3) of `map`; elements out of the tensor's bounds are not written. */
+DEV void tma_store_4d(const void *map, const void *src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
+                 : "memory");
+}
+DEV void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* Waits until the committed stores have finished reading shared memory. */
+DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
+
+/* Orders this thread's ordinary shared-memory writes before later async-proxy (TMA, wgmma) reads of them. */
+DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* ---- warpgroups ----------------------------------------------------------------------------------------- */
+
+template <int N> DEV void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> DEV void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+/* bar.sync on named barrier `id` (1..15; 0 is __syncthreads) for `threads` threads. */
+DEV void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+DEV void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* ---- wgmma ---------------------------------------------------------------------------------------------- */
+
+/* Before the first wgmma of a batch: orders earlier register writes (accumulators, A fragments) before it. */
+DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* Waits until at most N committed groups of this warpgroup are still running. */
+template <int N> DEV void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+/* Keeps the compiler from moving reads or writes of accumulator registers across a wgmma fence / wait. */
+template <int N> DEV void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> DEV void reg_fence(unsigned (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63).  Fields are byte values >> 4:
+ * start address (bits 0-13), leading-dimension byte offset (16-29), stride-dimension byte offset (32-45).
+ *   K-major operand (S = Q K^T: Q and K rows hold the reduction dim): 8-row groups 1024 bytes apart (SBO); the
+ *     leading offset is unused; the k-th 16-column step starts 32 * (k % 4) bytes into the panel, the next panel
+ *     after four steps.
+ *   N-major operand (O += P V: V rows are keys, the reduction dim): 64-column panels `panel_bytes` apart (LBO),
+ *     8-key groups 1024 bytes apart (SBO); the k-th 16-key step starts 2048 * k bytes in. */
+DEV uint64_t desc_sw128(const void *smem, unsigned lbo_bytes) {
+    const uint64_t a = smem_addr(smem);
+    return ((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+#endif

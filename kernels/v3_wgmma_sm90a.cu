@@ -1,0 +1,356 @@
+/* v3_wgmma_sm90a.cu -- version 3: Hopper (sm_90a) forward, the FlashAttention-3 structure.
+ *
+ * Adds over v2: wgmma instead of mma.sync, TMA instead of cp.async, and warp specialisation.
+ * A block of 3 warpgroups owns Br = 128 query rows of one (b, h):
+ *   warpgroup 0, the producer: one thread issues every TMA load (Q once; then K_j, V_j for each key block of Bc
+ *     keys into a ring of STAGES shared-memory slots, each slot with a "full" mbarrier the TMA completes and an
+ *     "empty" mbarrier the consumers arrive on), and gives its registers away (setmaxnreg.dec to 24);
+ *   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): 64 query rows each, per key block
+ *     S = Q K_j^T      wgmma m64nBck16, both operands in 128-byte-swizzled shared memory
+ *     masked -> -inf   (only in diagonal / tail blocks), x = S * scale * log2 e
+ *     m' = max(m, rowmax x) (quad shuffles),  P = exp2(x - m'),  l = alpha l + rowsum P
+ *     O = alpha O + P V_j   wgmma m64nDk16 with P from registers (the S accumulators re-packed as A fragments)
+ *                      and V N-major from shared memory (transposed by the descriptor, no copy)
+ *   software-pipelined inside each consumer: S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued back to back, the
+ *   softmax of S_{j+1} runs while P_j V_j is still on the tensor cores.
+ * O is written back through the consumer's own Q slot (swizzled like TMA's loads) by a TMA store, which drops rows
+ * past the sequence end; TMA loads fill rows past a sequence's end with zeros, so no load reads past it.
+ * Blocks run longest-first for causal (query blocks in reverse order); fully masked key blocks are never loaded.
+ * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
+ * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule); fattn falls back to
+ * v2 otherwise, and for decode-like calls (Sq <= 64), which v2's split-KV serves.
+ * Speed: see evidence/README.md (H100 fa3 grid, v3 beside v2 and torch's backends).
+ */
+#include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
+
+#include "hopper.cuh"
+#include "mma.cuh"
+#include "wgmma_ops.cuh"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "../csrc/gpu.h"
+
+#define V3_CONSUMERS 2                       /* consumer warpgroups */
+#define V3_BR (64 * V3_CONSUMERS)            /* query rows per block */
+#define V3_THREADS (128 * (V3_CONSUMERS + 1))
+#define V3_PRODUCER_REGS 24
+#define V3_CONSUMER_REGS 240
+
+/* The compiled configurations, one per head-dim bucket: X(DP, BC, STAGES). */
+#define V3_CONFIGS(X) \
+    X(64, 128, 2)     \
+    X(128, 128, 2)    \
+    X(256, 64, 2)
+
+/* Shared memory of one block: Q (Br x DP), STAGES slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack
+ * to align the tiles to 1024 bytes (the 128-byte swizzle's period). */
+#define V3_NBARS(STAGES) (1 + 4 * (STAGES))
+#define V3_SMEM_BYTES(DP, BC, STAGES) \
+    ((size_t)(V3_BR + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
+
+template <typename T, int DP, int BC, int STAGES>
+__global__ void __launch_bounds__(V3_THREADS, 1)
+v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+       const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p) {
+    constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
+    constexpr int Q_TILE = V3_BR * DP, KV_TILE = BC * DP; /* elements */
+    constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
+    constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
+    extern __shared__ unsigned char smem_raw[];
+    T *sQ = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    T *sK = sQ + Q_TILE, *sV = sK + STAGES * KV_TILE;
+    uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
+    uint64_t *q_full = bar, *k_full = bar + 1, *v_full = k_full + STAGES, *k_empty = v_full + STAGES,
+             *v_empty = k_empty + STAGES;
+
+    const int64_t nqb = (p.sq + V3_BR - 1) / V3_BR, nbh = p.b * p.h;
+    const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * V3_BR;
+    const int b = (int)(bh / p.h), h = (int)(bh % p.h), hk = (int)(h / p.h_per_kv);
+    const int64_t i_last = (i0 + V3_BR < p.sq ? i0 + V3_BR : p.sq) - 1;
+    const int nblocks = (int)((fattn_row_kend(&p, i_last) + BC - 1) / BC);
+
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&k_full[s], 1);
+            mbar_init(&v_full[s], 1);
+            mbar_init(&k_empty[s], 4 * V3_CONSUMERS); /* one arrival per consumer warp */
+            mbar_init(&v_empty[s], 4 * V3_CONSUMERS);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* ---- producer ---- */
+        setmaxnreg_dec<V3_PRODUCER_REGS>();
+        if (warp != 0 || lane != 0) return;
+        tma_prefetch_map(&tm_q);
+        tma_prefetch_map(&tm_k);
+        tma_prefetch_map(&tm_v);
+        mbar_arrive_expect_tx(q_full, Q_TILE * 2);
+#pragma unroll
+        for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * V3_BR * 64, &tm_q, q_full, c * 64, (int)i0, h, b);
+        for (int j = 0; j < nblocks; j++) {
+            const int s = j % STAGES;
+            const unsigned parity = ((j / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
+            if (j >= STAGES) mbar_wait(&k_empty[s], parity);
+            mbar_arrive_expect_tx(&k_full[s], KV_TILE * 2);
+#pragma unroll
+            for (int c = 0; c < PANELS; c++) tma_load_4d(sK + s * KV_TILE + c * BC * 64, &tm_k, &k_full[s], c * 64, j * BC, hk, b);
+            if (j >= STAGES) mbar_wait(&v_empty[s], parity);
+            mbar_arrive_expect_tx(&v_full[s], KV_TILE * 2);
+#pragma unroll
+            for (int c = 0; c < PANELS; c++) tma_load_4d(sV + s * KV_TILE + c * BC * 64, &tm_v, &v_full[s], c * 64, j * BC, hk, b);
+        }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    setmaxnreg_inc<V3_CONSUMER_REGS>();
+    const int cw = wg - 1, g = lane / 4, t = lane % 4;
+    const int64_t row0 = i0 + cw * 64 + warp * 16 + g, row1 = row0 + 8; /* this thread's two query rows */
+    const int64_t wg_row = i0 + cw * 64;                                 /* the warpgroup's first row */
+    const float c = p.scale_log2;
+    T *sQw = sQ + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
+
+    float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    unsigned pa[KS][4];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.f;
+
+    /* S = Q K^T from slot st: DP / 16 k-steps, four per 64-column panel, 32 bytes apart inside it. */
+    auto issue_s = [&](int st) {
+        const T *k = sK + st * KV_TILE;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++)
+            wgmma_ss<BC, T>(s, desc_sw128(sQw + (kk / 4) * V3_BR * 64 + (kk % 4) * 16, 0),
+                            desc_sw128(k + (kk / 4) * BC * 64 + (kk % 4) * 16, 0), kk > 0);
+        wgmma_commit();
+    };
+    /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart. */
+    auto issue_pv = [&](int st) {
+        const T *v = sV + st * KV_TILE;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], desc_sw128(v + kk * 16 * 64, BC * 128), 1);
+        wgmma_commit();
+    };
+    /* Online softmax of key block j in s (S -> P, float); returns alpha of the two rows in a[]. */
+    auto softmax = [&](int j, float a[2]) {
+        const int64_t kbase = (int64_t)j * BC;
+        const bool need_mask = kbase + BC > p.sk || (p.causal && kbase + BC - 1 > wg_row + p.causal_offset);
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            float x = s[i] * c;
+            if (need_mask) {
+                const int64_t col = kbase + 8 * (i / 4) + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
+                if (col >= p.sk || (p.causal && col > row + p.causal_offset)) x = -INFINITY;
+            }
+            s[i] = x;
+            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
+        }
+        float sum[2] = {0.f, 0.f}, mu[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = quad_max(mx[r]);
+            mu[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* a row that has seen no key yet: P = 0, not NaN */
+            a[r] = fast_exp2(m[r] - mu[r]);
+            m[r] = mx[r];
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            s[i] = fast_exp2(s[i] - mu[(i >> 1) & 1]);
+            sum[(i >> 1) & 1] += s[i];
+        }
+        l[0] = l[0] * a[0] + sum[0]; /* per-thread partial sums; the quad's are added at the end */
+        l[1] = l[1] * a[1] + sum[1];
+    };
+    /* P (float, the S accumulator layout) -> A fragments: k-step kk takes S's n8 tiles 2 kk and 2 kk + 1. */
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1], T());
+            pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3], T());
+            pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5], T());
+            pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7], T());
+        }
+    };
+    auto release = [&](uint64_t *b_) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b_);
+    };
+
+    mbar_wait(q_full, 0);
+    if (nblocks > 0) {
+        float a[2];
+        mbar_wait(&k_full[0], 0);
+        issue_s(0);
+        wgmma_wait<0>();
+        reg_fence(s);
+        release(&k_empty[0]);
+        softmax(0, a);
+        pack_p();
+        for (int j = 1; j < nblocks; j++) {
+            const int st = j % STAGES, sp = (j - 1) % STAGES;
+            mbar_wait(&k_full[st], (j / STAGES) & 1);
+            issue_s(st);
+            mbar_wait(&v_full[sp], ((j - 1) / STAGES) & 1);
+            issue_pv(sp);
+            wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
+            reg_fence(s);
+            release(&k_empty[st]);
+            softmax(j, a);
+            wgmma_wait<0>();
+            reg_fence(o);
+            release(&v_empty[sp]);
+#pragma unroll
+            for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
+            pack_p();
+        }
+        const int sp = (nblocks - 1) % STAGES;
+        mbar_wait(&v_full[sp], ((nblocks - 1) / STAGES) & 1);
+        issue_pv(sp);
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(&v_empty[sp]);
+    }
+
+    /* ---- epilogue: O / l through this warpgroup's Q slot to a TMA store; LSE directly ---- */
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float lr = quad_sum(l[r]);
+        inv[r] = lr > 0.f ? 1.f / lr : 0.f;
+        const int64_t row = r ? row1 : row0;
+        if (p.lse && t == 0 && row < p.sq) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + row] = lse_from(m[r], lr);
+    }
+    named_barrier_sync(1 + cw, 128); /* every warp's last wgmma has read its Q rows */
+#pragma unroll
+    for (int i = 0; i < NO; i += 2) {
+        const int col = 8 * (i / 4) + 2 * t, r = cw * 64 + warp * 16 + g + ((i & 2) ? 8 : 0);
+        const int chunk = (col % 64) / 8;
+        unsigned *dst = (unsigned *)(sQ + (col / 64) * V3_BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8);
+        *dst = pack2(o[i] * inv[(i >> 1) & 1], o[i + 1] * inv[(i >> 1) & 1], T());
+    }
+    fence_proxy_async();
+    named_barrier_sync(1 + cw, 128);
+    if (tid == 0 && wg_row < p.sq) {
+#pragma unroll
+        for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sQw + c2 * V3_BR * 64, c2 * 64, (int)wg_row, h, b);
+        tma_store_commit();
+        tma_store_wait_read();
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int dp, bc, stages;
+    const void *kern[2]; /* fp16, bf16 */
+    size_t smem;
+} v3_entry;
+
+#define V3_ENTRY(DP, BC, STAGES) \
+    {DP, BC, STAGES, {(const void *)v3_fwd<__half, DP, BC, STAGES>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES>}, V3_SMEM_BYTES(DP, BC, STAGES)},
+static const v3_entry v3_table[] = {V3_CONFIGS(V3_ENTRY)};
+#undef V3_ENTRY
+#define V3_NCONFIGS ((int)(sizeof v3_table / sizeof v3_table[0]))
+static unsigned long long v3_smem_set[V3_NCONFIGS][2]; /* bit dev: the shared-memory limit is raised there */
+
+static const v3_entry *v3_pick(int64_t d) {
+    for (int i = 0; i < V3_NCONFIGS; i++)
+        if (d <= v3_table[i].dp) return &v3_table[i];
+    return NULL;
+}
+
+/* cuTensorMapEncodeTiled, reached through the runtime (fattn links no driver library). */
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static encode_tiled_fn v3_encode;
+static pthread_once_t v3_encode_once = PTHREAD_ONCE_INIT;
+static void v3_find_encode(void) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        v3_encode = (encode_tiled_fn)fn;
+    cudaGetLastError();
+}
+
+/* A tensor's 4-D map (d, s, heads, batch): boxes of 64 columns x `box_rows` rows, 128-byte swizzled, zeros out of
+ * bounds.  Strides are in elements; a dimension of size 1 gets a harmless stride (TMA wants multiples of 16 bytes
+ * even where the coordinate is always 0). */
+static fattn_status v3_map(CUtensorMap *map, const void *base, fattn_dtype dt, int64_t d, int64_t s, int64_t heads,
+                           int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows, const char *name) {
+    cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)s, (cuuint64_t)heads, (cuuint64_t)batch};
+    int64_t st[3] = {ss, sh, sb};
+    for (int i = 0; i < 3; i++) /* size 1: the extent of the dimension inside it, rounded up to 8 elements */
+        if (dims[i + 1] == 1) st[i] = ((i ? st[i - 1] : 1) * (int64_t)dims[i] + 7) / 8 * 8;
+    cuuint64_t strides[3] = {(cuuint64_t)st[0] * 2, (cuuint64_t)st[1] * 2, (cuuint64_t)st[2] * 2};
+    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, estr[4] = {1, 1, 1, 1};
+    CUresult r = v3_encode(map, dt == FATTN_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+                           (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return FATTN_FAIL(FATTN_ERR_CUDA, "v3: cuTensorMapEncodeTiled(%s) failed (CUresult %d)", name, (int)r);
+    return FATTN_OK;
+}
+
+static bool v3_stride_ok(int64_t stride, int64_t size) { return size == 1 || (stride > 0 && stride % 8 == 0 && stride < (1ll << 38)); }
+static bool v3_aligned(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
+
+extern "C" fattn_status fattn_check_v3(const attn_params *p) {
+    if (p->dtype != FATTN_F16 && p->dtype != FATTN_BF16)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 runs float16 and bfloat16 only");
+    const bool ok = v3_aligned(p->q) && v3_aligned(p->k) && v3_aligned(p->v) && v3_aligned(p->o) &&
+                    v3_stride_ok(p->q_stride_s, p->sq) && v3_stride_ok(p->q_stride_h, p->h) && v3_stride_ok(p->q_stride_b, p->b) &&
+                    v3_stride_ok(p->k_stride_s, p->sk) && v3_stride_ok(p->k_stride_h, p->h_kv) && v3_stride_ok(p->k_stride_b, p->b) &&
+                    v3_stride_ok(p->v_stride_s, p->sk) && v3_stride_ok(p->v_stride_h, p->h_kv) && v3_stride_ok(p->v_stride_b, p->b) &&
+                    v3_stride_ok(p->o_stride_s, p->sq) && v3_stride_ok(p->o_stride_h, p->h) && v3_stride_ok(p->o_stride_b, p->b);
+    if (!ok)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED,
+                          "v3 needs q, k, v and out 16-byte aligned with positive strides a multiple of 8 elements "
+                          "(TMA's rule)");
+    if (p->sq > 0x7fffffff || p->sk > 0x7fffffff || p->h > 0x7fffffff || p->b > 0x7fffffff)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: sequence, head and batch counts must fit 32 bits (TMA coordinates)");
+    return FATTN_OK;
+}
+
+/* Where v3 is the default on sm_90: not for decode-like calls (Sq <= 64), which v2's split-KV serves. */
+extern "C" int fattn_prefer_v3(const attn_params *p) { return p->sq > 64; }
+
+extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
+    fattn_status st = fattn_check_v3(p);
+    if (st) return st;
+    const v3_entry *e = v3_pick(p->d);
+    const int ti = p->dtype - FATTN_F16;
+    const int64_t nqb = (p->sq + V3_BR - 1) / V3_BR, blocks = nqb * p->b * p->h;
+    if (blocks == 0) return FATTN_OK;
+    if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: grid of %lld blocks is too large", (long long)blocks);
+    pthread_once(&v3_encode_once, v3_find_encode);
+    if (!v3_encode) return FATTN_FAIL(FATTN_ERR_CUDA, "v3: the driver has no cuTensorMapEncodeTiled (CUDA 12+ needed)");
+    int dev = 0;
+    FATTN_CUDA_CHECK(cudaGetDevice(&dev));
+    const int ei = (int)(e - v3_table);
+    if (dev < 64 && !(v3_smem_set[ei][ti] >> dev & 1)) {
+        FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
+        v3_smem_set[ei][ti] |= 1ull << dev;
+    } else if (dev >= 64) {
+        FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
+    }
+    CUtensorMap tq, tk, tv, to;
+    if ((st = v3_map(&tq, p->q, p->dtype, p->d, p->sq, p->h, p->b, p->q_stride_s, p->q_stride_h, p->q_stride_b, V3_BR, "q")) ||
+        (st = v3_map(&tk, p->k, p->dtype, p->d, p->sk, p->h_kv, p->b, p->k_stride_s, p->k_stride_h, p->k_stride_b, e->bc, "k")) ||
+        (st = v3_map(&tv, p->v, p->dtype, p->d, p->sk, p->h_kv, p->b, p->v_stride_s, p->v_stride_h, p->v_stride_b, e->bc, "v")) ||
+        (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64, "out")))
+        return st;
+    void *args[] = {&tq, &tk, &tv, &to, (void *)p};
+    FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)blocks), dim3(V3_THREADS), args, e->smem, (cudaStream_t)stream));
+    return FATTN_OK;
+}
