@@ -40,7 +40,7 @@ grep -E "registers|spill" "$LOG" | tail -5 || true
 
 if [ -n "${FATTN_SMOKE:-}" ]; then  # e.g. FATTN_SMOKE=v3: a quick look at one variant; stop here if it fails
   say "smoke $FATTN_SMOKE"
-  if ! timeout 120 python3 bench/smoke.py --variant "$FATTN_SMOKE" 2>&1 | tee -a "$LOG"; then
+  if ! PYTHONPATH=. timeout 120 python3 bench/smoke.py --variant "$FATTN_SMOKE" 2>&1 | tee -a "$LOG"; then
     echo "SMOKE FAILED"; exit 1
   fi
 fi
