@@ -4,6 +4,7 @@
 #   bash bench/gpu_suite.sh "$OUT"                          # seeds + fa3 + decode
 #   bash bench/gpu_suite.sh "$OUT" "seeds fa3 fa3_bf16"     # a subset (fa3_bf16: the fa3 grid in bfloat16)
 #   FATTN_SWEEP=1 FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT"   # also the v2 config sweep, compute-sanitizer
+#   FATTN_V3_SWEEP=1 bash bench/gpu_suite.sh "$OUT" none   # the v3 config sweep (bench/v3_sweep.py), no grid
 #   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
 #   FATTN_VARIANTS=v2,v3 FATTN_TORCH_BACKENDS=flash,cudnn ...   # fewer columns
 #
@@ -54,6 +55,7 @@ say "pytest exit code $PYTEST_RC"
 VARIANTS=${FATTN_VARIANTS:-$(python3 -c 'import fattn; print(",".join(v for v in fattn.variants("cuda") if v != "v0"))')}
 for g in $GRIDS; do
   case $g in
+    none)   continue ;;
     seeds)  args=(--grid seeds --variants "v0,$VARIANTS") ;;
     seeds_e2e) args=(--grid seeds --variants "$VARIANTS" --timer batch --reps 200) ;;
     fa3)    args=(--grid fa3 --variants "$VARIANTS" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,efficient,cudnn}" --reps 10 --warmup 2) ;;
@@ -69,6 +71,10 @@ done
 if [ "${FATTN_SWEEP:-0}" = 1 ]; then
   say "v2 config sweep"
   python3 bench/v2_sweep.py --json "$OUT/v2_sweep.json" 2>&1 | grep -v ": timed" | tee -a "$LOG"
+fi
+if [ "${FATTN_V3_SWEEP:-0}" = 1 ]; then
+  say "v3 config sweep"
+  python3 bench/v3_sweep.py --json "$OUT/v3_sweep.json" --points "${FATTN_V3_POINTS:-2048,16384}" 2>&1 | tee -a "$LOG"
 fi
 if [ "${FATTN_SANITIZE:-0}" = 1 ]; then
   say "compute-sanitizer"

@@ -28,6 +28,7 @@
 #include "tensor.h"
 #ifdef FATTN_WITH_CUDA
 #include "../kernels/v2_configs.h"
+#include "../kernels/v3_configs.h"
 #endif
 
 typedef struct {
@@ -38,6 +39,7 @@ typedef struct {
     fattn_cpu_config cpu_tuned[3][FATTN_MAX_HEADDIM / 8][2][FATTN_SEQ_BUCKETS];
     fattn_cpu_config last_cpu; /* the config of the last CPU call (last_config()) */
     int last_gpu;              /* 1 if the last call ran on the GPU */
+    const char *last_variant;  /* the GPU variant of the last GPU call */
 } module_state;
 
 static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
@@ -357,6 +359,7 @@ static PyObject *py_forward(PyObject *module, PyObject *const *args, Py_ssize_t 
         if (!v || gpu_config_for(c.config, p) || stream_of(c.stream, &stream)) goto done;
         s = fattn_gpu_forward(v, c.device, p, stream);
         st->last_gpu = 1;
+        st->last_variant = v->name;
     } else {
         fattn_cpu_config cfg;
         if (check_cpu_variant(c.variant) || cpu_config_for(st, c.config, p, &cfg)) goto done;
@@ -618,16 +621,38 @@ static PyObject *py_clear_tuned(PyObject *module, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* last_config() -> ("cpu", (br, bc, threads)) or ("v2", index): what the last forward() ran (tests ask). */
+/* last_config() -> ("cpu", (br, bc, threads)), ("v2", index), ("v3", index) or (variant, -1): what the last forward()
+ * ran (tests ask).  A v3 call whose tensors TMA cannot address runs v2 and reports v2's config. */
 static PyObject *py_last_config(PyObject *module, PyObject *unused) {
     (void)unused;
     const module_state *st = get_state(module);
     if (!st->last_gpu) return Py_BuildValue("(s(iii))", "cpu", st->last_cpu.br, st->last_cpu.bc, st->last_cpu.threads);
 #ifdef FATTN_WITH_CUDA
-    return Py_BuildValue("(si)", "v2", fattn_v2_last_config());
+    const char *v = st->last_variant ? st->last_variant : "";
+    if (!strcmp(v, "v3") && fattn_v3_last_config() >= 0) return Py_BuildValue("(si)", "v3", fattn_v3_last_config());
+    if (!strcmp(v, "v2") || !strcmp(v, "v3")) return Py_BuildValue("(si)", "v2", fattn_v2_last_config());
+    return Py_BuildValue("(si)", v, -1);
 #else
     Py_RETURN_NONE;
 #endif
+}
+
+/* v3's compiled configurations: [(index, dp, bc, stages, consumers, pingpong, default)]. */
+static PyObject *py_v3_configs(PyObject *module, PyObject *unused) {
+    (void)module; (void)unused;
+    PyObject *list = PyList_New(0);
+#ifdef FATTN_WITH_CUDA
+    for (int i = 0; list && i < fattn_v3_config_count(); i++) {
+        const v3_config *c = fattn_v3_config(i);
+        int is_default = 1; /* the default of a head-dim bucket is its first entry */
+        for (int j = 0; j < i; j++) is_default &= fattn_v3_config(j)->dp != c->dp;
+        PyObject *row = Py_BuildValue("(iiiiiiO)", i, c->dp, c->bc, c->stages, c->consumers, c->pingpong,
+                                      is_default ? Py_True : Py_False);
+        if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
+        Py_XDECREF(row);
+    }
+#endif
+    return list;
 }
 
 static PyObject *py_seq_bucket(PyObject *module, PyObject *args) {
@@ -763,8 +788,11 @@ static PyMethodDef module_methods[] = {
     {"set_tuned", py_set_tuned, METH_VARARGS,
      "set_tuned(kind, device, dtype, head_dim, causal, seq_bucket, config): one tuned-config cache entry."},
     {"clear_tuned", py_clear_tuned, METH_NOARGS, "Forget every registered tuned config."},
-    {"last_config", py_last_config, METH_NOARGS, "What the last forward() ran: (\"cpu\", (br, bc, threads)) or (\"v2\", index)."},
+    {"last_config", py_last_config, METH_NOARGS,
+     "What the last forward() ran: (\"cpu\", (br, bc, threads)), (\"v2\", index), (\"v3\", index) or (variant, -1)."},
     {"seq_bucket", py_seq_bucket, METH_VARARGS, "seq_bucket(sq, sk) -> the tuned cache's sequence bucket."},
+    {"v3_configs", py_v3_configs, METH_NOARGS,
+     "[(index, dp, bc, stages, consumers, pingpong, default)] of v3's compiled configs (sm_90 only)."},
     {"v2_select", py_v2_select, METH_O, "v2_select(index): use config `index` for its head-dim bucket."},
     {"v2_set_splits", py_v2_set_splits, METH_O,
      "v2_set_splits(n) -> previous: force n key splits (1 = off), or 0 for the automatic choice."},

@@ -31,31 +31,33 @@
 #include <string.h>
 
 #include "../csrc/gpu.h"
+#include "v3_configs.h"
 
-#define V3_CONSUMERS 2                       /* consumer warpgroups */
-#define V3_BR (64 * V3_CONSUMERS)            /* query rows per block */
-#define V3_THREADS (128 * (V3_CONSUMERS + 1))
-#define V3_PRODUCER_REGS 24
-#define V3_CONSUMER_REGS 240
-
-/* The compiled configurations, one per head-dim bucket: X(DP, BC, STAGES). */
-#define V3_CONFIGS(X) \
-    X(64, 128, 2)     \
-    X(128, 128, 2)    \
-    X(256, 64, 2)
+/* Register split per consumer count: the producer keeps PRODUCER_REGS, consumers get the rest (multiples of 8,
+ * 128 * (producer + consumers * consumer) <= 65536). */
+template <int CWG> struct v3_regs;
+template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
+template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
 /* Shared memory of one block: Q (Br x DP), STAGES slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack
  * to align the tiles to 1024 bytes (the 128-byte swizzle's period). */
 #define V3_NBARS(STAGES) (1 + 4 * (STAGES))
-#define V3_SMEM_BYTES(DP, BC, STAGES) \
-    ((size_t)(V3_BR + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
+#define V3_SMEM_BYTES(DP, BC, STAGES, CWG) \
+    ((size_t)(64 * (CWG) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
 
-template <typename T, int DP, int BC, int STAGES>
-__global__ void __launch_bounds__(V3_THREADS, 1)
+/* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
+#define V3_BAR_EPILOGUE 1
+#define V3_BAR_TURN 4
+
+/* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
+ * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores. */
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP>
+__global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p) {
+    constexpr int BR = 64 * CWG;
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
-    constexpr int Q_TILE = V3_BR * DP, KV_TILE = BC * DP; /* elements */
+    constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
     extern __shared__ unsigned char smem_raw[];
@@ -65,10 +67,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     uint64_t *q_full = bar, *k_full = bar + 1, *v_full = k_full + STAGES, *k_empty = v_full + STAGES,
              *v_empty = k_empty + STAGES;
 
-    const int64_t nqb = (p.sq + V3_BR - 1) / V3_BR, nbh = p.b * p.h;
-    const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * V3_BR;
+    const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h;
+    const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * BR;
     const int b = (int)(bh / p.h), h = (int)(bh % p.h), hk = (int)(h / p.h_per_kv);
-    const int64_t i_last = (i0 + V3_BR < p.sq ? i0 + V3_BR : p.sq) - 1;
+    const int64_t i_last = (i0 + BR < p.sq ? i0 + BR : p.sq) - 1;
     const int nblocks = (int)((fattn_row_kend(&p, i_last) + BC - 1) / BC);
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -77,22 +79,22 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&v_full[s], 1);
-            mbar_init(&k_empty[s], 4 * V3_CONSUMERS); /* one arrival per consumer warp */
-            mbar_init(&v_empty[s], 4 * V3_CONSUMERS);
+            mbar_init(&k_empty[s], 4 * CWG); /* one arrival per consumer warp */
+            mbar_init(&v_empty[s], 4 * CWG);
         }
         mbar_init_fence();
     }
     __syncthreads();
 
     if (wg == 0) { /* ---- producer ---- */
-        setmaxnreg_dec<V3_PRODUCER_REGS>();
+        setmaxnreg_dec<v3_regs<CWG>::producer>();
         if (warp != 0 || lane != 0) return;
         tma_prefetch_map(&tm_q);
         tma_prefetch_map(&tm_k);
         tma_prefetch_map(&tm_v);
         mbar_arrive_expect_tx(q_full, Q_TILE * 2);
 #pragma unroll
-        for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * V3_BR * 64, &tm_q, q_full, c * 64, (int)i0, h, b);
+        for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)i0, h, b);
         for (int j = 0; j < nblocks; j++) {
             const int s = j % STAGES;
             const unsigned parity = ((j / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
@@ -109,7 +111,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     }
 
     /* ---- consumers ---- */
-    setmaxnreg_inc<V3_CONSUMER_REGS>();
+    setmaxnreg_inc<v3_regs<CWG>::consumer>();
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
     const int64_t row0 = i0 + cw * 64 + warp * 16 + g, row1 = row0 + 8; /* this thread's two query rows */
     const int64_t wg_row = i0 + cw * 64;                                 /* the warpgroup's first row */
@@ -127,7 +129,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++)
-            wgmma_ss<BC, T>(s, desc_sw128(sQw + (kk / 4) * V3_BR * 64 + (kk % 4) * 16, 0),
+            wgmma_ss<BC, T>(s, desc_sw128(sQw + (kk / 4) * BR * 64 + (kk % 4) * 16, 0),
                             desc_sw128(k + (kk / 4) * BC * 64 + (kk % 4) * 16, 0), kk > 0);
         wgmma_commit();
     };
@@ -184,12 +186,25 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         __syncwarp();
         if (lane == 0) mbar_arrive(b_);
     };
+    /* Ping-pong: GEMM-issue slot k of consumer cw waits for cw's turn and then hands the turn to the next consumer.
+     * There are nblocks + 1 slots (S_0; S_j with P_{j-1} V_{j-1}; the last P V).  The last consumer opens the first
+     * turn of consumer 0 and skips its own last hand-over, so every barrier sees as many arrivals as waits. */
+    const int nslots = nblocks + 1;
+    auto turn_wait = [&]() {
+        if (PP) named_barrier_sync(V3_BAR_TURN + cw, 256);
+    };
+    auto turn_pass = [&](int slot) {
+        if (PP && !(cw == CWG - 1 && slot == nslots - 1)) named_barrier_arrive(V3_BAR_TURN + (cw + 1) % CWG, 256);
+    };
+    if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
     mbar_wait(q_full, 0);
     if (nblocks > 0) {
         float a[2];
         mbar_wait(&k_full[0], 0);
+        turn_wait();
         issue_s(0);
+        turn_pass(0);
         wgmma_wait<0>();
         reg_fence(s);
         release(&k_empty[0]);
@@ -198,9 +213,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         for (int j = 1; j < nblocks; j++) {
             const int st = j % STAGES, sp = (j - 1) % STAGES;
             mbar_wait(&k_full[st], (j / STAGES) & 1);
-            issue_s(st);
             mbar_wait(&v_full[sp], ((j - 1) / STAGES) & 1);
+            turn_wait();
+            issue_s(st);
             issue_pv(sp);
+            turn_pass(j);
             wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
             reg_fence(s);
             release(&k_empty[st]);
@@ -214,7 +231,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         }
         const int sp = (nblocks - 1) % STAGES;
         mbar_wait(&v_full[sp], ((nblocks - 1) / STAGES) & 1);
+        turn_wait();
         issue_pv(sp);
+        turn_pass(nblocks);
         wgmma_wait<0>();
         reg_fence(o);
         release(&v_empty[sp]);
@@ -229,19 +248,19 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         const int64_t row = r ? row1 : row0;
         if (p.lse && t == 0 && row < p.sq) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + row] = lse_from(m[r], lr);
     }
-    named_barrier_sync(1 + cw, 128); /* every warp's last wgmma has read its Q rows */
+    named_barrier_sync(V3_BAR_EPILOGUE + cw, 128); /* every warp's last wgmma has read its Q rows */
 #pragma unroll
     for (int i = 0; i < NO; i += 2) {
         const int col = 8 * (i / 4) + 2 * t, r = cw * 64 + warp * 16 + g + ((i & 2) ? 8 : 0);
         const int chunk = (col % 64) / 8;
-        unsigned *dst = (unsigned *)(sQ + (col / 64) * V3_BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8);
+        unsigned *dst = (unsigned *)(sQ + (col / 64) * BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8);
         *dst = pack2(o[i] * inv[(i >> 1) & 1], o[i + 1] * inv[(i >> 1) & 1], T());
     }
     fence_proxy_async();
-    named_barrier_sync(1 + cw, 128);
+    named_barrier_sync(V3_BAR_EPILOGUE + cw, 128);
     if (tid == 0 && wg_row < p.sq) {
 #pragma unroll
-        for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sQw + c2 * V3_BR * 64, c2 * 64, (int)wg_row, h, b);
+        for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sQw + c2 * BR * 64, c2 * 64, (int)wg_row, h, b);
         tma_store_commit();
         tma_store_wait_read();
     }
@@ -250,23 +269,25 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 /* ---- host side ------------------------------------------------------------------------------------------- */
 
 typedef struct {
-    int dp, bc, stages;
+    v3_config cfg;
     const void *kern[2]; /* fp16, bf16 */
     size_t smem;
 } v3_entry;
 
-#define V3_ENTRY(DP, BC, STAGES) \
-    {DP, BC, STAGES, {(const void *)v3_fwd<__half, DP, BC, STAGES>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES>}, V3_SMEM_BYTES(DP, BC, STAGES)},
-static const v3_entry v3_table[] = {V3_CONFIGS(V3_ENTRY)};
+#define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
+    {{DP, BC, STAGES, CWG, PP},                                                                                 \
+     {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP>}, \
+     V3_SMEM_BYTES(DP, BC, STAGES, CWG)},
+static const v3_entry v3_table[] = {V3_DEFAULT_CONFIGS(V3_ENTRY) V3_SWEEP_CONFIGS(V3_ENTRY)};
 #undef V3_ENTRY
 #define V3_NCONFIGS ((int)(sizeof v3_table / sizeof v3_table[0]))
+#define V3_DEVICES 64
 static unsigned long long v3_smem_set[V3_NCONFIGS][2]; /* bit dev: the shared-memory limit is raised there */
+static int v3_last = -1;                               /* table index of the last launch, -1: it ran v2 */
 
-static const v3_entry *v3_pick(int64_t d) {
-    for (int i = 0; i < V3_NCONFIGS; i++)
-        if (d <= v3_table[i].dp) return &v3_table[i];
-    return NULL;
-}
+extern "C" int fattn_v3_config_count(void) { return V3_NCONFIGS; }
+extern "C" const v3_config *fattn_v3_config(int i) { return i >= 0 && i < V3_NCONFIGS ? &v3_table[i].cfg : NULL; }
+extern "C" int fattn_v3_last_config(void) { return v3_last; }
 
 /* cuTensorMapEncodeTiled, reached through the runtime (fattn links no driver library). */
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -305,52 +326,79 @@ static fattn_status v3_map(CUtensorMap *map, const void *base, fattn_dtype dt, i
 static bool v3_stride_ok(int64_t stride, int64_t size) { return size == 1 || (stride > 0 && stride % 8 == 0 && stride < (1ll << 38)); }
 static bool v3_aligned(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
 
-extern "C" fattn_status fattn_check_v3(const attn_params *p) {
-    if (p->dtype != FATTN_F16 && p->dtype != FATTN_BF16)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 runs float16 and bfloat16 only");
-    const bool ok = v3_aligned(p->q) && v3_aligned(p->k) && v3_aligned(p->v) && v3_aligned(p->o) &&
-                    v3_stride_ok(p->q_stride_s, p->sq) && v3_stride_ok(p->q_stride_h, p->h) && v3_stride_ok(p->q_stride_b, p->b) &&
-                    v3_stride_ok(p->k_stride_s, p->sk) && v3_stride_ok(p->k_stride_h, p->h_kv) && v3_stride_ok(p->k_stride_b, p->b) &&
-                    v3_stride_ok(p->v_stride_s, p->sk) && v3_stride_ok(p->v_stride_h, p->h_kv) && v3_stride_ok(p->v_stride_b, p->b) &&
-                    v3_stride_ok(p->o_stride_s, p->sq) && v3_stride_ok(p->o_stride_h, p->h) && v3_stride_ok(p->o_stride_b, p->b);
-    if (!ok)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED,
-                          "v3 needs q, k, v and out 16-byte aligned with positive strides a multiple of 8 elements "
-                          "(TMA's rule)");
-    if (p->sq > 0x7fffffff || p->sk > 0x7fffffff || p->h > 0x7fffffff || p->b > 0x7fffffff)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: sequence, head and batch counts must fit 32 bits (TMA coordinates)");
-    return FATTN_OK;
+/* 1 if TMA can address every tensor of p: 16-byte aligned bases, positive strides a multiple of 16 bytes (a size-1
+ * dimension's stride does not matter), 32-bit coordinates. */
+static bool v3_tma_ok(const attn_params *p) {
+    return v3_aligned(p->q) && v3_aligned(p->k) && v3_aligned(p->v) && v3_aligned(p->o) &&
+           v3_stride_ok(p->q_stride_s, p->sq) && v3_stride_ok(p->q_stride_h, p->h) && v3_stride_ok(p->q_stride_b, p->b) &&
+           v3_stride_ok(p->k_stride_s, p->sk) && v3_stride_ok(p->k_stride_h, p->h_kv) && v3_stride_ok(p->k_stride_b, p->b) &&
+           v3_stride_ok(p->v_stride_s, p->sk) && v3_stride_ok(p->v_stride_h, p->h_kv) && v3_stride_ok(p->v_stride_b, p->b) &&
+           v3_stride_ok(p->o_stride_s, p->sq) && v3_stride_ok(p->o_stride_h, p->h) && v3_stride_ok(p->o_stride_b, p->b) &&
+           p->sq <= 0x7fffffff && p->sk <= 0x7fffffff && p->h <= 0x7fffffff && p->b <= 0x7fffffff;
 }
 
-/* Where v3 is the default on sm_90: not for decode-like calls (Sq <= 64), which v2's split-KV serves. */
-extern "C" int fattn_prefer_v3(const attn_params *p) { return p->sq > 64; }
+/* v3 accepts what v2 accepts: where TMA cannot address the tensors (stride-0 expanded K/V, odd strides), the
+ * launch runs v2 instead (fattn._C.last_config() then says v2). */
+extern "C" fattn_status fattn_check_v3(const attn_params *p) { return fattn_check_v2(p); }
+
+/* Where v3 is the default on sm_90: TMA-addressable tensors and more than 64 query rows (decode-like calls go to v2's
+ * split-KV). */
+extern "C" int fattn_prefer_v3(const attn_params *p) { return p->sq > 64 && v3_tma_ok(p); }
+
+static int dp_of(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
+/* The table entry for p: an explicit p->config (checked), else the default of its head-dim bucket. */
+static fattn_status v3_choose(const attn_params *p, int *index) {
+    if (p->config >= 0) {
+        if (p->config >= V3_NCONFIGS)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d out of range [0, %d)", p->config, V3_NCONFIGS);
+        if (v3_table[p->config].cfg.dp != dp_of(p->d))
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d is for head dims in the %d bucket", p->config,
+                              v3_table[p->config].cfg.dp);
+        *index = p->config;
+        return FATTN_OK;
+    }
+    for (int i = 0; i < V3_NCONFIGS; i++)
+        if (v3_table[i].cfg.dp == dp_of(p->d)) {
+            *index = i; /* the defaults come first, one per bucket */
+            return FATTN_OK;
+        }
+    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 has no config for head dim %lld", (long long)p->d);
+}
 
 extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
     fattn_status st = fattn_check_v3(p);
     if (st) return st;
-    const v3_entry *e = v3_pick(p->d);
-    const int ti = p->dtype - FATTN_F16;
-    const int64_t nqb = (p->sq + V3_BR - 1) / V3_BR, blocks = nqb * p->b * p->h;
+    if (!v3_tma_ok(p)) {
+        v3_last = -1;
+        attn_params p2 = *p;
+        p2.config = -1; /* v3's config index means nothing to v2 */
+        return fattn_launch_v2(&p2, stream);
+    }
+    int idx = 0;
+    if ((st = v3_choose(p, &idx))) return st;
+    const v3_entry *e = &v3_table[idx];
+    const int ti = p->dtype - FATTN_F16, br = 64 * e->cfg.consumers;
+    const int64_t nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
+    v3_last = idx;
     if (blocks == 0) return FATTN_OK;
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: grid of %lld blocks is too large", (long long)blocks);
     pthread_once(&v3_encode_once, v3_find_encode);
     if (!v3_encode) return FATTN_FAIL(FATTN_ERR_CUDA, "v3: the driver has no cuTensorMapEncodeTiled (CUDA 12+ needed)");
     int dev = 0;
     FATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    const int ei = (int)(e - v3_table);
-    if (dev < 64 && !(v3_smem_set[ei][ti] >> dev & 1)) {
+    if (dev >= V3_DEVICES || !(v3_smem_set[idx][ti] >> dev & 1)) {
         FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
-        v3_smem_set[ei][ti] |= 1ull << dev;
-    } else if (dev >= 64) {
-        FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
+        if (dev < V3_DEVICES) v3_smem_set[idx][ti] |= 1ull << dev;
     }
     CUtensorMap tq, tk, tv, to;
-    if ((st = v3_map(&tq, p->q, p->dtype, p->d, p->sq, p->h, p->b, p->q_stride_s, p->q_stride_h, p->q_stride_b, V3_BR, "q")) ||
-        (st = v3_map(&tk, p->k, p->dtype, p->d, p->sk, p->h_kv, p->b, p->k_stride_s, p->k_stride_h, p->k_stride_b, e->bc, "k")) ||
-        (st = v3_map(&tv, p->v, p->dtype, p->d, p->sk, p->h_kv, p->b, p->v_stride_s, p->v_stride_h, p->v_stride_b, e->bc, "v")) ||
+    if ((st = v3_map(&tq, p->q, p->dtype, p->d, p->sq, p->h, p->b, p->q_stride_s, p->q_stride_h, p->q_stride_b, br, "q")) ||
+        (st = v3_map(&tk, p->k, p->dtype, p->d, p->sk, p->h_kv, p->b, p->k_stride_s, p->k_stride_h, p->k_stride_b, e->cfg.bc, "k")) ||
+        (st = v3_map(&tv, p->v, p->dtype, p->d, p->sk, p->h_kv, p->b, p->v_stride_s, p->v_stride_h, p->v_stride_b, e->cfg.bc, "v")) ||
         (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64, "out")))
         return st;
     void *args[] = {&tq, &tk, &tv, &to, (void *)p};
-    FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)blocks), dim3(V3_THREADS), args, e->smem, (cudaStream_t)stream));
+    FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)blocks), dim3(128 * (e->cfg.consumers + 1)), args,
+                                      e->smem, (cudaStream_t)stream));
     return FATTN_OK;
 }

@@ -192,3 +192,58 @@ def test_v2_set_splits_checks_its_argument():
     with pytest.raises(ValueError, match="splits"):
         fattn._C.v2_set_splits(1000)
     assert fattn._C.v2_set_splits(0) == 0
+
+
+V3 = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0), reason="v3 needs sm_90 (H100/H200)")
+
+
+def run_v3_config(q, k, v, causal, idx, lse=None):
+    out = torch.empty_like(q)
+    fattn._C.forward(q, k, v, out, lse, {False: 0, "top_left": 1, "bottom_right": 2}[causal], None, 0, "v3",
+                     torch.cuda.current_stream().cuda_stream, idx)
+    return out
+
+
+@V3
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_v3_every_compiled_config(dtype):
+    """Each of v3's compiled configs (defaults and sweep candidates), run explicitly, on odd shapes both ways."""
+    configs = fattn._C.v3_configs()
+    assert sorted({c[1] for c in configs if c[6]}) == [64, 128, 256]  # one default per head-dim bucket
+    for idx, dp, *_ in configs:
+        for sq, sk, causal in [(113, 300, "bottom_right"), (300, 113, "top_left"), (257, 257, False)]:
+            q = randn((2, 4, sq, dp), dtype, "cuda", idx)
+            k = randn((2, 2, sk, dp), dtype, "cuda", idx + 1)
+            v = randn((2, 2, sk, dp), dtype, "cuda", idx + 2)
+            lse = torch.empty(2, 4, sq, device="cuda", dtype=torch.float32)
+            o = run_v3_config(q, k, v, causal, idx, lse)
+            assert fattn._C.last_config() == ("v3", idx)
+            check_close(o, q, k, v, causal, None, lse=lse)
+
+
+@V3
+def test_v3_config_index_checked():
+    q = randn((1, 2, 100, 128), torch.float16, "cuda", 3)
+    n = len(fattn._C.v3_configs())
+    with pytest.raises(RuntimeError, match="v3 config .* out of range"):
+        run_v3_config(q, q, q, False, n)
+    other = next(c[0] for c in fattn._C.v3_configs() if c[1] != 128)
+    with pytest.raises(RuntimeError, match="v3 config .* is for head dims"):
+        run_v3_config(q, q, q, False, other)
+
+
+@V3
+def test_v3_default_on_sm90_and_fallbacks():
+    """On sm_90 fattn uses v3 for Sq > 64 with TMA-addressable tensors; decode goes to v2 (split-KV); forced v3 on
+    tensors TMA cannot address (stride-0 expanded K/V) runs v2 and says so, correctly."""
+    q = randn((2, 4, 200, 128), torch.float16, "cuda", 4)
+    check_close(fattn.attention(q, q, q, causal=True), q, q, q, True, None)
+    assert fattn._C.last_config()[0] == "v3"
+    qd = randn((2, 4, 1, 128), torch.float16, "cuda", 5)
+    fattn.attention(qd, q, q)
+    assert fattn._C.last_config()[0] == "v2"
+    k1 = randn((2, 1, 200, 128), torch.float16, "cuda", 6)
+    ke = k1.expand(2, 4, 200, 128)  # stride 0 over heads
+    o = fattn.attention(q, ke, ke, variant="v3")
+    assert fattn._C.last_config()[0] == "v2"
+    check_close(o, q, ke, ke, False, None)
