@@ -27,9 +27,13 @@ from fattn import _C  # noqa: E402
 CAUSAL = {False: 0, True: 1, "top_left": 1, "bottom_right": 2}
 
 
+def stream():
+    return torch.cuda.current_stream().cuda_stream or 1  # DLPack: 1 is the legacy default stream, 0 is reserved
+
+
 def run(q, k, v, causal, idx, out=None, lse=None):
     out = torch.empty_like(q) if out is None else out
-    _C.forward(q, k, v, out, lse, CAUSAL[causal], None, 0, "v3", torch.cuda.current_stream().cuda_stream, idx)
+    _C.forward(q, k, v, out, lse, CAUSAL[causal], None, 0, "v3", stream(), idx)
     return out
 
 
@@ -93,7 +97,7 @@ def main():
             out = torch.empty_like(q)
             for causal in (False, True):
                 p50, p90, _ = _C.time_forward(q, k, v, out, None, CAUSAL[causal], None, 0, "v3",
-                                              torch.cuda.current_stream().cuda_stream, idx, args.reps, 2, True)
+                                              stream(), idx, args.reps, 2, True)
                 flops = 4 * b * h * s * s * dp / (2 if causal else 1)
                 cu, fl = torch_us[(dp, s, causal, "cudnn")], torch_us[(dp, s, causal, "flash")]
                 rows.append(dict(cfg, status="ok", S=s, causal=causal, us=p50, tflops=flops / p50 / 1e6,

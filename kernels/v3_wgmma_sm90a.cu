@@ -54,7 +54,8 @@ template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 1
 template <typename T, int DP, int BC, int STAGES, int CWG, bool PP>
 __global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-       const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p) {
+       const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
+       const int kv_batch_step) {
     constexpr int BR = 64 * CWG;
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
@@ -69,7 +70,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h;
     const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * BR;
-    const int b = (int)(bh / p.h), h = (int)(bh % p.h), hk = (int)(h / p.h_per_kv);
+    const int b = (int)(bh / p.h), h = (int)(bh % p.h), hk = (int)(h / p.h_per_kv), kb = b * kv_batch_step;
     const int64_t i_last = (i0 + BR < p.sq ? i0 + BR : p.sq) - 1;
     const int nblocks = (int)((fattn_row_kend(&p, i_last) + BC - 1) / BC);
 
@@ -101,11 +102,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             if (j >= STAGES) mbar_wait(&k_empty[s], parity);
             mbar_arrive_expect_tx(&k_full[s], KV_TILE * 2);
 #pragma unroll
-            for (int c = 0; c < PANELS; c++) tma_load_4d(sK + s * KV_TILE + c * BC * 64, &tm_k, &k_full[s], c * 64, j * BC, hk, b);
+            for (int c = 0; c < PANELS; c++) tma_load_4d(sK + s * KV_TILE + c * BC * 64, &tm_k, &k_full[s], c * 64, j * BC, hk, kb);
             if (j >= STAGES) mbar_wait(&v_empty[s], parity);
             mbar_arrive_expect_tx(&v_full[s], KV_TILE * 2);
 #pragma unroll
-            for (int c = 0; c < PANELS; c++) tma_load_4d(sV + s * KV_TILE + c * BC * 64, &tm_v, &v_full[s], c * 64, j * BC, hk, b);
+            for (int c = 0; c < PANELS; c++) tma_load_4d(sV + s * KV_TILE + c * BC * 64, &tm_v, &v_full[s], c * 64, j * BC, hk, kb);
         }
         return;
     }
@@ -325,14 +326,18 @@ static fattn_status v3_map(CUtensorMap *map, const void *base, fattn_dtype dt, i
 
 static bool v3_stride_ok(int64_t stride, int64_t size) { return size == 1 || (stride > 0 && stride % 8 == 0 && stride < (1ll << 38)); }
 static bool v3_aligned(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
+/* K and V's head or batch dimension: TMA-addressable, or broadcast (stride 0 in both: expanded K/V, read as one). */
+static bool v3_kv_dim_ok(int64_t ks, int64_t vs, int64_t size) {
+    return (ks == 0 && vs == 0) || (v3_stride_ok(ks, size) && v3_stride_ok(vs, size));
+}
 
 /* 1 if TMA can address every tensor of p: 16-byte aligned bases, positive strides a multiple of 16 bytes (a size-1
- * dimension's stride does not matter), 32-bit coordinates. */
+ * dimension's stride does not matter; K/V may broadcast heads or batch), 32-bit coordinates. */
 static bool v3_tma_ok(const attn_params *p) {
     return v3_aligned(p->q) && v3_aligned(p->k) && v3_aligned(p->v) && v3_aligned(p->o) &&
            v3_stride_ok(p->q_stride_s, p->sq) && v3_stride_ok(p->q_stride_h, p->h) && v3_stride_ok(p->q_stride_b, p->b) &&
-           v3_stride_ok(p->k_stride_s, p->sk) && v3_stride_ok(p->k_stride_h, p->h_kv) && v3_stride_ok(p->k_stride_b, p->b) &&
-           v3_stride_ok(p->v_stride_s, p->sk) && v3_stride_ok(p->v_stride_h, p->h_kv) && v3_stride_ok(p->v_stride_b, p->b) &&
+           v3_stride_ok(p->k_stride_s, p->sk) && v3_stride_ok(p->v_stride_s, p->sk) &&
+           v3_kv_dim_ok(p->k_stride_h, p->v_stride_h, p->h_kv) && v3_kv_dim_ok(p->k_stride_b, p->v_stride_b, p->b) &&
            v3_stride_ok(p->o_stride_s, p->sq) && v3_stride_ok(p->o_stride_h, p->h) && v3_stride_ok(p->o_stride_b, p->b) &&
            p->sq <= 0x7fffffff && p->sk <= 0x7fffffff && p->h <= 0x7fffffff && p->b <= 0x7fffffff;
 }
@@ -391,13 +396,20 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
         FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
         if (dev < V3_DEVICES) v3_smem_set[idx][ti] |= 1ull << dev;
     }
+    /* Broadcast K/V dimensions (stride 0) become size 1: every query head reads kv head 0 (h_per_kv = h), every
+     * batch kv batch 0.  With Sk = 0 no key block is loaded, but the map still needs a non-empty shape. */
+    attn_params pk = *p;
+    const int64_t kv_heads = p->k_stride_h == 0 && p->h_kv > 1 ? 1 : p->h_kv;
+    const int64_t kv_batch = p->k_stride_b == 0 && p->b > 1 ? 1 : p->b, sk = p->sk > 0 ? p->sk : 1;
+    if (kv_heads == 1) pk.h_per_kv = p->h;
+    const int kv_batch_step = kv_batch == 1 ? 0 : 1;
     CUtensorMap tq, tk, tv, to;
     if ((st = v3_map(&tq, p->q, p->dtype, p->d, p->sq, p->h, p->b, p->q_stride_s, p->q_stride_h, p->q_stride_b, br, "q")) ||
-        (st = v3_map(&tk, p->k, p->dtype, p->d, p->sk, p->h_kv, p->b, p->k_stride_s, p->k_stride_h, p->k_stride_b, e->cfg.bc, "k")) ||
-        (st = v3_map(&tv, p->v, p->dtype, p->d, p->sk, p->h_kv, p->b, p->v_stride_s, p->v_stride_h, p->v_stride_b, e->cfg.bc, "v")) ||
+        (st = v3_map(&tk, p->k, p->dtype, p->d, sk, kv_heads, kv_batch, p->k_stride_s, p->k_stride_h, p->k_stride_b, e->cfg.bc, "k")) ||
+        (st = v3_map(&tv, p->v, p->dtype, p->d, sk, kv_heads, kv_batch, p->v_stride_s, p->v_stride_h, p->v_stride_b, e->cfg.bc, "v")) ||
         (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64, "out")))
         return st;
-    void *args[] = {&tq, &tk, &tv, &to, (void *)p};
+    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step};
     FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)blocks), dim3(128 * (e->cfg.consumers + 1)), args,
                                       e->smem, (cudaStream_t)stream));
     return FATTN_OK;

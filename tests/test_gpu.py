@@ -200,7 +200,7 @@ V3 = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0
 def run_v3_config(q, k, v, causal, idx, lse=None):
     out = torch.empty_like(q)
     fattn._C.forward(q, k, v, out, lse, {False: 0, "top_left": 1, "bottom_right": 2}[causal], None, 0, "v3",
-                     torch.cuda.current_stream().cuda_stream, idx)
+                     torch.cuda.current_stream().cuda_stream or 1, idx)
     return out
 
 
@@ -234,8 +234,9 @@ def test_v3_config_index_checked():
 
 @V3
 def test_v3_default_on_sm90_and_fallbacks():
-    """On sm_90 fattn uses v3 for Sq > 64 with TMA-addressable tensors; decode goes to v2 (split-KV); forced v3 on
-    tensors TMA cannot address (stride-0 expanded K/V) runs v2 and says so, correctly."""
+    """On sm_90 fattn uses v3 for Sq > 64 with TMA-addressable tensors; decode goes to v2 (split-KV); K/V expanded
+    over heads (stride 0) run on v3 as one kv head; forced v3 on tensors TMA cannot address (an output whose rows
+    are only 4-byte aligned) runs v2 and says so, correctly."""
     q = randn((2, 4, 200, 128), torch.float16, "cuda", 4)
     check_close(fattn.attention(q, q, q, causal=True), q, q, q, True, None)
     assert fattn._C.last_config()[0] == "v3"
@@ -245,5 +246,9 @@ def test_v3_default_on_sm90_and_fallbacks():
     k1 = randn((2, 1, 200, 128), torch.float16, "cuda", 6)
     ke = k1.expand(2, 4, 200, 128)  # stride 0 over heads
     o = fattn.attention(q, ke, ke, variant="v3")
-    assert fattn._C.last_config()[0] == "v2"
+    assert fattn._C.last_config()[0] == "v3"
     check_close(o, q, ke, ke, False, None)
+    out = torch.empty(2, 4, 200, 128 + 2, device="cuda", dtype=torch.float16)[..., 2:]
+    fattn.attention(q, q, q, variant="v3", out=out)
+    assert fattn._C.last_config()[0] == "v2"
+    check_close(out, q, q, q, False, None)
