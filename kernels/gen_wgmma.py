@@ -7,6 +7,7 @@ this script spells them out.  Run it after changing the N lists below:
     python3 kernels/gen_wgmma.py
 
 SS: D(64 x N) (+)= A(64 x 16, shared, K-major) * B(16 x N, shared, K-major): S = Q K^T.
+Shared operands are given by the low word of their descriptor (hopper.cuh: desc_lo); the high word is fixed.
 RS: D(64 x N) (+)= A(64 x 16, registers) * B(16 x N, shared, N-major, tnspB = 1): O += P V.
 """
 import os
@@ -24,26 +25,33 @@ def outputs(n_acc):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
 
 
+# The descriptors' high word is the same for every operand fattn uses (128-byte swizzle, 8-row groups 1024 bytes
+# apart); the callers pass the low word (start address, leading offset) and the instruction builds the rest, so the
+# compiler cannot hoist 64-bit descriptors into registers the accumulators need.
+DESC_HI = (1 << 30) | (1024 >> 4)
+DESCS = ".reg .b64 da, db;\\n.reg .b32 hi;\\nmov.b32 hi, %d;\\n" % DESC_HI
+
+
 def ss(n, ctype, ptype):
     acc = n // 2
-    return f"""DEV void wgmma_ss_n{n}(float (&d)[{acc}], uint64_t desc_a, uint64_t desc_b, int accumulate, {ctype}) {{
+    return f"""DEV void wgmma_ss_n{n}(float (&d)[{acc}], unsigned desc_a, unsigned desc_b, int accumulate, {ctype}) {{
     asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{regs(acc, 0)}}}, %{acc}, %{acc + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+        "{{\\n.reg .pred p;\\n{DESCS}mov.b64 da, {{%{acc}, hi}};\\nmov.b64 db, {{%{acc + 1}, hi}};\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{regs(acc, 0)}}}, da, db, p, 1, 1, 0, 0;\\n}}\\n"
         : {outputs(acc)}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
 }}
 """
 
 
 def rs(n, ctype, ptype):
     acc = n // 2
-    return f"""DEV void wgmma_rs_n{n}(float (&d)[{acc}], const unsigned (&a)[4], uint64_t desc_b, int accumulate, {ctype}) {{
+    return f"""DEV void wgmma_rs_n{n}(float (&d)[{acc}], const unsigned (&a)[4], unsigned desc_b, int accumulate, {ctype}) {{
     asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 5}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{regs(acc, 0)}}}, {{%{acc}, %{acc + 1}, %{acc + 2}, %{acc + 3}}}, %{acc + 4}, p, 1, 1, 1;\\n}}\\n"
+        "{{\\n.reg .pred p;\\n{DESCS}mov.b64 db, {{%{acc + 4}, hi}};\\nsetp.ne.b32 p, %{acc + 5}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{regs(acc, 0)}}}, {{%{acc}, %{acc + 1}, %{acc + 2}, %{acc + 3}}}, db, p, 1, 1, 1;\\n}}\\n"
         : {outputs(acc)}
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(desc_b), "r"(accumulate));
 }}
 """
 
@@ -54,6 +62,8 @@ def main():
         " * wgmma.mma_async wrappers for sm_90a, overloaded on the element type (the last, unnamed argument).\n"
         " *   wgmma_ss_nN: d (+)= A * B, A and B in shared memory (K-major, descriptors), m64nNk16, f32 accumulate\n"
         " *   wgmma_rs_nN: d (+)= A * B, A in registers (the m16n8k16 A fragment per warp), B N-major in shared memory\n"
+        " * Shared operands: the low word of their descriptor (hopper.cuh: desc_lo); the instruction adds the high word\n"
+        " * (128-byte swizzle, 8-row groups 1024 bytes apart).\n"
         " * accumulate = 0 overwrites d.  Callers fence, commit and wait (hopper.cuh). */",
         "#ifndef FATTN_WGMMA_OPS_CUH",
         "#define FATTN_WGMMA_OPS_CUH",
@@ -66,12 +76,12 @@ def main():
             parts.append(ss(n, ctype, ptype))
         for n in RS_N:
             parts.append(rs(n, ctype, ptype))
-    for kind, ns, a_arg, a_name in (("ss", SS_N, "uint64_t desc_a", "desc_a"), ("rs", RS_N, "const unsigned (&a)[4]", "a")):
+    for kind, ns, a_arg, a_name in (("ss", SS_N, "unsigned desc_a", "desc_a"), ("rs", RS_N, "const unsigned (&a)[4]", "a")):
         body = "\n".join(
             f"    {'if' if i == 0 else 'else if'} constexpr (N == {n}) wgmma_{kind}_n{n}(d, {a_name}, desc_b, accumulate, T());"
             for i, n in enumerate(ns))
         parts.append(f"""/* wgmma_{kind}<N, T>: the wrapper for N, chosen at compile time. */
-template <int N, typename T> DEV void wgmma_{kind}(float (&d)[N / 2], {a_arg}, uint64_t desc_b, int accumulate) {{
+template <int N, typename T> DEV void wgmma_{kind}(float (&d)[N / 2], {a_arg}, unsigned desc_b, int accumulate) {{
     static_assert({' || '.join(f'N == {n}' for n in ns)}, "no wgmma_{kind} wrapper for this N: add it to gen_wgmma.py");
 {body}
 }}

@@ -99,11 +99,11 @@ template <int N> DEV void reg_fence(unsigned (&r)[N]) {
  *     leading offset is unused; the k-th 16-column step starts 32 * (k % 4) bytes into the panel, the next panel
  *     after four steps.
  *   N-major operand (O += P V: V rows are keys, the reduction dim): 64-column panels `panel_bytes` apart (LBO),
- *     8-key groups 1024 bytes apart (SBO); the k-th 16-key step starts 2048 * k bytes in. */
-DEV uint64_t desc_sw128(const void *smem, unsigned lbo_bytes) {
-    const uint64_t a = smem_addr(smem);
-    return ((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           (1ull << 62);
+ *     8-key groups 1024 bytes apart (SBO); the k-th 16-key step starts 2048 * k bytes in.
+ * desc_lo: the low word (start address, LBO) of a tile's descriptor; the wgmma wrappers (wgmma_ops.cuh) add the
+ * high word: SBO = 1024 bytes, 128-byte swizzle. */
+DEV unsigned desc_lo(const void *smem, unsigned lbo_bytes) {
+    return ((smem_addr(smem) & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16);
 }
 
 #endif

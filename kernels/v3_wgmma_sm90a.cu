@@ -30,6 +30,8 @@
 #include <pthread.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "../csrc/gpu.h"
 #include "v3_configs.h"
 
@@ -116,7 +118,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
     const int64_t row0 = i0 + cw * 64 + warp * 16 + g, row1 = row0 + 8; /* this thread's two query rows */
     const int64_t wg_row = i0 + cw * 64;                                 /* the warpgroup's first row */
-    const float c = p.scale_log2;
+    const float c = p.scale_log2; /* > 0: fattn_launch_v3 sends other scales to v2 */
     T *sQw = sQ + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
 
     float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -124,50 +126,62 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
 
+    /* Descriptors: the start-address field (low word) of each tile's base, computed once; a k-step adds a
+     * compile-time byte offset >> 4 to it (no carry: shared addresses stay below 256 KB). */
+    const unsigned q_lo = desc_lo(sQw, 0), k_lo = desc_lo(sK, 0), v_lo = desc_lo(sV, BC * 128);
     /* S = Q K^T from slot st: DP / 16 k-steps, four per 64-column panel, 32 bytes apart inside it. */
     auto issue_s = [&](int st) {
-        const T *k = sK + st * KV_TILE;
+        const unsigned k_st = k_lo + st * (KV_TILE * 2 >> 4);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++)
-            wgmma_ss<BC, T>(s, desc_sw128(sQw + (kk / 4) * BR * 64 + (kk % 4) * 16, 0),
-                            desc_sw128(k + (kk / 4) * BC * 64 + (kk % 4) * 16, 0), kk > 0);
+            wgmma_ss<BC, T>(s, q_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4),
+                            k_st + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4), kk > 0);
         wgmma_commit();
     };
     /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart. */
     auto issue_pv = [&](int st) {
-        const T *v = sV + st * KV_TILE;
+        const unsigned v_st = v_lo + st * (KV_TILE * 2 >> 4);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], desc_sw128(v + kk * 16 * 64, BC * 128), 1);
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), 1);
         wgmma_commit();
     };
-    /* Online softmax of key block j in s (S -> P, float); returns alpha of the two rows in a[]. */
-    auto softmax = [&](int j, float a[2]) {
-        const int64_t kbase = (int64_t)j * BC;
-        const bool need_mask = kbase + BC > p.sk || (p.causal && kbase + BC - 1 > wg_row + p.causal_offset);
+    /* Online softmax of key block j in s (raw S -> P, float), with c = scale * log2 e > 0 folded into one FFMA:
+     * P = exp2(S c - m c).  MASKED (diagonal and tail blocks only): keys a row must not see count as -inf; each row's
+     * limit is computed once per block, so the test is one compare and one select per element.  a[]: alpha of the
+     * thread's two rows. */
+    auto softmax = [&](int j, float a[2], auto masked) {
         float mx[2] = {m[0], m[1]};
+        if constexpr (decltype(masked)::value) {
+            const int64_t kbase = (int64_t)j * BC;
+            int lim[2];
 #pragma unroll
-        for (int i = 0; i < NS; i++) {
-            float x = s[i] * c;
-            if (need_mask) {
-                const int64_t col = kbase + 8 * (i / 4) + 2 * t + (i & 1), row = (i & 2) ? row1 : row0;
-                if (col >= p.sk || (p.causal && col > row + p.causal_offset)) x = -INFINITY;
+            for (int r = 0; r < 2; r++) {
+                int64_t e = p.sk - kbase;
+                if (p.causal) {
+                    const int64_t ec = (r ? row1 : row0) + p.causal_offset + 1 - kbase;
+                    e = ec < e ? ec : e;
+                }
+                lim[r] = e < 0 ? 0 : e > BC ? BC : (int)e;
             }
-            s[i] = x;
-            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
+#pragma unroll
+            for (int i = 0; i < NS; i++)
+                if (8 * (i / 4) + 2 * t + (i & 1) >= lim[(i >> 1) & 1]) s[i] = -INFINITY;
         }
-        float sum[2] = {0.f, 0.f}, mu[2];
+#pragma unroll
+        for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        float sum[2] = {0.f, 0.f}, mc[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = quad_max(mx[r]);
-            mu[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* a row that has seen no key yet: P = 0, not NaN */
-            a[r] = fast_exp2(m[r] - mu[r]);
+            mc[r] = mx[r] == -INFINITY ? 0.f : mx[r] * c; /* a row that has seen no key yet: P = 0, not NaN */
+            a[r] = fast_exp2(m[r] * c - mc[r]);           /* m = -inf (first block): alpha = 0 */
             m[r] = mx[r];
         }
 #pragma unroll
         for (int i = 0; i < NS; i++) {
-            s[i] = fast_exp2(s[i] - mu[(i >> 1) & 1]);
+            s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
             sum[(i >> 1) & 1] += s[i];
         }
         l[0] = l[0] * a[0] + sum[0]; /* per-thread partial sums; the quad's are added at the end */
@@ -199,6 +213,35 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     };
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
+    /* Key blocks [0, nfree) need no mask for any row of this warpgroup: every key exists and is visible. */
+    int64_t nfree64 = p.sk / BC;
+    if (p.causal) {
+        const int64_t e = (wg_row + p.causal_offset + 1) / BC; /* wg_row's visible keys end at wg_row + off + 1 */
+        nfree64 = wg_row + p.causal_offset + 1 <= 0 ? 0 : e < nfree64 ? e : nfree64;
+    }
+    const int nfree = (int)(nfree64 < nblocks ? nfree64 : nblocks);
+    /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j while
+     * P_{j-1} V_{j-1} runs, then O rescaled and P_j packed. */
+    auto step = [&](int j, float a[2], auto masked) {
+        const int st = j % STAGES, sp = (j - 1) % STAGES;
+        mbar_wait(&k_full[st], (j / STAGES) & 1);
+        mbar_wait(&v_full[sp], ((j - 1) / STAGES) & 1);
+        turn_wait();
+        issue_s(st);
+        issue_pv(sp);
+        turn_pass(j);
+        wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
+        reg_fence(s);
+        release(&k_empty[st]);
+        softmax(j, a, masked);
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(&v_empty[sp]);
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
+        pack_p();
+    };
+
     mbar_wait(q_full, 0);
     if (nblocks > 0) {
         float a[2];
@@ -209,27 +252,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         wgmma_wait<0>();
         reg_fence(s);
         release(&k_empty[0]);
-        softmax(0, a);
+        if (nfree > 0)
+            softmax(0, a, std::false_type());
+        else
+            softmax(0, a, std::true_type());
         pack_p();
-        for (int j = 1; j < nblocks; j++) {
-            const int st = j % STAGES, sp = (j - 1) % STAGES;
-            mbar_wait(&k_full[st], (j / STAGES) & 1);
-            mbar_wait(&v_full[sp], ((j - 1) / STAGES) & 1);
-            turn_wait();
-            issue_s(st);
-            issue_pv(sp);
-            turn_pass(j);
-            wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
-            reg_fence(s);
-            release(&k_empty[st]);
-            softmax(j, a);
-            wgmma_wait<0>();
-            reg_fence(o);
-            release(&v_empty[sp]);
-#pragma unroll
-            for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
-            pack_p();
-        }
+        int j = 1;
+        for (; j < nfree; j++) step(j, a, std::false_type());
+        for (; j < nblocks; j++) step(j, a, std::true_type());
         const int sp = (nblocks - 1) % STAGES;
         mbar_wait(&v_full[sp], ((nblocks - 1) / STAGES) & 1);
         turn_wait();
@@ -342,13 +372,13 @@ static bool v3_tma_ok(const attn_params *p) {
            p->sq <= 0x7fffffff && p->sk <= 0x7fffffff && p->h <= 0x7fffffff && p->b <= 0x7fffffff;
 }
 
-/* v3 accepts what v2 accepts: where TMA cannot address the tensors (stride-0 expanded K/V, odd strides), the
- * launch runs v2 instead (fattn._C.last_config() then says v2). */
+/* v3 accepts what v2 accepts: where TMA cannot address the tensors (odd strides, an output aligned to less than 16
+ * bytes) or the scale is not positive, the launch runs v2 instead (fattn._C.last_config() then says v2). */
 extern "C" fattn_status fattn_check_v3(const attn_params *p) { return fattn_check_v2(p); }
 
-/* Where v3 is the default on sm_90: TMA-addressable tensors and more than 64 query rows (decode-like calls go to v2's
- * split-KV). */
-extern "C" int fattn_prefer_v3(const attn_params *p) { return p->sq > 64 && v3_tma_ok(p); }
+/* Where v3 is the default on sm_90: TMA-addressable tensors, a positive scale and more than 64 query rows
+ * (decode-like calls go to v2's split-KV). */
+extern "C" int fattn_prefer_v3(const attn_params *p) { return p->sq > 64 && p->scale > 0.f && v3_tma_ok(p); }
 
 static int dp_of(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
@@ -374,7 +404,7 @@ static fattn_status v3_choose(const attn_params *p, int *index) {
 extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
     fattn_status st = fattn_check_v3(p);
     if (st) return st;
-    if (!v3_tma_ok(p)) {
+    if (!v3_tma_ok(p) || !(p->scale > 0.f)) { /* the kernel folds a positive scale into one FFMA */
         v3_last = -1;
         attn_params p2 = *p;
         p2.config = -1; /* v3's config index means nothing to v2 */
