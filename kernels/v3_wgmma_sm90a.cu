@@ -277,7 +277,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         const float lr = quad_sum(l[r]);
         inv[r] = lr > 0.f ? 1.f / lr : 0.f;
         const int64_t row = r ? row1 : row0;
-        if (p.lse && t == 0 && row < p.sq) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + row] = lse_from(m[r], lr);
+        if (p.lse && t == 0 && row < p.sq) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + row] 
+                = lse_from(m[r] * c, lr); /* m is in raw units of S */
     }
     named_barrier_sync(V3_BAR_EPILOGUE + cw, 128); /* every warp's last wgmma has read its Q rows */
 #pragma unroll
