@@ -4,7 +4,8 @@
  * (Br = 64 * CONSUMERS query rows per block), and whether the consumers take turns issuing their GEMMs.
  * V3_DEFAULT_CONFIGS: one per head-dim bucket, in bucket order (64, 128, 256); V3_SWEEP_CONFIGS: candidates that
  * bench/v3_sweep.py times against them (fattn._C.v3_configs() lists all; an explicit config index runs one).
- * Kept only if ptxas -v reports no spills and (64 * CONSUMERS + 2 * STAGES * BC) * DP * 2 + 1 KB <= 227 KB.
+ * The defaults are the winners of bench/v3_sweep.py on the H200 (evidence/bench/h200_v3_sweep_*.json).
+ * Kept only if ptxas -v reports little or no spilling (a few words per thread at most) and (64 * CONSUMERS + 2 * STAGES * BC) * DP * 2 + 1 KB <= 227 KB.
  */
 #ifndef FATTN_V3_CONFIGS_H
 #define FATTN_V3_CONFIGS_H
@@ -16,13 +17,13 @@ typedef struct {
 } v3_config;
 
 #define V3_DEFAULT_CONFIGS(X) \
-    X(64, 128, 2, 2, 1)       \
+    X(64, 128, 4, 3, 1)       \
     X(128, 128, 2, 2, 1)      \
     X(256, 64, 2, 2, 1)
 
 #define V3_SWEEP_CONFIGS(X) \
+    X(64, 128, 2, 2, 1)     \
     X(64, 128, 2, 2, 0)     \
-    X(64, 128, 4, 3, 1)     \
     X(64, 192, 2, 2, 1)     \
     X(128, 128, 2, 2, 0)    \
     X(128, 176, 2, 2, 1)    \

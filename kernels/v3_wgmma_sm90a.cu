@@ -121,7 +121,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     const float c = p.scale_log2; /* > 0: fattn_launch_v3 sends other scales to v2 */
     T *sQw = sQ + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
 
-    float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* m: raw row max of S */
+    bool exact = false; /* see softmax */
     unsigned pa[KS][4];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
@@ -148,7 +149,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         wgmma_commit();
     };
     /* Online softmax of key block j in s (raw S -> P, float), with c = scale * log2 e > 0 folded into one FFMA:
-     * P = exp2(S c - m c).  MASKED (diagonal and tail blocks only): keys a row must not see count as -inf; each row's
+     * P = exp2(S c - round(m c)).  MASKED (diagonal and tail blocks only): keys a row must not see count as -inf; each row's
      * limit is computed once per block, so the test is one compare and one select per element.  a[]: alpha of the
      * thread's two rows. */
     auto softmax = [&](int j, float a[2], auto masked) {
@@ -171,19 +172,37 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         }
 #pragma unroll
         for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-        float sum[2] = {0.f, 0.f}, mc[2];
+        float sum[2] = {0.f, 0.f}, mu[2], mc[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = quad_max(mx[r]);
-            mc[r] = mx[r] == -INFINITY ? 0.f : mx[r] * c; /* a row that has seen no key yet: P = 0, not NaN */
-            a[r] = fast_exp2(m[r] * c - mc[r]);           /* m = -inf (first block): alpha = 0 */
-            m[r] = mx[r];
+            mu[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* a row that has seen no key yet: P = 0, not NaN */
+            mc[r] = mu[r] * c;
         }
+        /* P = exp2(S c - round(m c)) is exact up to a factor common to the row (it cancels in O / l) but overflows
+         * once |m c| >= 2^30 (the rounding of m c exceeds 64); such rows, which only absurd logits reach, take
+         * P = exp2((S - m) c) from then on.  The flag depends on quad-uniform values only, so a row's four lanes
+         * always agree. */
+        exact |= !(fabsf(mc[0]) < 0x1p30f && fabsf(mc[1]) < 0x1p30f);
+        if (!exact) {
 #pragma unroll
-        for (int i = 0; i < NS; i++) {
-            s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
-            sum[(i >> 1) & 1] += s[i];
+            for (int r = 0; r < 2; r++) a[r] = fast_exp2(m[r] * c - mc[r]); /* m = -inf (first block): alpha = 0 */
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
+                sum[(i >> 1) & 1] += s[i];
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; r++) a[r] = fast_exp2((m[r] - mu[r]) * c);
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                s[i] = fast_exp2((s[i] - mu[(i >> 1) & 1]) * c);
+                sum[(i >> 1) & 1] += s[i];
+            }
         }
+        m[0] = mx[0];
+        m[1] = mx[1];
         l[0] = l[0] * a[0] + sum[0]; /* per-thread partial sums; the quad's are added at the end */
         l[1] = l[1] * a[1] + sum[1];
     };
