@@ -28,6 +28,9 @@ DEV void mbar_arrive_expect_tx(uint64_t *bar, unsigned bytes) {
 DEV void mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+DEV void mbar_arrive_cnt(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
 /* Waits until the phase with parity `parity` has completed. */
 DEV void mbar_wait(uint64_t *bar, unsigned parity) {
     const unsigned a = smem_addr(bar);

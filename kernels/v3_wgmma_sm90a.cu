@@ -41,48 +41,70 @@ template <int CWG> struct v3_regs;
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
-/* Shared memory of one block: Q (Br x DP), STAGES slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack
- * to align the tiles to 1024 bytes (the 128-byte swizzle's period). */
-#define V3_NBARS(STAGES) (1 + 4 * (STAGES))
-#define V3_SMEM_BYTES(DP, BC, STAGES, CWG) \
-    ((size_t)(64 * (CWG) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
+/* Shared memory of one block: Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot), STAGES
+ * slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte
+ * swizzle's period). */
+#define V3_NBARS(STAGES) (2 + 4 * (STAGES))
+#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, SEP_O) \
+    ((size_t)(64 * (CWG) * ((SEP_O) ? 2 : 1) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
+/* A separate O tile when it fits in the 227 KB a block may have. */
+#define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= 227 * 1024)
 
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
 
+/* The work of one block of the persistent grid: tile `tile` of nqb * b * h, query blocks in reverse order (longest
+ * first when causal), heads fastest. */
+typedef struct {
+    int64_t i0;  /* first query row */
+    int b, h;    /* batch, query head */
+    int nblocks; /* key blocks of BC keys any row of the tile sees */
+} v3_tile;
+
+template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t tile) {
+    const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h, bh = tile % nbh;
+    v3_tile w;
+    w.i0 = (nqb - 1 - tile / nbh) * BR;
+    w.b = (int)(bh / p.h);
+    w.h = (int)(bh % p.h);
+    const int64_t i_last = (w.i0 + BR < p.sq ? w.i0 + BR : p.sq) - 1;
+    w.nblocks = (int)((fattn_row_kend(&p, i_last) + BC - 1) / BC);
+    return w;
+}
+
 /* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
- * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores. */
+ * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
+ * persistent: block x takes tiles x, x + gridDim.x, ...; the K/V ring and the turns run on across tiles, so the
+ * producer loads the next tile's Q and first K/V while the consumers finish the current one. */
 template <typename T, int DP, int BC, int STAGES, int CWG, bool PP>
 __global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
        const int kv_batch_step) {
     constexpr int BR = 64 * CWG;
+    constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
     extern __shared__ unsigned char smem_raw[];
     T *sQ = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    T *sK = sQ + Q_TILE, *sV = sK + STAGES * KV_TILE;
+    T *sO = SEP_O ? sQ + Q_TILE : sQ;
+    T *sK = sQ + (SEP_O ? 2 : 1) * Q_TILE, *sV = sK + STAGES * KV_TILE;
     uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
-    uint64_t *q_full = bar, *k_full = bar + 1, *v_full = k_full + STAGES, *k_empty = v_full + STAGES,
-             *v_empty = k_empty + STAGES;
-
-    const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h;
-    const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * BR;
-    const int b = (int)(bh / p.h), h = (int)(bh % p.h), hk = (int)(h / p.h_per_kv), kb = b * kv_batch_step;
-    const int64_t i_last = (i0 + BR < p.sq ? i0 + BR : p.sq) - 1;
-    const int nblocks = (int)((fattn_row_kend(&p, i_last) + BC - 1) / BC);
+    uint64_t *q_full = bar, *q_empty = bar + 1, *k_full = bar + 2, *v_full = k_full + STAGES,
+             *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
+    const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
+        mbar_init(q_empty, 4 * CWG); /* one arrival per consumer warp */
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&v_full[s], 1);
-            mbar_init(&k_empty[s], 4 * CWG); /* one arrival per consumer warp */
+            mbar_init(&k_empty[s], 4 * CWG);
             mbar_init(&v_empty[s], 4 * CWG);
         }
         mbar_init_fence();
@@ -95,20 +117,26 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_q);
         tma_prefetch_map(&tm_k);
         tma_prefetch_map(&tm_v);
-        mbar_arrive_expect_tx(q_full, Q_TILE * 2);
+        int ring = 0, round = 0; /* K/V ring position and tiles done, across tiles */
+        for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, round++) {
+            const v3_tile w = v3_tile_at<BR, BC>(p, tile);
+            const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step;
+            if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
+            mbar_arrive_expect_tx(q_full, Q_TILE * 2);
 #pragma unroll
-        for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)i0, h, b);
-        for (int j = 0; j < nblocks; j++) {
-            const int s = j % STAGES;
-            const unsigned parity = ((j / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
-            if (j >= STAGES) mbar_wait(&k_empty[s], parity);
-            mbar_arrive_expect_tx(&k_full[s], KV_TILE * 2);
+            for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)w.i0, w.h, w.b);
+            for (int j = 0; j < w.nblocks; j++, ring++) {
+                const int s = ring % STAGES;
+                const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
+                if (ring >= STAGES) mbar_wait(&k_empty[s], parity);
+                mbar_arrive_expect_tx(&k_full[s], KV_TILE * 2);
 #pragma unroll
-            for (int c = 0; c < PANELS; c++) tma_load_4d(sK + s * KV_TILE + c * BC * 64, &tm_k, &k_full[s], c * 64, j * BC, hk, kb);
-            if (j >= STAGES) mbar_wait(&v_empty[s], parity);
-            mbar_arrive_expect_tx(&v_full[s], KV_TILE * 2);
+                for (int c = 0; c < PANELS; c++) tma_load_4d(sK + s * KV_TILE + c * BC * 64, &tm_k, &k_full[s], c * 64, j * BC, hk, kb);
+                if (ring >= STAGES) mbar_wait(&v_empty[s], parity);
+                mbar_arrive_expect_tx(&v_full[s], KV_TILE * 2);
 #pragma unroll
-            for (int c = 0; c < PANELS; c++) tma_load_4d(sV + s * KV_TILE + c * BC * 64, &tm_v, &v_full[s], c * 64, j * BC, hk, kb);
+                for (int c = 0; c < PANELS; c++) tma_load_4d(sV + s * KV_TILE + c * BC * 64, &tm_v, &v_full[s], c * 64, j * BC, hk, kb);
+            }
         }
         return;
     }
@@ -116,16 +144,13 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* ---- consumers ---- */
     setmaxnreg_inc<v3_regs<CWG>::consumer>();
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
-    const int64_t row0 = i0 + cw * 64 + warp * 16 + g, row1 = row0 + 8; /* this thread's two query rows */
-    const int64_t wg_row = i0 + cw * 64;                                 /* the warpgroup's first row */
     const float c = p.scale_log2; /* > 0: fattn_launch_v3 sends other scales to v2 */
-    T *sQw = sQ + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
+    T *sQw = sQ + cw * 64 * 64, *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
 
-    float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* m: raw row max of S */
-    bool exact = false; /* see softmax */
+    float o[NO], s[NS], m[2], l[2]; /* m: raw row max of S */
+    bool exact;                     /* see softmax */
+    int64_t row0, row1;             /* this thread's two query rows in the current tile */
     unsigned pa[KS][4];
-#pragma unroll
-    for (int i = 0; i < NO; i++) o[i] = 0.f;
 
     /* Descriptors: the start-address field (low word) of each tile's base, computed once; a k-step adds a
      * compile-time byte offset >> 4 to it (no carry: shared addresses stay below 256 KB). */
@@ -149,9 +174,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         wgmma_commit();
     };
     /* Online softmax of key block j in s (raw S -> P, float), with c = scale * log2 e > 0 folded into one FFMA:
-     * P = exp2(S c - round(m c)).  MASKED (diagonal and tail blocks only): keys a row must not see count as -inf; each row's
-     * limit is computed once per block, so the test is one compare and one select per element.  a[]: alpha of the
-     * thread's two rows. */
+     * P = exp2(S c - round(m c)).  MASKED (diagonal and tail blocks only): keys a row must not see count as -inf;
+     * each row's limit is computed once per block, so the test is one compare and one select per element.  a[]:
+     * alpha of the thread's two rows. */
     auto softmax = [&](int j, float a[2], auto masked) {
         float mx[2] = {m[0], m[1]};
         if constexpr (decltype(masked)::value) {
@@ -220,101 +245,126 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         __syncwarp();
         if (lane == 0) mbar_arrive(b_);
     };
-    /* Ping-pong: GEMM-issue slot k of consumer cw waits for cw's turn and then hands the turn to the next consumer.
-     * There are nblocks + 1 slots (S_0; S_j with P_{j-1} V_{j-1}; the last P V).  The last consumer opens the first
-     * turn of consumer 0 and skips its own last hand-over, so every barrier sees as many arrivals as waits. */
-    const int nslots = nblocks + 1;
+    /* Ping-pong: each GEMM-issue slot of consumer cw waits for cw's turn and hands the turn to the next consumer.
+     * Every consumer has the same slots (per tile: S_0; S_j with P_{j-1} V_{j-1}; the last P V).  The last
+     * consumer opens consumer 0's first turn, and consumer 0 takes one extra turn at the end, so every barrier
+     * sees as many arrivals as waits. */
     auto turn_wait = [&]() {
         if (PP) named_barrier_sync(V3_BAR_TURN + cw, 256);
     };
-    auto turn_pass = [&](int slot) {
-        if (PP && !(cw == CWG - 1 && slot == nslots - 1)) named_barrier_arrive(V3_BAR_TURN + (cw + 1) % CWG, 256);
+    auto turn_pass = [&]() {
+        if (PP) named_barrier_arrive(V3_BAR_TURN + (cw + 1) % CWG, 256);
     };
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
-    /* Key blocks [0, nfree) need no mask for any row of this warpgroup: every key exists and is visible. */
-    int64_t nfree64 = p.sk / BC;
-    if (p.causal) {
-        const int64_t e = (wg_row + p.causal_offset + 1) / BC; /* wg_row's visible keys end at wg_row + off + 1 */
-        nfree64 = wg_row + p.causal_offset + 1 <= 0 ? 0 : e < nfree64 ? e : nfree64;
-    }
-    const int nfree = (int)(nfree64 < nblocks ? nfree64 : nblocks);
-    /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j while
-     * P_{j-1} V_{j-1} runs, then O rescaled and P_j packed. */
-    auto step = [&](int j, float a[2], auto masked) {
-        const int st = j % STAGES, sp = (j - 1) % STAGES;
-        mbar_wait(&k_full[st], (j / STAGES) & 1);
-        mbar_wait(&v_full[sp], ((j - 1) / STAGES) & 1);
-        turn_wait();
-        issue_s(st);
-        issue_pv(sp);
-        turn_pass(j);
-        wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
-        reg_fence(s);
-        release(&k_empty[st]);
-        softmax(j, a, masked);
-        wgmma_wait<0>();
-        reg_fence(o);
-        release(&v_empty[sp]);
+    int ring = 0, round = 0;
+    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, round++) {
+        const v3_tile w = v3_tile_at<BR, BC>(p, tile);
+        const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
+        row0 = wg_row + warp * 16 + g;
+        row1 = row0 + 8;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+        exact = false;
 #pragma unroll
-        for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
-        pack_p();
-    };
+        for (int i = 0; i < NO; i++) o[i] = 0.f;
+        /* Key blocks [0, nfree) need no mask for any row of this warpgroup: every key exists and is visible. */
+        int64_t nfree64 = p.sk / BC;
+        if (p.causal) {
+            const int64_t e = (wg_row + p.causal_offset + 1) / BC; /* wg_row sees keys < wg_row + off + 1 */
+            nfree64 = wg_row + p.causal_offset + 1 <= 0 ? 0 : e < nfree64 ? e : nfree64;
+        }
+        const int nfree = (int)(nfree64 < w.nblocks ? nfree64 : w.nblocks);
+        /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
+         * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
+        auto step = [&](int j, float a[2], auto masked) {
+            const int rs = ring + j, st = rs % STAGES, sp = (rs - 1) % STAGES;
+            mbar_wait(&k_full[st], (rs / STAGES) & 1);
+            mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
+            turn_wait();
+            issue_s(st);
+            issue_pv(sp);
+            turn_pass();
+            wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
+            reg_fence(s);
+            release(&k_empty[st]);
+            softmax(j, a, masked);
+            wgmma_wait<0>();
+            reg_fence(o);
+            release(&v_empty[sp]);
+#pragma unroll
+            for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
+            pack_p();
+        };
 
-    mbar_wait(q_full, 0);
-    if (nblocks > 0) {
-        float a[2];
-        mbar_wait(&k_full[0], 0);
-        turn_wait();
-        issue_s(0);
-        turn_pass(0);
-        wgmma_wait<0>();
-        reg_fence(s);
-        release(&k_empty[0]);
-        if (nfree > 0)
-            softmax(0, a, std::false_type());
-        else
-            softmax(0, a, std::true_type());
-        pack_p();
-        int j = 1;
-        for (; j < nfree; j++) step(j, a, std::false_type());
-        for (; j < nblocks; j++) step(j, a, std::true_type());
-        const int sp = (nblocks - 1) % STAGES;
-        mbar_wait(&v_full[sp], ((nblocks - 1) / STAGES) & 1);
-        turn_wait();
-        issue_pv(sp);
-        turn_pass(nblocks);
-        wgmma_wait<0>();
-        reg_fence(o);
-        release(&v_empty[sp]);
-    }
+        mbar_wait(q_full, round & 1);
+        if (w.nblocks > 0) {
+            float a[2];
+            const int st0 = ring % STAGES;
+            mbar_wait(&k_full[st0], (ring / STAGES) & 1);
+            turn_wait();
+            issue_s(st0);
+            turn_pass();
+            wgmma_wait<0>();
+            reg_fence(s);
+            release(&k_empty[st0]);
+            if (nfree > 0)
+                softmax(0, a, std::false_type());
+            else
+                softmax(0, a, std::true_type());
+            pack_p();
+            int j = 1;
+            for (; j < nfree; j++) step(j, a, std::false_type());
+            for (; j < w.nblocks; j++) step(j, a, std::true_type());
+            const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
+            if (SEP_O) release(q_empty); /* the last S GEMM has read Q: the next tile's Q may land */
+            mbar_wait(&v_full[sp], (rl / STAGES) & 1);
+            turn_wait();
+            issue_pv(sp);
+            turn_pass();
+            wgmma_wait<0>();
+            reg_fence(o);
+            release(&v_empty[sp]);
+            ring += w.nblocks;
+        } else if (SEP_O) {
+            release(q_empty);
+        }
 
-    /* ---- epilogue: O / l through this warpgroup's Q slot to a TMA store; LSE directly ---- */
-    float inv[2];
+        /* ---- epilogue: O / l through the O tile (or Q's slot) to a TMA store; LSE directly ---- */
+        float inv[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float lr = quad_sum(l[r]);
-        inv[r] = lr > 0.f ? 1.f / lr : 0.f;
-        const int64_t row = r ? row1 : row0;
-        if (p.lse && t == 0 && row < p.sq) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + row] 
-                = lse_from(m[r] * c, lr); /* m is in raw units of S */
-    }
-    named_barrier_sync(V3_BAR_EPILOGUE + cw, 128); /* every warp's last wgmma has read its Q rows */
+        for (int r = 0; r < 2; r++) {
+            const float lr = quad_sum(l[r]);
+            inv[r] = lr > 0.f ? 1.f / lr : 0.f;
+            const int64_t row = r ? row1 : row0;
+            if (p.lse && t == 0 && row < p.sq)
+                p.lse[w.b * p.lse_stride_b + w.h * p.lse_stride_h + row] = lse_from(m[r] * c, lr); /* m: raw units */
+        }
+        if (tid == 0) tma_store_wait_read(); /* the previous tile's store has read the O tile */
+        named_barrier_sync(V3_BAR_EPILOGUE + cw, 128); /* ... and (O in Q's slot) every warp's last S GEMM is done */
 #pragma unroll
-    for (int i = 0; i < NO; i += 2) {
-        const int col = 8 * (i / 4) + 2 * t, r = cw * 64 + warp * 16 + g + ((i & 2) ? 8 : 0);
-        const int chunk = (col % 64) / 8;
-        unsigned *dst = (unsigned *)(sQ + (col / 64) * BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8);
-        *dst = pack2(o[i] * inv[(i >> 1) & 1], o[i + 1] * inv[(i >> 1) & 1], T());
-    }
-    fence_proxy_async();
-    named_barrier_sync(V3_BAR_EPILOGUE + cw, 128);
-    if (tid == 0 && wg_row < p.sq) {
+        for (int i = 0; i < NO; i += 2) {
+            const int col = 8 * (i / 4) + 2 * t, r = cw * 64 + warp * 16 + g + ((i & 2) ? 8 : 0);
+            const int chunk = (col % 64) / 8;
+            unsigned *dst = (unsigned *)(sO + (col / 64) * BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8);
+            *dst = pack2(o[i] * inv[(i >> 1) & 1], o[i + 1] * inv[(i >> 1) & 1], T());
+        }
+        fence_proxy_async();
+        named_barrier_sync(V3_BAR_EPILOGUE + cw, 128);
+        if (tid == 0) {
+            if (wg_row < p.sq) {
 #pragma unroll
-        for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sQw + c2 * BR * 64, c2 * 64, (int)wg_row, h, b);
-        tma_store_commit();
-        tma_store_wait_read();
+                for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sOw + c2 * BR * 64, c2 * 64, (int)wg_row, w.h, w.b);
+                tma_store_commit();
+            }
+            if (!SEP_O) { /* Q's slot is free once the store has read it: four arrivals, one per warp's worth */
+                tma_store_wait_read();
+                mbar_arrive_cnt(q_empty, 4);
+            }
+        }
     }
+    if (PP && cw == 0) turn_wait(); /* the last consumer's final hand-over */
+    if (tid == 0) tma_store_wait_read();
 }
 
 /* ---- host side ------------------------------------------------------------------------------------------- */
@@ -328,7 +378,7 @@ typedef struct {
 #define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
     {{DP, BC, STAGES, CWG, PP},                                                                                 \
      {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP>}, \
-     V3_SMEM_BYTES(DP, BC, STAGES, CWG)},
+     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_SEP_O(DP, BC, STAGES, CWG))},
 static const v3_entry v3_table[] = {V3_DEFAULT_CONFIGS(V3_ENTRY) V3_SWEEP_CONFIGS(V3_ENTRY)};
 #undef V3_ENTRY
 #define V3_NCONFIGS ((int)(sizeof v3_table / sizeof v3_table[0]))
@@ -460,7 +510,8 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
         (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64, "out")))
         return st;
     void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step};
-    FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)blocks), dim3(128 * (e->cfg.consumers + 1)), args,
-                                      e->smem, (cudaStream_t)stream));
+    const int64_t grid = blocks < p->sm_count ? blocks : p->sm_count; /* persistent: one block per SM */
+    FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)(grid > 0 ? grid : 1)), dim3(128 * (e->cfg.consumers + 1)),
+                                      args, e->smem, (cudaStream_t)stream));
     return FATTN_OK;
 }
