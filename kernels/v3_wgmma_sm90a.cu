@@ -62,6 +62,10 @@ typedef struct {
     int nblocks; /* key blocks of BC keys any row of the tile sees */
 } v3_tile;
 
+/* The persistent grid's k-th tile for block x (of G): rounds of G tiles, walked forwards in even rounds and
+ * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
+DEV int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
+
 template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t tile) {
     const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h, bh = tile % nbh;
     v3_tile w;
@@ -75,8 +79,8 @@ template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t t
 
 /* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
- * persistent: block x takes tiles x, x + gridDim.x, ...; the K/V ring and the turns run on across tiles, so the
- * producer loads the next tile's Q and first K/V while the consumers finish the current one. */
+ * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
+ * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
 template <typename T, int DP, int BC, int STAGES, int CWG, bool PP>
 __global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -118,7 +122,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_k);
         tma_prefetch_map(&tm_v);
         int ring = 0, round = 0; /* K/V ring position and tiles done, across tiles */
-        for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, round++) {
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             const v3_tile w = v3_tile_at<BR, BC>(p, tile);
             const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step;
             if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
@@ -258,7 +262,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
     int ring = 0, round = 0;
-    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, round++) {
+    for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
         const v3_tile w = v3_tile_at<BR, BC>(p, tile);
         const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
         row0 = wg_row + warp * 16 + g;
