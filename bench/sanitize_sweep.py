@@ -2,7 +2,9 @@
 causal alignments, GQA, head dims 64/136/256, fp16/bf16 (fp32 for the scalar variants).
 
     compute-sanitizer --tool memcheck python3 bench/sanitize_sweep.py
+    FATTN_SANITIZE_VARIANTS=v3 ...   # only the variants named
 Exits non-zero if any result is NaN where it must not be (the sanitizer's own report is what this is for)."""
+import os
 import sys
 
 import torch
@@ -14,7 +16,8 @@ CASES = [(1, 1), (17, 113), (130, 65)]
 
 def main():
     bad = 0
-    for variant in fattn.variants("cuda"):
+    chosen = os.environ.get("FATTN_SANITIZE_VARIANTS")  # e.g. "v3": a subset, comma-separated
+    for variant in chosen.split(",") if chosen else fattn.variants("cuda"):
         dtypes = [torch.float16, torch.bfloat16] + ([torch.float32] if variant in ("v0", "v1") else [])
         for dt in dtypes:
             for d in (64, 136, 256):

@@ -84,7 +84,7 @@ def main():
                     with sdpa_kernel([be]):
                         torch_us[(dp, s, causal, name)] = time_torch(
                             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), flush, args.reps)
-    for idx, dp, bc, stages, cons, pp, default in configs:
+    for idx, dp, bc, stages, cons, pp, default, *_ in configs:
         cfg = dict(index=idx, dp=dp, bc=bc, stages=stages, consumers=cons, pingpong=pp, default=default)
         err = gate(idx, dp)
         if err:
@@ -106,7 +106,7 @@ def main():
 
     print(f"\n{'idx':>3} {'D':>4} {'Bc':>4} {'st':>2} {'wg':>2} {'pp':>2}  " +
           "  ".join(f"S={s}{c:>3}" for s in seqs for c in ("", "/c")) + "   geo vs cudnn")
-    for idx, dp, bc, stages, cons, pp, default in configs:
+    for idx, dp, bc, stages, cons, pp, default, *_ in configs:
         rs = [r for r in rows if r["index"] == idx and r["status"] == "ok"]
         if not rs:
             print(f"{idx:>3} {dp:>4} {bc:>4} {stages:>2} {cons:>2} {pp:>2}  wrong")

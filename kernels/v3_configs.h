@@ -31,12 +31,14 @@ typedef struct {
     X(256, 64, 2, 2, 0)     \
     X(256, 80, 2, 2, 1)
 
+#include <stddef.h>
 #ifdef __cplusplus
 extern "C" {
 #endif
 /* Implemented in kernels/v3_wgmma_sm90a.cu (CUDA builds only). */
 int fattn_v3_config_count(void);
 const v3_config *fattn_v3_config(int i);
+size_t fattn_v3_config_smem(int i); /* dynamic shared memory per block of config i, bytes */
 int fattn_v3_last_config(void); /* table index of the last v3 launch; -1 when it ran v2 (tensors TMA cannot address) */
 #ifdef __cplusplus
 }

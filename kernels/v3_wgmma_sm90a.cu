@@ -393,6 +393,7 @@ static int v3_last = -1;                               /* table index of the las
 extern "C" int fattn_v3_config_count(void) { return V3_NCONFIGS; }
 extern "C" const v3_config *fattn_v3_config(int i) { return i >= 0 && i < V3_NCONFIGS ? &v3_table[i].cfg : NULL; }
 extern "C" int fattn_v3_last_config(void) { return v3_last; }
+extern "C" size_t fattn_v3_config_smem(int i) { return i >= 0 && i < V3_NCONFIGS ? v3_table[i].smem : 0; }
 
 /* cuTensorMapEncodeTiled, reached through the runtime (fattn links no driver library). */
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
