@@ -1,25 +1,33 @@
 /* v3_wgmma_sm90a.cu -- version 3: Hopper (sm_90a) forward, the FlashAttention-3 structure.
  *
  * Adds over v2: wgmma instead of mma.sync, TMA instead of cp.async, and warp specialisation.
- * A block of 3 warpgroups owns Br = 128 query rows of one (b, h):
- *   warpgroup 0, the producer: one thread issues every TMA load (Q once; then K_j, V_j for each key block of Bc
- *     keys into a ring of STAGES shared-memory slots, each slot with a "full" mbarrier the TMA completes and an
- *     "empty" mbarrier the consumers arrive on), and gives its registers away (setmaxnreg.dec to 24);
- *   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): 64 query rows each, per key block
+ * A block is one producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups of 64 query rows each:
+ *   the producer: one thread issues every TMA load (Q per tile; K_j, V_j for each key block of Bc keys into a ring
+ *     of STAGES shared-memory slots, each slot with a "full" mbarrier the TMA completes and an "empty" mbarrier the
+ *     consumers arrive on), and gives its registers away (setmaxnreg.dec);
+ *   the consumers (setmaxnreg.inc), per key block:
  *     S = Q K_j^T      wgmma m64nBck16, both operands in 128-byte-swizzled shared memory
- *     masked -> -inf   (only in diagonal / tail blocks), x = S * scale * log2 e
- *     m' = max(m, rowmax x) (quad shuffles),  P = exp2(x - m'),  l = alpha l + rowsum P
+ *     masked -> -inf   (only in diagonal / tail blocks: one compare + select per element)
+ *     m' = max(m, rowmax S) (quad shuffles),  P = exp2(S c - m' c) with c = scale log2 e in one FFMA,
+ *                      l = alpha l + rowsum P
  *     O = alpha O + P V_j   wgmma m64nDk16 with P from registers (the S accumulators re-packed as A fragments)
  *                      and V N-major from shared memory (transposed by the descriptor, no copy)
  *   software-pipelined inside each consumer: S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued back to back, the
- *   softmax of S_{j+1} runs while P_j V_j is still on the tensor cores.
- * O is written back through the consumer's own Q slot (swizzled like TMA's loads) by a TMA store, which drops rows
- * past the sequence end; TMA loads fill rows past a sequence's end with zeros, so no load reads past it.
- * Blocks run longest-first for causal (query blocks in reverse order); fully masked key blocks are never loaded.
+ *   softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; and ping-pong between consumers (named
+ *   barriers): they take turns issuing GEMMs, so one's softmax overlaps another's GEMMs.
+ * O is written back through a shared-memory tile (its own where it fits, else the consumer's Q slot; swizzled like
+ * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
+ * with zeros, so no load reads past it.
+ * Fully masked key blocks are never loaded.
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
- * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule); fattn falls back to
- * v2 otherwise, and for decode-like calls (Sq <= 64), which v2's split-KV serves.
- * Speed: see evidence/README.md (H100 fa3 grid, v3 beside v2 and torch's backends).
+ * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
+ * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
+ * (Sq <= 64) go to v2's split-KV.
+ * The grid is persistent (one block per SM, tiles in zig-zag rounds, longest first); the K/V ring and the turns
+ * run on across tiles.  Configurations: kernels/v3_configs.h (bench/v3_sweep.py times them).
+ * Speed (NVIDIA H200, fa3 grid, evidence/bench/h200_v3_ratios_46c3fdc.md): 161-703 TFLOP/s fp16, 0.62-1.09x torch
+ * cudnn and 1.02-2.49x torch flash; D=128 S=16k 598 (non-causal) / 636 (causal) TFLOP/s.  Shorter sequences trail
+ * most (0.62-0.82x cudnn at S=512).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
