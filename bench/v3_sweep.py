@@ -23,6 +23,7 @@ from conftest import check_close  # noqa: E402
 
 import fattn  # noqa: E402
 from fattn import _C  # noqa: E402
+from v2_sweep import time_us  # noqa: E402  (CUDA events around each call, L2 flushed, median)
 
 CAUSAL = {False: 0, True: 1, "top_left": 1, "bottom_right": 2}
 
@@ -52,19 +53,6 @@ def gate(idx, dp):
     return None
 
 
-def time_torch(fn, flush, reps=10, warmup=2):
-    for _ in range(warmup):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        flush.zero_()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -82,8 +70,8 @@ def main():
             for causal in (False, True):
                 for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                     with sdpa_kernel([be]):
-                        torch_us[(dp, s, causal, name)] = time_torch(
-                            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), flush, args.reps)
+                        torch_us[(dp, s, causal, name)] = time_us(
+                            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), flush, args.reps, 2)
     for idx, dp, bc, stages, cons, pp, default, *_ in configs:
         cfg = dict(index=idx, dp=dp, bc=bc, stages=stages, consumers=cons, pingpong=pp, default=default)
         err = gate(idx, dp)
