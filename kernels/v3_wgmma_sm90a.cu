@@ -62,8 +62,10 @@ template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 1
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
 
-/* The work of one block of the persistent grid: tile `tile` of nqb * b * h, query blocks in reverse order (longest
- * first when causal), heads fastest. */
+/* The work of one block of the persistent grid: tile `tile` of nqb * b * h.  Heads come in groups of `group`
+ * (b, h) pairs whose K and V fit in L2 together; inside a group query blocks run in reverse order (longest first
+ * when causal) with the heads fastest, so the blocks running at once share a few heads' K and V instead of
+ * streaming every head's from DRAM. */
 typedef struct {
     int64_t i0;  /* first query row */
     int b, h;    /* batch, query head */
@@ -74,10 +76,12 @@ typedef struct {
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
 DEV int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
 
-template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t tile) {
-    const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h, bh = tile % nbh;
+template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t tile, int group) {
+    const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h, first = tile / (group * nqb) * group;
+    const int64_t in_group = nbh - first < group ? nbh - first : group, r = tile - first * nqb;
+    const int64_t bh = first + r % in_group;
     v3_tile w;
-    w.i0 = (nqb - 1 - tile / nbh) * BR;
+    w.i0 = (nqb - 1 - r / in_group) * BR;
     w.b = (int)(bh / p.h);
     w.h = (int)(bh % p.h);
     const int64_t i_last = (w.i0 + BR < p.sq ? w.i0 + BR : p.sq) - 1;
@@ -93,7 +97,7 @@ template <typename T, int DP, int BC, int STAGES, int CWG, bool PP>
 __global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
-       const int kv_batch_step) {
+       const int kv_batch_step, const int head_group) {
     constexpr int BR = 64 * CWG;
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
@@ -131,7 +135,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_v);
         int ring = 0, round = 0; /* K/V ring position and tiles done, across tiles */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            const v3_tile w = v3_tile_at<BR, BC>(p, tile);
+            const v3_tile w = v3_tile_at<BR, BC>(p, tile, head_group);
             const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step;
             if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
             mbar_arrive_expect_tx(q_full, Q_TILE * 2);
@@ -271,7 +275,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     int ring = 0, round = 0;
     for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-        const v3_tile w = v3_tile_at<BR, BC>(p, tile);
+        const v3_tile w = v3_tile_at<BR, BC>(p, tile, head_group);
         const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
         row0 = wg_row + warp * 16 + g;
         row1 = row0 + 8;
@@ -394,6 +398,7 @@ typedef struct {
 static const v3_entry v3_table[] = {V3_DEFAULT_CONFIGS(V3_ENTRY) V3_SWEEP_CONFIGS(V3_ENTRY)};
 #undef V3_ENTRY
 #define V3_NCONFIGS ((int)(sizeof v3_table / sizeof v3_table[0]))
+#define V3_L2_BUDGET (24ll << 20) /* bytes of K and V per head group: about half of an H100's 50 MB L2 */
 #define V3_DEVICES 64
 static unsigned long long v3_smem_set[V3_NCONFIGS][2]; /* bit dev: the shared-memory limit is raised there */
 static int v3_last = -1;                               /* table index of the last launch, -1: it ran v2 */
@@ -522,7 +527,12 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
         (st = v3_map(&tv, p->v, p->dtype, p->d, sk, kv_heads, kv_batch, p->v_stride_s, p->v_stride_h, p->v_stride_b, e->cfg.bc, "v")) ||
         (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64, "out")))
         return st;
-    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step};
+    /* Heads per L2 group (v3_tile_at): as many (b, h) as keep their K and V within V3_L2_BUDGET. */
+    const int64_t kv_bytes = p->sk * p->d * 2 * 2 / (p->h_per_kv > 0 ? p->h_per_kv : 1); /* per query head */
+    int64_t group = kv_bytes > 0 ? V3_L2_BUDGET / kv_bytes : p->b * p->h;
+    group = group < 1 ? 1 : group > p->b * p->h ? p->b * p->h : group;
+    const int head_group = (int)group;
+    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
     const int64_t grid = blocks < p->sm_count ? blocks : p->sm_count; /* persistent: one block per SM */
     FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)(grid > 0 ? grid : 1)), dim3(128 * (e->cfg.consumers + 1)),
                                       args, e->smem, (cudaStream_t)stream));
