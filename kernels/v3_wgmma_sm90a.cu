@@ -25,9 +25,9 @@
  * (Sq <= 64) go to v2's split-KV.
  * The grid is persistent (one block per SM, tiles in zig-zag rounds, longest first); the K/V ring and the turns
  * run on across tiles.  Configurations: kernels/v3_configs.h (bench/v3_sweep.py times them).
- * Speed (NVIDIA H200, fa3 grid, evidence/bench/h200_v3_ratios_46c3fdc.md): 161-703 TFLOP/s fp16, 0.62-1.09x torch
- * cudnn and 1.02-2.49x torch flash; D=128 S=16k 598 (non-causal) / 636 (causal) TFLOP/s.  Shorter sequences trail
- * most (0.62-0.82x cudnn at S=512).
+ * Speed (NVIDIA H200, fa3 grid, evidence/bench/h200_v3_ratios_00c8828.md): 161-690 TFLOP/s fp16, 0.62-1.08x torch
+ * cudnn and 1.02-2.43x torch flash; D=128 S=16k 640 (non-causal) / 624 (causal) TFLOP/s.  Short sequences trail
+ * most (S=512: 0.62x cudnn for D=64 causal, 0.81-0.86x otherwise).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
