@@ -27,7 +27,7 @@
  * run on across tiles.  Configurations: kernels/v3_configs.h (bench/v3_sweep.py times them).
  * Speed (NVIDIA H200, fa3 grid, evidence/bench/h200_v3_ratios_00c8828.md): 161-690 TFLOP/s fp16, 0.62-1.08x torch
  * cudnn and 1.02-2.43x torch flash; D=128 S=16k 640 (non-causal) / 624 (causal) TFLOP/s.  Short sequences trail
- * most (S=512: 0.62x cudnn for D=64 causal, 0.81-0.86x otherwise).
+ * most (S=512: 0.62x cudnn for D=64 causal, 0.77-0.86x otherwise).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
