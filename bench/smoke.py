@@ -1,5 +1,6 @@
-"""smoke.py -- a fast first look at one GPU variant before the full suite: a handful of shapes against torch SDPA in
-float32, each with its max error and pass/fail under the tests' rule, then one timing per fa3 head dim.
+"""smoke.py -- a fast first look at one GPU variant before the full suite: a handful of shapes, each checked by the
+tests' accuracy rule (tests/conftest.py: check_close, output and LSE against float64), then one timing per fa3 head
+dim.
 
     timeout 120 python3 bench/smoke.py --variant v3
 
@@ -7,12 +8,15 @@ Exit status 1 when any shape fails, so a caller can stop before spending minutes
 quick look only: the parity suite (tests/) is what says a variant is correct.
 """
 import argparse
+import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
-import fattn
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from conftest import check_close  # noqa: E402
+
+import fattn  # noqa: E402
 
 SHAPES = [  # (B, H, H_kv, Sq, Sk, D, causal)
     (1, 2, 2, 128, 128, 128, False),
@@ -23,21 +27,6 @@ SHAPES = [  # (B, H, H_kv, Sq, Sk, D, causal)
     (1, 2, 2, 17, 1000, 96, False),
     (1, 2, 2, 1, 1, 128, False),
 ]
-
-
-def reference(q, k, v, causal):
-    h, hk = q.shape[1], k.shape[1]
-    k = k.float().repeat_interleave(h // hk, dim=1)
-    v = v.float().repeat_interleave(h // hk, dim=1)
-    mask = None
-    if causal:
-        sq, sk = q.shape[2], k.shape[2]
-        off = sk - sq if causal == "bottom_right" else 0
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        mask = j <= i + off
-    o = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask)
-    return torch.nan_to_num(o)  # fully masked rows: SDPA gives NaN, fattn 0
 
 
 def main():
@@ -53,14 +42,13 @@ def main():
         k = torch.randn(B, HK, SK, D, device="cuda", dtype=dt)
         v = torch.randn(B, HK, SK, D, device="cuda", dtype=dt)
         o, lse = fattn.attention(q, k, v, causal=causal, variant=args.variant, return_lse=True)
-        ref = reference(q, k, v, causal)
-        low = torch.nan_to_num(reference(q.to(dt), k, v, causal).to(dt).float())
-        err = (o.float() - ref).abs().max().item()
-        tol = 2 * (low - ref).abs().max().item() + ref.abs().max().item() * (2**-10 if dt == torch.float16 else 2**-7)
-        ok = err <= tol and torch.isfinite(o).all().item()
-        bad += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} B={B} H={H}/{HK} Sq={SQ} Sk={SK} D={D} causal={causal}: max err {err:.3e} (tol {tol:.3e})",
-              flush=True)
+        try:
+            err, err_low = check_close(o, q, k, v, causal, None, lse=lse)
+            verdict = f"ok   max err {err:.3e} (torch in {args.dtype}: {err_low:.3e})"
+        except AssertionError as e:
+            bad += 1
+            verdict = f"FAIL {e}"
+        print(f"{verdict}  B={B} H={H}/{HK} Sq={SQ} Sk={SK} D={D} causal={causal}", flush=True)
     for D in (64, 128, 256):
         S = 4096
         q = torch.randn(16384 // S, 2048 // D, S, D, device="cuda", dtype=dt)

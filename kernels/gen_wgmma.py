@@ -12,7 +12,7 @@ RS: D(64 x N) (+)= A(64 x 16, registers) * B(16 x N, shared, N-major, tnspB = 1)
 """
 import os
 
-SS_N = [64, 80, 96, 128, 176, 192]  # key-block widths Bc of S = Q K^T
+SS_N = [64, 80, 128, 176, 192]  # key-block widths Bc of S = Q K^T (kernels/v3_configs.h)
 RS_N = [64, 128, 256]  # head dims of O += P V
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 

@@ -91,10 +91,6 @@ template <int N> DEV void reg_fence(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
-template <int N> DEV void reg_fence(unsigned (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
-}
 
 /* Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63).  Fields are byte values >> 4:
  * start address (bits 0-13), leading-dimension byte offset (16-29), stride-dimension byte offset (32-45).

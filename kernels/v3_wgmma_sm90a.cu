@@ -36,7 +36,6 @@
 #include "wgmma_ops.cuh"
 
 #include <pthread.h>
-#include <string.h>
 
 #include <type_traits>
 
@@ -144,14 +143,15 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             for (int j = 0; j < w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
-                if (ring >= STAGES) mbar_wait(&k_empty[s], parity);
-                mbar_arrive_expect_tx(&k_full[s], KV_TILE * 2);
+                /* key block j of K (or V) into slot s once the consumers have released it */
+                auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty) {
+                    if (ring >= STAGES) mbar_wait(empty, parity);
+                    mbar_arrive_expect_tx(full, KV_TILE * 2);
 #pragma unroll
-                for (int c = 0; c < PANELS; c++) tma_load_4d(sK + s * KV_TILE + c * BC * 64, &tm_k, &k_full[s], c * 64, j * BC, hk, kb);
-                if (ring >= STAGES) mbar_wait(&v_empty[s], parity);
-                mbar_arrive_expect_tx(&v_full[s], KV_TILE * 2);
-#pragma unroll
-                for (int c = 0; c < PANELS; c++) tma_load_4d(sV + s * KV_TILE + c * BC * 64, &tm_v, &v_full[s], c * 64, j * BC, hk, kb);
+                    for (int c = 0; c < PANELS; c++) tma_load_4d(dst + c * BC * 64, map, full, c * 64, j * BC, hk, kb);
+                };
+                load(sK + s * KV_TILE, &tm_k, &k_full[s], &k_empty[s]);
+                load(sV + s * KV_TILE, &tm_v, &v_full[s], &v_empty[s]);
             }
         }
         return;
