@@ -48,14 +48,16 @@ template <int CWG> struct v3_regs;
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
-/* Shared memory of one block: Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot), STAGES
- * slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte
- * swizzle's period). */
-#define V3_NBARS(STAGES) (2 + 4 * (STAGES))
-#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, SEP_O) \
-    ((size_t)(64 * (CWG) * ((SEP_O) ? 2 : 1) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
-/* A separate O tile when it fits in the 227 KB a block may have. */
-#define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= 227 * 1024)
+/* Shared memory of one block, in Q-sized tiles (Br x DP) then the K/V ring: QTILES = 3: two Q buffers (the next
+ * tile's Q lands while this one runs, so the next tile's first S GEMM can be issued with this tile's last P V) and
+ * an O staging tile; 2: one Q and the O tile; 1: O is staged in Q's slot.  Then STAGES slots of K and of V
+ * (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte swizzle's period). */
+#define V3_NBARS(STAGES) (4 + 4 * (STAGES))
+#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QTILES) \
+    ((size_t)(64 * (CWG) * (QTILES) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
+/* The most Q-sized tiles that fit in the 227 KB a block may have. */
+#define V3_FITS(DP, BC, STAGES, CWG, QT) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, QT) <= 227 * 1024)
+#define V3_QTILES(DP, BC, STAGES, CWG) (V3_FITS(DP, BC, STAGES, CWG, 3) ? 3 : V3_FITS(DP, BC, STAGES, CWG, 2) ? 2 : 1)
 
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
 #define V3_BAR_EPILOGUE 1
@@ -98,24 +100,28 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
        const int kv_batch_step, const int head_group) {
     constexpr int BR = 64 * CWG;
-    constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
+    constexpr int QTILES = V3_QTILES(DP, BC, STAGES, CWG);
+    constexpr int QBUF = QTILES == 3 ? 2 : 1; /* Q buffers */
+    constexpr bool SEP_O = QTILES >= 2;       /* O staged in its own tile, not in Q's slot */
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
     extern __shared__ unsigned char smem_raw[];
-    T *sQ = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    T *sO = SEP_O ? sQ + Q_TILE : sQ;
-    T *sK = sQ + (SEP_O ? 2 : 1) * Q_TILE, *sV = sK + STAGES * KV_TILE;
+    T *sQ = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* QBUF buffers */
+    T *sO = SEP_O ? sQ + QBUF * Q_TILE : sQ;
+    T *sK = sQ + QTILES * Q_TILE, *sV = sK + STAGES * KV_TILE;
     uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
-    uint64_t *q_full = bar, *q_empty = bar + 1, *k_full = bar + 2, *v_full = k_full + STAGES,
+    uint64_t *q_full = bar, *q_empty = bar + 2, *k_full = bar + 4, *v_full = k_full + STAGES,
              *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
     const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
-        mbar_init(q_empty, 4 * CWG); /* one arrival per consumer warp */
+        for (int b = 0; b < QBUF; b++) {
+            mbar_init(&q_full[b], 1);
+            mbar_init(&q_empty[b], 4 * CWG); /* one arrival per consumer warp */
+        }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&v_full[s], 1);
@@ -135,11 +141,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         int ring = 0, round = 0; /* K/V ring position and tiles done, across tiles */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             const v3_tile w = v3_tile_at<BR, BC>(p, tile, head_group);
-            const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step;
-            if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
-            mbar_arrive_expect_tx(q_full, Q_TILE * 2);
+            const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step, qb = round % QBUF;
+            if (round >= QBUF) mbar_wait(&q_empty[qb], (round / QBUF - 1) & 1);
+            mbar_arrive_expect_tx(&q_full[qb], Q_TILE * 2);
 #pragma unroll
-            for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)w.i0, w.h, w.b);
+            for (int c = 0; c < PANELS; c++)
+                tma_load_4d(sQ + qb * Q_TILE + c * BR * 64, &tm_q, &q_full[qb], c * 64, (int)w.i0, w.h, w.b);
             for (int j = 0; j < w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
@@ -161,23 +168,24 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     setmaxnreg_inc<v3_regs<CWG>::consumer>();
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
     const float c = p.scale_log2; /* > 0: fattn_launch_v3 sends other scales to v2 */
-    T *sQw = sQ + cw * 64 * 64, *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
+    T *sQw = sQ + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 of Q buffer 0 */
 
-    float o[NO], s[NS], m[2], l[2]; /* m: raw row max of S */
-    bool exact;                     /* see softmax */
+    float o[NO], s[NS], m[2] = {}, l[2] = {}; /* m: raw row max of S */
+    bool exact = false;             /* see softmax */
     int64_t row0, row1;             /* this thread's two query rows in the current tile */
     unsigned pa[KS][4];
 
     /* Descriptors: the start-address field (low word) of each tile's base, computed once; a k-step adds a
      * compile-time byte offset >> 4 to it (no carry: shared addresses stay below 256 KB). */
     const unsigned q_lo = desc_lo(sQw, 0), k_lo = desc_lo(sK, 0), v_lo = desc_lo(sV, BC * 128);
-    /* S = Q K^T from slot st: DP / 16 k-steps, four per 64-column panel, 32 bytes apart inside it. */
-    auto issue_s = [&](int st) {
-        const unsigned k_st = k_lo + st * (KV_TILE * 2 >> 4);
+    /* S = Q K^T from Q buffer qb and K slot st: DP / 16 k-steps, four per 64-column panel, 32 bytes apart inside
+     * it. */
+    auto issue_s = [&](int qb, int st) {
+        const unsigned q_b = q_lo + qb * (Q_TILE * 2 >> 4), k_st = k_lo + st * (KV_TILE * 2 >> 4);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++)
-            wgmma_ss<BC, T>(s, q_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4),
+            wgmma_ss<BC, T>(s, q_b + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4),
                             k_st + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4), kk > 0);
         wgmma_commit();
     };
@@ -273,10 +281,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     };
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
-    int ring = 0, round = 0;
-    for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-        const v3_tile w = v3_tile_at<BR, BC>(p, tile, head_group);
-        const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
+    int64_t wg_row; /* the warpgroup's first row in the current tile */
+    int nfree;      /* key blocks [0, nfree) need no mask for any row of this warpgroup */
+    /* Starts tile w: rows, running max and sum, O = 0, and the unmasked prefix of its key blocks. */
+    auto begin = [&](const v3_tile &w) {
+        wg_row = w.i0 + cw * 64;
         row0 = wg_row + warp * 16 + g;
         row1 = row0 + 8;
         m[0] = m[1] = -INFINITY;
@@ -284,69 +293,27 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         exact = false;
 #pragma unroll
         for (int i = 0; i < NO; i++) o[i] = 0.f;
-        /* Key blocks [0, nfree) need no mask for any row of this warpgroup: every key exists and is visible. */
-        int64_t nfree64 = p.sk / BC;
+        int64_t nf = p.sk / BC; /* every key exists and is visible */
         if (p.causal) {
             const int64_t e = (wg_row + p.causal_offset + 1) / BC; /* wg_row sees keys < wg_row + off + 1 */
-            nfree64 = wg_row + p.causal_offset + 1 <= 0 ? 0 : e < nfree64 ? e : nfree64;
+            nf = wg_row + p.causal_offset + 1 <= 0 ? 0 : e < nf ? e : nf;
         }
-        const int nfree = (int)(nfree64 < w.nblocks ? nfree64 : w.nblocks);
-        /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
-         * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
-        auto step = [&](int j, float a[2], auto masked) {
-            const int rs = ring + j, st = rs % STAGES, sp = (rs - 1) % STAGES;
-            mbar_wait(&k_full[st], (rs / STAGES) & 1);
-            mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
-            turn_wait();
-            issue_s(st);
-            issue_pv(sp);
-            turn_pass();
-            wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
-            reg_fence(s);
-            release(&k_empty[st]);
-            softmax(j, a, masked);
-            wgmma_wait<0>();
-            reg_fence(o);
-            release(&v_empty[sp]);
-#pragma unroll
-            for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
-            pack_p();
-        };
-
-        mbar_wait(q_full, round & 1);
-        if (w.nblocks > 0) {
-            float a[2];
-            const int st0 = ring % STAGES;
-            mbar_wait(&k_full[st0], (ring / STAGES) & 1);
-            turn_wait();
-            issue_s(st0);
-            turn_pass();
-            wgmma_wait<0>();
-            reg_fence(s);
-            release(&k_empty[st0]);
-            if (nfree > 0)
-                softmax(0, a, std::false_type());
-            else
-                softmax(0, a, std::true_type());
-            pack_p();
-            int j = 1;
-            for (; j < nfree; j++) step(j, a, std::false_type());
-            for (; j < w.nblocks; j++) step(j, a, std::true_type());
-            const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
-            if (SEP_O) release(q_empty); /* the last S GEMM has read Q: the next tile's Q may land */
-            mbar_wait(&v_full[sp], (rl / STAGES) & 1);
-            turn_wait();
-            issue_pv(sp);
-            turn_pass();
-            wgmma_wait<0>();
-            reg_fence(o);
-            release(&v_empty[sp]);
-            ring += w.nblocks;
-        } else if (SEP_O) {
-            release(q_empty);
-        }
-
-        /* ---- epilogue: O / l through the O tile (or Q's slot) to a TMA store; LSE directly ---- */
+        nfree = (int)(nf < w.nblocks ? nf : w.nblocks);
+    };
+    /* The softmax of key block 0 once S_0 is in s (slot st0 released), P_0 packed. */
+    auto first_softmax = [&](int st0, float a[2]) {
+        wgmma_wait<0>();
+        reg_fence(s);
+        release(&k_empty[st0]);
+        if (nfree > 0)
+            softmax(0, a, std::false_type());
+        else
+            softmax(0, a, std::true_type());
+        pack_p();
+    };
+    /* O / l through the O tile (or Q's slot) to a TMA store; LSE directly. */
+    auto epilogue = [&](const v3_tile &w) {
+        T *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
         float inv[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -378,6 +345,92 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 mbar_arrive_cnt(q_empty, 4);
             }
         }
+    };
+
+    /* primed: the current tile's S_0 was issued with the previous tile's last P V and its softmax is done (two Q
+     * buffers only), so the tile starts at step 1. */
+    int ring = 0, round = 0;
+    bool primed = false;
+    float a[2];
+    int64_t tile = v3_tile_index(0, blockIdx.x, gridDim.x);
+    v3_tile w = {};
+    if (tile < ntiles) w = v3_tile_at<BR, BC>(p, tile, head_group);
+    for (; tile < ntiles; round++) {
+        const int qb = round % QBUF;
+        const int64_t next = v3_tile_index(round + 1, blockIdx.x, gridDim.x);
+        v3_tile wn = {};
+        if (next < ntiles) wn = v3_tile_at<BR, BC>(p, next, head_group);
+        /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
+         * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
+        auto step = [&](int j, auto masked) {
+            const int rs = ring + j, st = rs % STAGES, sp = (rs - 1) % STAGES;
+            mbar_wait(&k_full[st], (rs / STAGES) & 1);
+            mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
+            turn_wait();
+            issue_s(qb, st);
+            issue_pv(sp);
+            turn_pass();
+            wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
+            reg_fence(s);
+            release(&k_empty[st]);
+            softmax(j, a, masked);
+            wgmma_wait<0>();
+            reg_fence(o);
+            release(&v_empty[sp]);
+#pragma unroll
+            for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
+            pack_p();
+        };
+
+        if (!primed) {
+            begin(w);
+            mbar_wait(&q_full[qb], (round / QBUF) & 1);
+            if (w.nblocks > 0) {
+                const int st0 = ring % STAGES;
+                mbar_wait(&k_full[st0], (ring / STAGES) & 1);
+                turn_wait();
+                issue_s(qb, st0);
+                turn_pass();
+                first_softmax(st0, a);
+            }
+        }
+        /* chain: the next tile's S_0 goes out with this tile's last P V; its softmax follows this epilogue. */
+        const bool chain = QBUF == 2 && w.nblocks > 0 && next < ntiles && wn.nblocks > 0;
+        int st_next = 0;
+        if (w.nblocks > 0) {
+            int j = 1;
+            for (; j < nfree; j++) step(j, std::false_type());
+            for (; j < w.nblocks; j++) step(j, std::true_type());
+            const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
+            ring += w.nblocks;
+            st_next = ring % STAGES;
+            if (SEP_O) release(&q_empty[qb]); /* the last S GEMM has read Q: a later tile's Q may land */
+            mbar_wait(&v_full[sp], (rl / STAGES) & 1);
+            if (chain) {
+                mbar_wait(&q_full[qb ^ 1], ((round + 1) / QBUF) & 1);
+                mbar_wait(&k_full[st_next], (ring / STAGES) & 1);
+            }
+            turn_wait();
+            issue_pv(sp);
+            if (chain) issue_s(qb ^ 1, st_next);
+            turn_pass();
+            if (chain)
+                wgmma_wait<1>(); /* P V done; the next S_0 may still run */
+            else
+                wgmma_wait<0>();
+            reg_fence(o);
+            release(&v_empty[sp]);
+        } else if (SEP_O) {
+            release(&q_empty[qb]);
+        }
+        epilogue(w);
+        primed = chain;
+        if (chain) {
+            begin(wn);
+            first_softmax(st_next, a);
+        }
+        w = wn;
+        tile = next;
     }
     if (PP && cw == 0) turn_wait(); /* the last consumer's final hand-over */
     if (tid == 0) tma_store_wait_read();
@@ -394,7 +447,7 @@ typedef struct {
 #define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
     {{DP, BC, STAGES, CWG, PP},                                                                                 \
      {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP>}, \
-     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_SEP_O(DP, BC, STAGES, CWG))},
+     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QTILES(DP, BC, STAGES, CWG))},
 static const v3_entry v3_table[] = {V3_DEFAULT_CONFIGS(V3_ENTRY) V3_SWEEP_CONFIGS(V3_ENTRY)};
 #undef V3_ENTRY
 #define V3_NCONFIGS ((int)(sizeof v3_table / sizeof v3_table[0]))
