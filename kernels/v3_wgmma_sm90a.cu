@@ -406,29 +406,34 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             st_next = ring % STAGES;
             if (SEP_O) release(&q_empty[qb]); /* the last S GEMM has read Q: a later tile's Q may land */
             mbar_wait(&v_full[sp], (rl / STAGES) & 1);
+            /* Two straight paths: a wgmma issued or waited on under a condition makes ptxas serialize them all. */
             if (chain) {
                 mbar_wait(&q_full[qb ^ 1], ((round + 1) / QBUF) & 1);
                 mbar_wait(&k_full[st_next], (ring / STAGES) & 1);
-            }
-            turn_wait();
-            issue_pv(sp);
-            if (chain) issue_s(qb ^ 1, st_next);
-            turn_pass();
-            if (chain)
+                turn_wait();
+                issue_pv(sp);
+                issue_s(qb ^ 1, st_next);
+                turn_pass();
                 wgmma_wait<1>(); /* P V done; the next S_0 may still run */
-            else
+                reg_fence(o);
+                release(&v_empty[sp]);
+                epilogue(w);
+                begin(wn);
+                first_softmax(st_next, a);
+            } else {
+                turn_wait();
+                issue_pv(sp);
+                turn_pass();
                 wgmma_wait<0>();
-            reg_fence(o);
-            release(&v_empty[sp]);
-        } else if (SEP_O) {
-            release(&q_empty[qb]);
+                reg_fence(o);
+                release(&v_empty[sp]);
+                epilogue(w);
+            }
+        } else {
+            if (SEP_O) release(&q_empty[qb]);
+            epilogue(w);
         }
-        epilogue(w);
         primed = chain;
-        if (chain) {
-            begin(wn);
-            first_softmax(st_next, a);
-        }
         w = wn;
         tile = next;
     }
