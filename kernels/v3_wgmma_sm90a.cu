@@ -48,16 +48,16 @@ template <int CWG> struct v3_regs;
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
-/* Shared memory of one block, in Q-sized tiles (Br x DP) then the K/V ring: QTILES = 3: two Q buffers (the next
- * tile's Q lands while this one runs, so the next tile's first S GEMM can be issued with this tile's last P V) and
- * an O staging tile; 2: one Q and the O tile; 1: O is staged in Q's slot.  Then STAGES slots of K and of V
+/* Shared memory of one block, in Q-sized tiles (Br x DP) then the K/V ring: QTILES = 3: two Q buffers (QBUF = 2:
+ * the next tile's Q lands while this one runs, so the next tile's first S GEMM can be issued with this tile's last
+ * P V) and an O staging tile; 2: one Q and the O tile; 1: O is staged in Q's slot.  Then STAGES slots of K and of V
  * (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte swizzle's period). */
 #define V3_NBARS(STAGES) (4 + 4 * (STAGES))
 #define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QTILES) \
     ((size_t)(64 * (CWG) * (QTILES) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
-/* The most Q-sized tiles that fit in the 227 KB a block may have. */
+/* Q-sized tiles: three with two Q buffers, else two where they fit in the 227 KB a block may have, else one. */
 #define V3_FITS(DP, BC, STAGES, CWG, QT) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, QT) <= 227 * 1024)
-#define V3_QTILES(DP, BC, STAGES, CWG) (V3_FITS(DP, BC, STAGES, CWG, 3) ? 3 : V3_FITS(DP, BC, STAGES, CWG, 2) ? 2 : 1)
+#define V3_QTILES(DP, BC, STAGES, CWG, QBUF) ((QBUF) == 2 ? 3 : V3_FITS(DP, BC, STAGES, CWG, 2) ? 2 : 1)
 
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
 #define V3_BAR_EPILOGUE 1
@@ -94,15 +94,15 @@ template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t t
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
-template <typename T, int DP, int BC, int STAGES, int CWG, bool PP>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, int QBUF>
 __global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
        const int kv_batch_step, const int head_group) {
     constexpr int BR = 64 * CWG;
-    constexpr int QTILES = V3_QTILES(DP, BC, STAGES, CWG);
-    constexpr int QBUF = QTILES == 3 ? 2 : 1; /* Q buffers */
-    constexpr bool SEP_O = QTILES >= 2;       /* O staged in its own tile, not in Q's slot */
+    constexpr int QTILES = V3_QTILES(DP, BC, STAGES, CWG, QBUF);
+    constexpr bool SEP_O = QTILES >= 2; /* O staged in its own tile, not in Q's slot */
+    static_assert((QBUF == 1 || QBUF == 2) && V3_FITS(DP, BC, STAGES, CWG, QTILES), "v3: shared memory");
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
@@ -449,10 +449,11 @@ typedef struct {
     size_t smem;
 } v3_entry;
 
-#define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
-    {{DP, BC, STAGES, CWG, PP},                                                                                 \
-     {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP>}, \
-     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QTILES(DP, BC, STAGES, CWG))},
+#define V3_ENTRY(DP, BC, STAGES, CWG, PP, QBUF)                                                                 \
+    {{DP, BC, STAGES, CWG, PP, QBUF},                                                                           \
+     {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, QBUF>,                                              \
+      (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, QBUF>},                                      \
+     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QTILES(DP, BC, STAGES, CWG, QBUF))},
 static const v3_entry v3_table[] = {V3_DEFAULT_CONFIGS(V3_ENTRY) V3_SWEEP_CONFIGS(V3_ENTRY)};
 #undef V3_ENTRY
 #define V3_NCONFIGS ((int)(sizeof v3_table / sizeof v3_table[0]))
