@@ -38,8 +38,10 @@ if ! FATTN_CUDA_ARCHS="${FATTN_CUDA_ARCHS:-arch=compute_90,code=sm_90;arch=compu
 fi
 say "build took $(( $(date +%s) - t0 )) s"
 grep -E "registers|spill" "$LOG" | tail -5 || true
-if grep -q C7518 "$LOG"; then  # ptxas: wgmma serialized (a wgmma issued or awaited under a condition)
-  say "WARNING: ptxas serialized wgmma in: $(grep C7518 "$LOG" | sed 's/.*function //' | sort -u | tr '\n' ' ')"
+# ptxas C7515-C7520: wgmma serialized or waits injected (a wgmma issued or awaited under a condition, an
+# accumulator written while a group is open, a group open across a loop's back edge)
+if grep -qE "C75(1[5-9]|20)" "$LOG"; then
+  say "WARNING: ptxas serialized wgmma in: $(grep -E "C75(1[5-9]|20)" "$LOG" | sed 's/.*function //' | sort -u | tr '\n' ' ')"
 fi
 
 if [ -n "${FATTN_SMOKE:-}" ]; then  # e.g. FATTN_SMOKE=v3: a quick look at one variant; stop here if it fails

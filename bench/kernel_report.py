@@ -64,17 +64,21 @@ def main():
         f = re.search(r"Function : (\S+)", line)
         if f:
             cur = f.group(1)
-            counts.setdefault(cur, {"HGMMA": 0, "HMMA": 0})
+            counts.setdefault(cur, {"HGMMA": 0, "HMMA": 0, "waits": 0})
         elif cur and ("HGMMA" in line or "HMMA" in line):
             counts[cur]["HGMMA" if "HGMMA" in line else "HMMA"] += 1
+        elif cur and "WARPGROUP.DEPBAR" in line:
+            counts[cur]["waits"] += 1
     from fattn import _C
     v3_smem = {tuple(c[1:6]) + (c[8],): c[7] for c in _C.v3_configs()}
     print(f"Kernel resources of `{os.path.basename(so)}` (cuobjdump --dump-resource-usage and -sass).\n")
     print("registers: the per-thread count at launch; v3's consumer warpgroups raise theirs with setmaxnreg "
           "(240 with 2 consumers, 160 with 3) and its producer lowers its own (24 / 32).  stack bytes: the "
           "spill frame.\n")
-    print("| variant | dtype | config | arch | registers | stack bytes | dynamic smem KB | HGMMA | HMMA |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("wgmma waits: WARPGROUP.DEPBAR instructions; a handful per kernel is the pipeline's own, about one per "
+          "HGMMA means ptxas serialized the wgmmas (its C7515-C7520 notes in the build log say why).\n")
+    print("| variant | dtype | config | arch | registers | stack bytes | dynamic smem KB | HGMMA | wgmma waits | HMMA |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = []
     for (name, arch), (reg, stack, _shared, _local) in usage.items():
         parsed = parse_name(name)
@@ -89,11 +93,11 @@ def main():
             dp, warps, mt, bc, stages = ints
             cfg = f"DP={dp} warps={warps} mt={mt} Bc={bc} stages={stages}"
             smem = (16 * mt * warps + 2 * stages * bc) * dp * 2
-        c = counts.get(name, {"HGMMA": 0, "HMMA": 0})
-        rows.append((variant, dp, cfg, dtype, arch, reg, stack, smem, c["HGMMA"], c["HMMA"]))
-    for variant, _dp, cfg, dtype, arch, reg, stack, smem, hg, hm in sorted(rows):
+        c = counts.get(name, {"HGMMA": 0, "HMMA": 0, "waits": 0})
+        rows.append((variant, dp, cfg, dtype, arch, reg, stack, smem, c["HGMMA"], c["waits"], c["HMMA"]))
+    for variant, _dp, cfg, dtype, arch, reg, stack, smem, hg, waits, hm in sorted(rows):
         kb = f"{smem / 1024:.1f}" if smem is not None else "?"
-        print(f"| {variant} | {dtype} | {cfg} | {arch} | {reg} | {stack} | {kb} | {hg} | {hm} |")
+        print(f"| {variant} | {dtype} | {cfg} | {arch} | {reg} | {stack} | {kb} | {hg} | {waits} | {hm} |")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@
 #include "wgmma_ops.cuh"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 #include <type_traits>
 
@@ -189,12 +190,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                             k_st + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4), kk > 0);
         wgmma_commit();
     };
-    /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart. */
-    auto issue_pv = [&](int st) {
+    /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart.
+     * The tile's first P V overwrites O instead (first), so O is never zeroed: a write to a wgmma accumulator while
+     * any wgmma group is open (the chained S_0) makes ptxas serialize every wgmma (C7515). */
+    auto issue_pv = [&](int st, bool first) {
         const unsigned v_st = v_lo + st * (KV_TILE * 2 >> 4);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), 1);
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), kk > 0 || !first);
         wgmma_commit();
     };
     /* Online softmax of key block j in s (raw S -> P, float), with c = scale * log2 e > 0 folded into one FFMA:
@@ -283,7 +286,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     int64_t wg_row; /* the warpgroup's first row in the current tile */
     int nfree;      /* key blocks [0, nfree) need no mask for any row of this warpgroup */
-    /* Starts tile w: rows, running max and sum, O = 0, and the unmasked prefix of its key blocks. */
+    /* Starts tile w: rows, running max and sum, and the unmasked prefix of its key blocks (O needs no reset: the
+     * tile's first P V overwrites it). */
     auto begin = [&](const v3_tile &w) {
         wg_row = w.i0 + cw * 64;
         row0 = wg_row + warp * 16 + g;
@@ -291,8 +295,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         exact = false;
-#pragma unroll
-        for (int i = 0; i < NO; i++) o[i] = 0.f;
         int64_t nf = p.sk / BC; /* every key exists and is visible */
         if (p.causal) {
             const int64_t e = (wg_row + p.causal_offset + 1) / BC; /* wg_row sees keys < wg_row + off + 1 */
@@ -330,7 +332,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             const int col = 8 * (i / 4) + 2 * t, r = cw * 64 + warp * 16 + g + ((i & 2) ? 8 : 0);
             const int chunk = (col % 64) / 8;
             unsigned *dst = (unsigned *)(sO + (col / 64) * BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8);
-            *dst = pack2(o[i] * inv[(i >> 1) & 1], o[i + 1] * inv[(i >> 1) & 1], T());
+            const float sc = inv[(i >> 1) & 1];
+            *dst = sc > 0.f ? pack2(o[i] * sc, o[i + 1] * sc, T()) : 0u; /* rows that saw no key: 0 */
         }
         fence_proxy_async();
         named_barrier_sync(V3_BAR_EPILOGUE + cw, 128);
@@ -368,7 +371,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
             turn_wait();
             issue_s(qb, st);
-            issue_pv(sp);
+            issue_pv(sp, j == 1);
             turn_pass();
             wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
             reg_fence(s);
@@ -394,7 +397,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 first_softmax(st0, a);
             }
         }
-        /* chain: the next tile's S_0 goes out with this tile's last P V; its softmax follows this epilogue. */
+        /* chain: the next tile's S_0 goes out with this tile's last P V, runs under this tile's epilogue, and its
+         * softmax follows (no wgmma stays open across rounds: ptxas would wait for it at the loop's back edge). */
         const bool chain = QBUF == 2 && w.nblocks > 0 && next < ntiles && wn.nblocks > 0;
         int st_next = 0;
         if (w.nblocks > 0) {
@@ -411,7 +415,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 mbar_wait(&q_full[qb ^ 1], ((round + 1) / QBUF) & 1);
                 mbar_wait(&k_full[st_next], (ring / STAGES) & 1);
                 turn_wait();
-                issue_pv(sp);
+                issue_pv(sp, w.nblocks == 1);
                 issue_s(qb ^ 1, st_next);
                 turn_pass();
                 wgmma_wait<1>(); /* P V done; the next S_0 may still run */
@@ -422,14 +426,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 first_softmax(st_next, a);
             } else {
                 turn_wait();
-                issue_pv(sp);
+                issue_pv(sp, w.nblocks == 1);
                 turn_pass();
                 wgmma_wait<0>();
                 reg_fence(o);
                 release(&v_empty[sp]);
                 epilogue(w);
             }
-        } else {
+        } else { /* no key visible to any row: l = 0, and the epilogue writes zeros whatever O holds */
             if (SEP_O) release(&q_empty[qb]);
             epilogue(w);
         }
@@ -569,8 +573,10 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
     if (!v3_encode) return FATTN_FAIL(FATTN_ERR_CUDA, "v3: the driver has no cuTensorMapEncodeTiled (CUDA 12+ needed)");
     int dev = 0;
     FATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= V3_DEVICES || !(v3_smem_set[idx][ti] >> dev & 1)) {
-        FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
+    size_t smem_req = e->smem + (getenv("FATTN_V3_PAD") ? (size_t)atoi(getenv("FATTN_V3_PAD")) : 0);
+    if (smem_req > 227 * 1024) smem_req = e->smem;
+    if (1) {
+        FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_req));
         if (dev < V3_DEVICES) v3_smem_set[idx][ti] |= 1ull << dev;
     }
     /* Broadcast K/V dimensions (stride 0) become size 1: every query head reads kv head 0 (h_per_kv = h), every
@@ -596,6 +602,6 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
     void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
     const int64_t grid = blocks < p->sm_count ? blocks : p->sm_count; /* persistent: one block per SM */
     FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)(grid > 0 ? grid : 1)), dim3(128 * (e->cfg.consumers + 1)),
-                                      args, e->smem, (cudaStream_t)stream));
+                                      args, smem_req, (cudaStream_t)stream));
     return FATTN_OK;
 }
