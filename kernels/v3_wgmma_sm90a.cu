@@ -36,7 +36,6 @@
 #include "wgmma_ops.cuh"
 
 #include <pthread.h>
-#include <stdlib.h>
 
 #include <type_traits>
 
@@ -573,10 +572,8 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
     if (!v3_encode) return FATTN_FAIL(FATTN_ERR_CUDA, "v3: the driver has no cuTensorMapEncodeTiled (CUDA 12+ needed)");
     int dev = 0;
     FATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    size_t smem_req = e->smem + (getenv("FATTN_V3_PAD") ? (size_t)atoi(getenv("FATTN_V3_PAD")) : 0);
-    if (smem_req > 227 * 1024) smem_req = e->smem;
-    if (1) {
-        FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_req));
+    if (dev >= V3_DEVICES || !(v3_smem_set[idx][ti] >> dev & 1)) {
+        FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
         if (dev < V3_DEVICES) v3_smem_set[idx][ti] |= 1ull << dev;
     }
     /* Broadcast K/V dimensions (stride 0) become size 1: every query head reads kv head 0 (h_per_kv = h), every
@@ -602,6 +599,6 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
     void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
     const int64_t grid = blocks < p->sm_count ? blocks : p->sm_count; /* persistent: one block per SM */
     FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)(grid > 0 ? grid : 1)), dim3(128 * (e->cfg.consumers + 1)),
-                                      args, smem_req, (cudaStream_t)stream));
+                                      args, e->smem, (cudaStream_t)stream));
     return FATTN_OK;
 }
