@@ -70,7 +70,7 @@ def main():
         elif cur and "WARPGROUP.DEPBAR" in line:
             counts[cur]["waits"] += 1
     from fattn import _C
-    v3_smem = {tuple(c[1:6]) + (c[8],): c[7] for c in _C.v3_configs()}
+    v3_smem = {tuple(c[1:6]): c[7] for c in _C.v3_configs()}
     print(f"Kernel resources of `{os.path.basename(so)}` (cuobjdump --dump-resource-usage and -sass).\n")
     print("registers: the per-thread count at launch; v3's consumer warpgroups raise theirs with setmaxnreg "
           "(240 with 2 consumers, 160 with 3) and its producer lowers its own (24 / 32).  stack bytes: the "
@@ -86,9 +86,9 @@ def main():
             continue
         variant, dtype, ints = parsed
         if variant == "v3":
-            dp, bc, stages, cwg, pp, qbuf = ints
-            cfg = f"DP={dp} Bc={bc} stages={stages} consumers={cwg} pingpong={pp} qbuf={qbuf}"
-            smem = v3_smem.get((dp, bc, stages, cwg, pp, qbuf))
+            dp, bc, stages, cwg, pp = ints
+            cfg = f"DP={dp} Bc={bc} stages={stages} consumers={cwg} pingpong={pp}"
+            smem = v3_smem.get((dp, bc, stages, cwg, pp))
         else:
             dp, warps, mt, bc, stages = ints
             cfg = f"DP={dp} warps={warps} mt={mt} Bc={bc} stages={stages}"

@@ -72,8 +72,8 @@ def main():
                     with sdpa_kernel([be]):
                         torch_us[(dp, s, causal, name)] = time_us(
                             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), flush, args.reps, 2)
-    for idx, dp, bc, stages, cons, pp, default, _smem, qbuf in configs:
-        cfg = dict(index=idx, dp=dp, bc=bc, stages=stages, consumers=cons, pingpong=pp, qbuf=qbuf, default=default)
+    for idx, dp, bc, stages, cons, pp, default, *_ in configs:
+        cfg = dict(index=idx, dp=dp, bc=bc, stages=stages, consumers=cons, pingpong=pp, default=default)
         err = gate(idx, dp)
         if err:
             rows.append(dict(cfg, status="wrong", error=err))
@@ -92,16 +92,16 @@ def main():
                                  vs_cudnn=cu / p50, vs_flash=fl / p50, cudnn_tflops=flops / cu / 1e6))
         print(f"config {cfg}: timed", flush=True)
 
-    print(f"\n{'idx':>3} {'D':>4} {'Bc':>4} {'st':>2} {'wg':>2} {'pp':>2} {'qb':>2}  " +
+    print(f"\n{'idx':>3} {'D':>4} {'Bc':>4} {'st':>2} {'wg':>2} {'pp':>2}  " +
           "  ".join(f"S={s}{c:>3}" for s in seqs for c in ("", "/c")) + "   geo vs cudnn")
-    for idx, dp, bc, stages, cons, pp, default, _smem, qbuf in configs:
+    for idx, dp, bc, stages, cons, pp, default, *_ in configs:
         rs = [r for r in rows if r["index"] == idx and r["status"] == "ok"]
         if not rs:
-            print(f"{idx:>3} {dp:>4} {bc:>4} {stages:>2} {cons:>2} {pp:>2} {qbuf:>2}  wrong")
+            print(f"{idx:>3} {dp:>4} {bc:>4} {stages:>2} {cons:>2} {pp:>2}  wrong")
             continue
         cells = "  ".join(f"{r['tflops']:4.0f}/{r['vs_cudnn']:.2f}" for r in rs)
         geo = math.exp(statistics.mean(math.log(r["vs_cudnn"]) for r in rs))
-        print(f"{idx:>3} {dp:>4} {bc:>4} {stages:>2} {cons:>2} {pp:>2} {qbuf:>2}  {cells}   {geo:.3f}" + ("  (default)" if default else ""))
+        print(f"{idx:>3} {dp:>4} {bc:>4} {stages:>2} {cons:>2} {pp:>2}  {cells}   {geo:.3f}" + ("  (default)" if default else ""))
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "cudnn": torch.backends.cudnn.version(), "git_sha": os.environ.get("FATTN_GIT_SHA")}

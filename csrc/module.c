@@ -637,7 +637,7 @@ static PyObject *py_last_config(PyObject *module, PyObject *unused) {
 #endif
 }
 
-/* v3's compiled configurations: [(index, dp, bc, stages, consumers, pingpong, default, smem_bytes, qbuf)]. */
+/* v3's compiled configurations: [(index, dp, bc, stages, consumers, pingpong, default, smem_bytes)]. */
 static PyObject *py_v3_configs(PyObject *module, PyObject *unused) {
     (void)module; (void)unused;
     PyObject *list = PyList_New(0);
@@ -646,8 +646,8 @@ static PyObject *py_v3_configs(PyObject *module, PyObject *unused) {
         const v3_config *c = fattn_v3_config(i);
         int is_default = 1; /* the default of a head-dim bucket is its first entry */
         for (int j = 0; j < i; j++) is_default &= fattn_v3_config(j)->dp != c->dp;
-        PyObject *row = Py_BuildValue("(iiiiiiOni)", i, c->dp, c->bc, c->stages, c->consumers, c->pingpong,
-                                      is_default ? Py_True : Py_False, (Py_ssize_t)fattn_v3_config_smem(i), c->qbuf);
+        PyObject *row = Py_BuildValue("(iiiiiiOn)", i, c->dp, c->bc, c->stages, c->consumers, c->pingpong,
+                                      is_default ? Py_True : Py_False, (Py_ssize_t)fattn_v3_config_smem(i));
         if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
         Py_XDECREF(row);
     }
@@ -792,7 +792,7 @@ static PyMethodDef module_methods[] = {
      "What the last forward() ran: (\"cpu\", (br, bc, threads)), (\"v2\", index), (\"v3\", index) or (variant, -1)."},
     {"seq_bucket", py_seq_bucket, METH_VARARGS, "seq_bucket(sq, sk) -> the tuned cache's sequence bucket."},
     {"v3_configs", py_v3_configs, METH_NOARGS,
-     "[(index, dp, bc, stages, consumers, pingpong, default, smem_bytes, qbuf)] of v3's compiled configs (sm_90 only)."},
+     "[(index, dp, bc, stages, consumers, pingpong, default, smem_bytes)] of v3's compiled configs (sm_90 only)."},
     {"v2_select", py_v2_select, METH_O, "v2_select(index): use config `index` for its head-dim bucket."},
     {"v2_set_splits", py_v2_set_splits, METH_O,
      "v2_set_splits(n) -> previous: force n key splits (1 = off), or 0 for the automatic choice."},

@@ -1,14 +1,11 @@
 /* v3_configs.h -- the configurations of v3 compiled ahead of time, as data.
  *
- * X(DP, BC, STAGES, CONSUMERS, PINGPONG, QBUF): head-dim bucket, keys per block, K/V ring slots, consumer
- * warpgroups (Br = 64 * CONSUMERS query rows per block), whether the consumers take turns issuing their GEMMs, and
- * Q buffers (2: the next tile's Q lands during this one and its first S GEMM is issued with this tile's last P V,
- * hiding the tile boundary; needs room for two Q tiles and an O tile beside the ring).
+ * X(DP, BC, STAGES, CONSUMERS, PINGPONG): head-dim bucket, keys per block, K/V ring slots, consumer warpgroups
+ * (Br = 64 * CONSUMERS query rows per block), and whether the consumers take turns issuing their GEMMs.
  * V3_DEFAULT_CONFIGS: one per head-dim bucket, in bucket order (64, 128, 256); V3_SWEEP_CONFIGS: candidates that
  * bench/v3_sweep.py times against them (fattn._C.v3_configs() lists all; an explicit config index runs one).
  * The defaults are the winners of bench/v3_sweep.py on the H200 (evidence/bench/h200_v3_sweep_*.json).
- * Kept only if ptxas -v reports little or no spilling (a few words per thread at most), no wgmma serialization
- * (ptxas C7518), and (64 * CONSUMERS * (QBUF == 2 ? 3 : 1) + 2 * STAGES * BC) * DP * 2 + 1 KB <= 227 KB.
+ * Kept only if ptxas -v reports little or no spilling (a few words per thread at most) and (64 * CONSUMERS + 2 * STAGES * BC) * DP * 2 + 1 KB <= 227 KB.
  */
 #ifndef FATTN_V3_CONFIGS_H
 #define FATTN_V3_CONFIGS_H
@@ -16,24 +13,23 @@
 #include "../csrc/fattn.h"
 
 typedef struct {
-    int dp, bc, stages, consumers, pingpong, qbuf;
+    int dp, bc, stages, consumers, pingpong;
 } v3_config;
 
 #define V3_DEFAULT_CONFIGS(X) \
-    X(64, 128, 4, 3, 1, 1)    \
-    X(128, 128, 2, 2, 1, 1)   \
-    X(256, 64, 2, 2, 1, 1)
+    X(64, 128, 4, 3, 1)       \
+    X(128, 128, 2, 2, 1)      \
+    X(256, 64, 2, 2, 1)
 
-#define V3_SWEEP_CONFIGS(X)   \
-    X(64, 128, 4, 3, 1, 2)    \
-    X(128, 128, 2, 2, 1, 2)   \
-    X(64, 128, 2, 2, 1, 1)    \
-    X(64, 128, 2, 2, 0, 1)    \
-    X(64, 192, 2, 2, 1, 1)    \
-    X(128, 128, 2, 2, 0, 1)   \
-    X(128, 176, 2, 2, 1, 1)   \
-    X(256, 64, 2, 2, 0, 1)    \
-    X(256, 80, 2, 2, 1, 1)
+#define V3_SWEEP_CONFIGS(X) \
+    X(64, 128, 2, 2, 1)     \
+    X(64, 128, 2, 2, 0)     \
+    X(64, 192, 2, 2, 1)     \
+    X(128, 128, 2, 2, 0)    \
+    X(128, 176, 2, 2, 1)    \
+    X(128, 128, 3, 2, 1)    \
+    X(256, 64, 2, 2, 0)     \
+    X(256, 80, 2, 2, 1)
 
 #include <stddef.h>
 #ifdef __cplusplus

@@ -36,6 +36,7 @@
 #include "wgmma_ops.cuh"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 #include <type_traits>
 
@@ -48,25 +49,25 @@ template <int CWG> struct v3_regs;
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
-/* Shared memory of one block, in Q-sized tiles (Br x DP) then the K/V ring: QTILES = 3: two Q buffers (QBUF = 2:
- * the next tile's Q lands while this one runs, so the next tile's first S GEMM can be issued with this tile's last
- * P V) and an O staging tile; 2: one Q and the O tile; 1: O is staged in Q's slot.  Then STAGES slots of K and of V
- * (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte swizzle's period). */
-#define V3_NBARS(STAGES) (4 + 4 * (STAGES))
-#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QTILES) \
-    ((size_t)(64 * (CWG) * (QTILES) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
-/* Q-sized tiles: three with two Q buffers, else two where they fit in the 227 KB a block may have, else one. */
-#define V3_FITS(DP, BC, STAGES, CWG, QT) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, QT) <= 227 * 1024)
-#define V3_QTILES(DP, BC, STAGES, CWG, QBUF) ((QBUF) == 2 ? 3 : V3_FITS(DP, BC, STAGES, CWG, 2) ? 2 : 1)
+/* Shared memory of one block: Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot), STAGES
+ * slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte
+ * swizzle's period). */
+#define V3_NBARS(STAGES) (2 + 4 * (STAGES))
+#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, SEP_O) \
+    ((size_t)(64 * (CWG) * ((SEP_O) ? 2 : 1) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
+/* A separate O tile when it fits in the 227 KB a block may have. */
+#define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= 227 * 1024)
 
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
 
 /* The work of one block of the persistent grid: tile `tile` of nqb * b * h.  Heads come in groups of `group`
- * (b, h) pairs whose K and V fit in L2 together; inside a group query blocks run in reverse order (longest first
- * when causal) with the heads fastest, so the blocks running at once share a few heads' K and V instead of
- * streaming every head's from DRAM. */
+ * (b, h) pairs; inside a group query blocks run in reverse order (longest first when causal) with the heads
+ * fastest.  group = 1 walks one head's query blocks after another, so the blocks running at once share one or a
+ * few heads' K and V (read from DRAM about once); group = b * h walks every head's last query block first, which
+ * balances causal tiles of very different lengths but leaves K and V little reuse in L2.  The host picks
+ * (v3_order). */
 typedef struct {
     int64_t i0;  /* first query row */
     int b, h;    /* batch, query head */
@@ -75,53 +76,53 @@ typedef struct {
 
 /* The persistent grid's k-th tile for block x (of G): rounds of G tiles, walked forwards in even rounds and
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
-DEV int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
+FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
 
-template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t tile, int group) {
-    const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h, first = tile / (group * nqb) * group;
+/* Host and device: the host replays the schedule to choose the order (v3_order). */
+FATTN_HD v3_tile v3_tile_of(const attn_params &p, int br, int bc, int64_t tile, int group) {
+    const int64_t nqb = (p.sq + br - 1) / br, nbh = p.b * p.h, first = tile / (group * nqb) * group;
     const int64_t in_group = nbh - first < group ? nbh - first : group, r = tile - first * nqb;
     const int64_t bh = first + r % in_group;
     v3_tile w;
-    w.i0 = (nqb - 1 - r / in_group) * BR;
+    w.i0 = (nqb - 1 - r / in_group) * br;
     w.b = (int)(bh / p.h);
     w.h = (int)(bh % p.h);
-    const int64_t i_last = (w.i0 + BR < p.sq ? w.i0 + BR : p.sq) - 1;
-    w.nblocks = (int)((fattn_row_kend(&p, i_last) + BC - 1) / BC);
+    const int64_t i_last = (w.i0 + br < p.sq ? w.i0 + br : p.sq) - 1;
+    w.nblocks = (int)((fattn_row_kend(&p, i_last) + bc - 1) / bc);
     return w;
+}
+template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t tile, int group) {
+    return v3_tile_of(p, BR, BC, tile, group);
 }
 
 /* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
-template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, int QBUF>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP>
 __global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
        const int kv_batch_step, const int head_group) {
     constexpr int BR = 64 * CWG;
-    constexpr int QTILES = V3_QTILES(DP, BC, STAGES, CWG, QBUF);
-    constexpr bool SEP_O = QTILES >= 2; /* O staged in its own tile, not in Q's slot */
-    static_assert((QBUF == 1 || QBUF == 2) && V3_FITS(DP, BC, STAGES, CWG, QTILES), "v3: shared memory");
+    constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
     extern __shared__ unsigned char smem_raw[];
-    T *sQ = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); /* QBUF buffers */
-    T *sO = SEP_O ? sQ + QBUF * Q_TILE : sQ;
-    T *sK = sQ + QTILES * Q_TILE, *sV = sK + STAGES * KV_TILE;
+    T *sQ = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    T *sO = SEP_O ? sQ + Q_TILE : sQ;
+    T *sK = sQ + (SEP_O ? 2 : 1) * Q_TILE, *sV = sK + STAGES * KV_TILE;
     uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
-    uint64_t *q_full = bar, *q_empty = bar + 2, *k_full = bar + 4, *v_full = k_full + STAGES,
+    uint64_t *q_full = bar, *q_empty = bar + 1, *k_full = bar + 2, *v_full = k_full + STAGES,
              *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
     const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
-        for (int b = 0; b < QBUF; b++) {
-            mbar_init(&q_full[b], 1);
-            mbar_init(&q_empty[b], 4 * CWG); /* one arrival per consumer warp */
-        }
+        mbar_init(q_full, 1);
+        mbar_init(q_empty, 4 * CWG); /* one arrival per consumer warp */
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&v_full[s], 1);
@@ -141,12 +142,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         int ring = 0, round = 0; /* K/V ring position and tiles done, across tiles */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             const v3_tile w = v3_tile_at<BR, BC>(p, tile, head_group);
-            const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step, qb = round % QBUF;
-            if (round >= QBUF) mbar_wait(&q_empty[qb], (round / QBUF - 1) & 1);
-            mbar_arrive_expect_tx(&q_full[qb], Q_TILE * 2);
+            const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step;
+            if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
+            mbar_arrive_expect_tx(q_full, Q_TILE * 2);
 #pragma unroll
-            for (int c = 0; c < PANELS; c++)
-                tma_load_4d(sQ + qb * Q_TILE + c * BR * 64, &tm_q, &q_full[qb], c * 64, (int)w.i0, w.h, w.b);
+            for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)w.i0, w.h, w.b);
             for (int j = 0; j < w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
@@ -168,35 +168,32 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     setmaxnreg_inc<v3_regs<CWG>::consumer>();
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
     const float c = p.scale_log2; /* > 0: fattn_launch_v3 sends other scales to v2 */
-    T *sQw = sQ + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 of Q buffer 0 */
+    T *sQw = sQ + cw * 64 * 64, *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
 
-    float o[NO], s[NS], m[2] = {}, l[2] = {}; /* m: raw row max of S */
-    bool exact = false;             /* see softmax */
+    float o[NO], s[NS], m[2], l[2]; /* m: raw row max of S */
+    bool exact;                     /* see softmax */
     int64_t row0, row1;             /* this thread's two query rows in the current tile */
     unsigned pa[KS][4];
 
     /* Descriptors: the start-address field (low word) of each tile's base, computed once; a k-step adds a
      * compile-time byte offset >> 4 to it (no carry: shared addresses stay below 256 KB). */
     const unsigned q_lo = desc_lo(sQw, 0), k_lo = desc_lo(sK, 0), v_lo = desc_lo(sV, BC * 128);
-    /* S = Q K^T from Q buffer qb and K slot st: DP / 16 k-steps, four per 64-column panel, 32 bytes apart inside
-     * it. */
-    auto issue_s = [&](int qb, int st) {
-        const unsigned q_b = q_lo + qb * (Q_TILE * 2 >> 4), k_st = k_lo + st * (KV_TILE * 2 >> 4);
+    /* S = Q K^T from slot st: DP / 16 k-steps, four per 64-column panel, 32 bytes apart inside it. */
+    auto issue_s = [&](int st) {
+        const unsigned k_st = k_lo + st * (KV_TILE * 2 >> 4);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++)
-            wgmma_ss<BC, T>(s, q_b + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4),
+            wgmma_ss<BC, T>(s, q_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4),
                             k_st + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4), kk > 0);
         wgmma_commit();
     };
-    /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart.
-     * The tile's first P V overwrites O instead (first), so O is never zeroed: a write to a wgmma accumulator while
-     * any wgmma group is open (the chained S_0) makes ptxas serialize every wgmma (C7515). */
-    auto issue_pv = [&](int st, bool first) {
+    /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart. */
+    auto issue_pv = [&](int st) {
         const unsigned v_st = v_lo + st * (KV_TILE * 2 >> 4);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), kk > 0 || !first);
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), 1);
         wgmma_commit();
     };
     /* Online softmax of key block j in s (raw S -> P, float), with c = scale * log2 e > 0 folded into one FFMA:
@@ -283,38 +280,80 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     };
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
-    int64_t wg_row; /* the warpgroup's first row in the current tile */
-    int nfree;      /* key blocks [0, nfree) need no mask for any row of this warpgroup */
-    /* Starts tile w: rows, running max and sum, and the unmasked prefix of its key blocks (O needs no reset: the
-     * tile's first P V overwrites it). */
-    auto begin = [&](const v3_tile &w) {
-        wg_row = w.i0 + cw * 64;
+    int ring = 0, round = 0;
+    for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
+        const v3_tile w = v3_tile_at<BR, BC>(p, tile, head_group);
+        const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
         row0 = wg_row + warp * 16 + g;
         row1 = row0 + 8;
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         exact = false;
-        int64_t nf = p.sk / BC; /* every key exists and is visible */
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[i] = 0.f;
+        /* Key blocks [0, nfree) need no mask for any row of this warpgroup: every key exists and is visible. */
+        int64_t nfree64 = p.sk / BC;
         if (p.causal) {
             const int64_t e = (wg_row + p.causal_offset + 1) / BC; /* wg_row sees keys < wg_row + off + 1 */
-            nf = wg_row + p.causal_offset + 1 <= 0 ? 0 : e < nf ? e : nf;
+            nfree64 = wg_row + p.causal_offset + 1 <= 0 ? 0 : e < nfree64 ? e : nfree64;
         }
-        nfree = (int)(nf < w.nblocks ? nf : w.nblocks);
-    };
-    /* The softmax of key block 0 once S_0 is in s (slot st0 released), P_0 packed. */
-    auto first_softmax = [&](int st0, float a[2]) {
-        wgmma_wait<0>();
-        reg_fence(s);
-        release(&k_empty[st0]);
-        if (nfree > 0)
-            softmax(0, a, std::false_type());
-        else
-            softmax(0, a, std::true_type());
-        pack_p();
-    };
-    /* O / l through the O tile (or Q's slot) to a TMA store; LSE directly. */
-    auto epilogue = [&](const v3_tile &w) {
-        T *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
+        const int nfree = (int)(nfree64 < w.nblocks ? nfree64 : w.nblocks);
+        /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
+         * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
+        auto step = [&](int j, float a[2], auto masked) {
+            const int rs = ring + j, st = rs % STAGES, sp = (rs - 1) % STAGES;
+            mbar_wait(&k_full[st], (rs / STAGES) & 1);
+            mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
+            turn_wait();
+            issue_s(st);
+            issue_pv(sp);
+            turn_pass();
+            wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
+            reg_fence(s);
+            release(&k_empty[st]);
+            softmax(j, a, masked);
+            wgmma_wait<0>();
+            reg_fence(o);
+            release(&v_empty[sp]);
+#pragma unroll
+            for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
+            pack_p();
+        };
+
+        mbar_wait(q_full, round & 1);
+        if (w.nblocks > 0) {
+            float a[2];
+            const int st0 = ring % STAGES;
+            mbar_wait(&k_full[st0], (ring / STAGES) & 1);
+            turn_wait();
+            issue_s(st0);
+            turn_pass();
+            wgmma_wait<0>();
+            reg_fence(s);
+            release(&k_empty[st0]);
+            if (nfree > 0)
+                softmax(0, a, std::false_type());
+            else
+                softmax(0, a, std::true_type());
+            pack_p();
+            int j = 1;
+            for (; j < nfree; j++) step(j, a, std::false_type());
+            for (; j < w.nblocks; j++) step(j, a, std::true_type());
+            const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
+            if (SEP_O) release(q_empty); /* the last S GEMM has read Q: the next tile's Q may land */
+            mbar_wait(&v_full[sp], (rl / STAGES) & 1);
+            turn_wait();
+            issue_pv(sp);
+            turn_pass();
+            wgmma_wait<0>();
+            reg_fence(o);
+            release(&v_empty[sp]);
+            ring += w.nblocks;
+        } else if (SEP_O) {
+            release(q_empty);
+        }
+
+        /* ---- epilogue: O / l through the O tile (or Q's slot) to a TMA store; LSE directly ---- */
         float inv[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -331,8 +370,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             const int col = 8 * (i / 4) + 2 * t, r = cw * 64 + warp * 16 + g + ((i & 2) ? 8 : 0);
             const int chunk = (col % 64) / 8;
             unsigned *dst = (unsigned *)(sO + (col / 64) * BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8);
-            const float sc = inv[(i >> 1) & 1];
-            *dst = sc > 0.f ? pack2(o[i] * sc, o[i + 1] * sc, T()) : 0u; /* rows that saw no key: 0 */
+            *dst = pack2(o[i] * inv[(i >> 1) & 1], o[i + 1] * inv[(i >> 1) & 1], T());
         }
         fence_proxy_async();
         named_barrier_sync(V3_BAR_EPILOGUE + cw, 128);
@@ -347,98 +385,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 mbar_arrive_cnt(q_empty, 4);
             }
         }
-    };
-
-    /* primed: the current tile's S_0 was issued with the previous tile's last P V and its softmax is done (two Q
-     * buffers only), so the tile starts at step 1. */
-    int ring = 0, round = 0;
-    bool primed = false;
-    float a[2];
-    int64_t tile = v3_tile_index(0, blockIdx.x, gridDim.x);
-    v3_tile w = {};
-    if (tile < ntiles) w = v3_tile_at<BR, BC>(p, tile, head_group);
-    for (; tile < ntiles; round++) {
-        const int qb = round % QBUF;
-        const int64_t next = v3_tile_index(round + 1, blockIdx.x, gridDim.x);
-        v3_tile wn = {};
-        if (next < ntiles) wn = v3_tile_at<BR, BC>(p, next, head_group);
-        /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
-         * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
-        auto step = [&](int j, auto masked) {
-            const int rs = ring + j, st = rs % STAGES, sp = (rs - 1) % STAGES;
-            mbar_wait(&k_full[st], (rs / STAGES) & 1);
-            mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
-            turn_wait();
-            issue_s(qb, st);
-            issue_pv(sp, j == 1);
-            turn_pass();
-            wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
-            reg_fence(s);
-            release(&k_empty[st]);
-            softmax(j, a, masked);
-            wgmma_wait<0>();
-            reg_fence(o);
-            release(&v_empty[sp]);
-#pragma unroll
-            for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
-            pack_p();
-        };
-
-        if (!primed) {
-            begin(w);
-            mbar_wait(&q_full[qb], (round / QBUF) & 1);
-            if (w.nblocks > 0) {
-                const int st0 = ring % STAGES;
-                mbar_wait(&k_full[st0], (ring / STAGES) & 1);
-                turn_wait();
-                issue_s(qb, st0);
-                turn_pass();
-                first_softmax(st0, a);
-            }
-        }
-        /* chain: the next tile's S_0 goes out with this tile's last P V, runs under this tile's epilogue, and its
-         * softmax follows (no wgmma stays open across rounds: ptxas would wait for it at the loop's back edge). */
-        const bool chain = QBUF == 2 && w.nblocks > 0 && next < ntiles && wn.nblocks > 0;
-        int st_next = 0;
-        if (w.nblocks > 0) {
-            int j = 1;
-            for (; j < nfree; j++) step(j, std::false_type());
-            for (; j < w.nblocks; j++) step(j, std::true_type());
-            const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
-            ring += w.nblocks;
-            st_next = ring % STAGES;
-            if (SEP_O) release(&q_empty[qb]); /* the last S GEMM has read Q: a later tile's Q may land */
-            mbar_wait(&v_full[sp], (rl / STAGES) & 1);
-            /* Two straight paths: a wgmma issued or waited on under a condition makes ptxas serialize them all. */
-            if (chain) {
-                mbar_wait(&q_full[qb ^ 1], ((round + 1) / QBUF) & 1);
-                mbar_wait(&k_full[st_next], (ring / STAGES) & 1);
-                turn_wait();
-                issue_pv(sp, w.nblocks == 1);
-                issue_s(qb ^ 1, st_next);
-                turn_pass();
-                wgmma_wait<1>(); /* P V done; the next S_0 may still run */
-                reg_fence(o);
-                release(&v_empty[sp]);
-                epilogue(w);
-                begin(wn);
-                first_softmax(st_next, a);
-            } else {
-                turn_wait();
-                issue_pv(sp, w.nblocks == 1);
-                turn_pass();
-                wgmma_wait<0>();
-                reg_fence(o);
-                release(&v_empty[sp]);
-                epilogue(w);
-            }
-        } else { /* no key visible to any row: l = 0, and the epilogue writes zeros whatever O holds */
-            if (SEP_O) release(&q_empty[qb]);
-            epilogue(w);
-        }
-        primed = chain;
-        w = wn;
-        tile = next;
     }
     if (PP && cw == 0) turn_wait(); /* the last consumer's final hand-over */
     if (tid == 0) tma_store_wait_read();
@@ -452,15 +398,13 @@ typedef struct {
     size_t smem;
 } v3_entry;
 
-#define V3_ENTRY(DP, BC, STAGES, CWG, PP, QBUF)                                                                 \
-    {{DP, BC, STAGES, CWG, PP, QBUF},                                                                           \
-     {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, QBUF>,                                              \
-      (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, QBUF>},                                      \
-     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QTILES(DP, BC, STAGES, CWG, QBUF))},
+#define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
+    {{DP, BC, STAGES, CWG, PP},                                                                                 \
+     {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP>}, \
+     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_SEP_O(DP, BC, STAGES, CWG))},
 static const v3_entry v3_table[] = {V3_DEFAULT_CONFIGS(V3_ENTRY) V3_SWEEP_CONFIGS(V3_ENTRY)};
 #undef V3_ENTRY
 #define V3_NCONFIGS ((int)(sizeof v3_table / sizeof v3_table[0]))
-#define V3_L2_BUDGET (24ll << 20) /* bytes of K and V per head group: about half of an H100's 50 MB L2 */
 #define V3_DEVICES 64
 static unsigned long long v3_smem_set[V3_NCONFIGS][2]; /* bit dev: the shared-memory limit is raised there */
 static int v3_last = -1;                               /* table index of the last launch, -1: it ran v2 */
@@ -532,6 +476,65 @@ extern "C" int fattn_prefer_v3(const attn_params *p) { return p->sq > 64 && p->s
 
 static int dp_of(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
+/* The busiest block's work over the mean when `grid` persistent blocks walk the tiles in order `group`
+ * (v3_tile_index's zig-zag rounds; a tile costs its key blocks plus one for its prologue and epilogue). */
+static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t group, int64_t *load) {
+    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
+    int64_t total = 0, most = 0;
+    for (int64_t x = 0; x < grid; x++) load[x] = 0;
+    for (int64_t k = 0; k * grid < ntiles; k++)
+        for (int64_t x = 0; x < grid; x++) {
+            const int64_t t = v3_tile_index(k, x, grid);
+            if (t < ntiles) load[x] += v3_tile_of(*p, br, bc, t, (int)group).nblocks + 1;
+        }
+    for (int64_t x = 0; x < grid; x++) {
+        total += load[x];
+        most = load[x] > most ? load[x] : most;
+    }
+    return total > 0 ? (double)most * grid / total : 1.0;
+}
+
+/* The tile order (v3_tile_of's head group): head by head (1), for K and V reuse in L2 -- measured on the H100 at
+ * S = 512-2k: 1.1-1.5x faster than heads-fastest; unless the call is causal and the static schedule would then be
+ * more than 5% less balanced than heads-fastest (b * h) (S = 16k, D = 128: a 1.54x busiest block by the replay,
+ * 1.58x slower measured).  The replay runs once per shape (a few recent ones are remembered) and only for grids of
+ * at most 2^20 tiles; larger causal calls take heads-fastest. */
+#define V3_ORDER_MEMO 8
+typedef struct {
+    int64_t sq, sk, bh, offset, grid;
+    int br, bc;
+    int64_t group;
+} v3_order_memo;
+static v3_order_memo v3_memo[V3_ORDER_MEMO];
+static int v3_memo_next;
+static pthread_mutex_t v3_memo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
+    const int64_t nbh = p->b * p->h, ntiles = (p->sq + br - 1) / br * nbh;
+    if (!p->causal || nbh == 1) return 1;
+    if (ntiles > (1 << 20)) return nbh;
+    int64_t group = 0;
+    pthread_mutex_lock(&v3_memo_lock);
+    for (int i = 0; i < V3_ORDER_MEMO; i++) {
+        const v3_order_memo *m = &v3_memo[i];
+        if (m->group && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->offset == p->causal_offset &&
+            m->grid == grid && m->br == br && m->bc == bc)
+            group = m->group;
+    }
+    pthread_mutex_unlock(&v3_memo_lock);
+    if (group) return group;
+    int64_t *load = (int64_t *)malloc((size_t)grid * sizeof(int64_t));
+    if (!load) return nbh;
+    const double by_head = v3_imbalance(p, br, bc, grid, 1, load), by_block = v3_imbalance(p, br, bc, grid, nbh, load);
+    free(load);
+    group = by_head <= 1.05 * by_block ? 1 : nbh;
+    pthread_mutex_lock(&v3_memo_lock);
+    v3_memo[v3_memo_next] = (v3_order_memo){p->sq, p->sk, nbh, p->causal_offset, grid, br, bc, group};
+    v3_memo_next = (v3_memo_next + 1) % V3_ORDER_MEMO;
+    pthread_mutex_unlock(&v3_memo_lock);
+    return group;
+}
+
 /* The table entry for p: an explicit p->config (checked), else the default of its head-dim bucket. */
 static fattn_status v3_choose(const attn_params *p, int *index) {
     if (p->config >= 0) {
@@ -589,15 +592,9 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
         (st = v3_map(&tv, p->v, p->dtype, p->d, sk, kv_heads, kv_batch, p->v_stride_s, p->v_stride_h, p->v_stride_b, e->cfg.bc, "v")) ||
         (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64, "out")))
         return st;
-    /* Heads per L2 group (v3_tile_at): as many (b, h) as keep their K and V within V3_L2_BUDGET. */
-    const int64_t kv_bytes = p->sk * p->d * 2 * 2 / (p->h_per_kv > 0 ? p->h_per_kv : 1); /* per query head */
-    /* Causal keeps one group (heads fastest over all query blocks, longest first): grouped, the tile costs form a
-     * saw-tooth that the zig-zag rounds no longer balance (measured: D=256, S=16k causal 1.09x -> 0.66x cudnn). */
-    int64_t group = kv_bytes > 0 && !p->causal ? V3_L2_BUDGET / kv_bytes : p->b * p->h;
-    group = group < 1 ? 1 : group > p->b * p->h ? p->b * p->h : group;
-    const int head_group = (int)group;
-    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
     const int64_t grid = blocks < p->sm_count ? blocks : p->sm_count; /* persistent: one block per SM */
+    const int head_group = (int)v3_order(p, br, e->cfg.bc, grid);
+    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
     FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)(grid > 0 ? grid : 1)), dim3(128 * (e->cfg.consumers + 1)),
                                       args, e->smem, (cudaStream_t)stream));
     return FATTN_OK;
