@@ -37,6 +37,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -535,7 +536,8 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
     return group;
 }
 
-/* The table entry for p: an explicit p->config (checked), else the default of its head-dim bucket. */
+/* The table entry for p: an explicit p->config (checked), else the default of its head-dim bucket, or its
+ * short-causal config (v3_configs.h) for causal calls with Sk <= V3_SHORT_SK. */
 static fattn_status v3_choose(const attn_params *p, int *index) {
     if (p->config >= 0) {
         if (p->config >= V3_NCONFIGS)
@@ -546,12 +548,21 @@ static fattn_status v3_choose(const attn_params *p, int *index) {
         *index = p->config;
         return FATTN_OK;
     }
-    for (int i = 0; i < V3_NCONFIGS; i++)
-        if (v3_table[i].cfg.dp == dp_of(p->d)) {
-            *index = i; /* the defaults come first, one per bucket */
-            return FATTN_OK;
-        }
-    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 has no config for head dim %lld", (long long)p->d);
+    static const v3_config short_causal[] = {
+#define V3_SHORT(DP, BC, STAGES, CWG, PP) {DP, BC, STAGES, CWG, PP},
+        V3_SHORT_CAUSAL_CONFIGS(V3_SHORT)
+#undef V3_SHORT
+    };
+    *index = -1;
+    for (int i = 0; i < V3_NCONFIGS && *index < 0; i++)
+        if (v3_table[i].cfg.dp == dp_of(p->d)) *index = i; /* the defaults come first, one per bucket */
+    if (*index < 0) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 has no config for head dim %lld", (long long)p->d);
+    if (p->causal && p->sk <= V3_SHORT_SK)
+        for (size_t c = 0; c < sizeof short_causal / sizeof short_causal[0]; c++)
+            for (int i = 0; i < V3_NCONFIGS; i++)
+                if (!memcmp(&v3_table[i].cfg, &short_causal[c], sizeof(v3_config)) && short_causal[c].dp == dp_of(p->d))
+                    *index = i;
+    return FATTN_OK;
 }
 
 extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {

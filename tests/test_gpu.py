@@ -252,3 +252,18 @@ def test_v3_default_on_sm90_and_fallbacks():
     fattn.attention(q, q, q, variant="v3", out=out)
     assert fattn._C.last_config()[0] == "v2"
     check_close(out, q, q, q, False, None)
+
+
+@V3
+def test_v3_short_causal_config():
+    """D=64 causal calls with Sk <= 2048 run v3's short-causal config (kernels/v3_configs.h: Br = 128, no
+    ping-pong); non-causal calls and longer causal ones run the bucket's default; both are correct."""
+    configs = fattn._C.v3_configs()
+    default = next(c[0] for c in configs if c[1] == 64 and c[6])
+    short = next(c[0] for c in configs if c[1:6] == (64, 128, 2, 2, 0))
+    for sq, sk, causal, want in [(600, 700, True, short), (600, 700, False, default), (300, 2049, True, default)]:
+        q = randn((1, 2, sq, 64), torch.float16, "cuda", sq)
+        k = randn((1, 2, sk, 64), torch.float16, "cuda", sk)
+        o = fattn.attention(q, k, k, causal=causal)
+        assert fattn._C.last_config() == ("v3", want), (sq, sk, causal)
+        check_close(o, q, k, k, causal, None)
