@@ -23,11 +23,12 @@
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
  * (Sq <= 64) go to v2's split-KV.
- * The grid is persistent (one block per SM, tiles in zig-zag rounds, longest first); the K/V ring and the turns
- * run on across tiles.  Configurations: kernels/v3_configs.h (bench/v3_sweep.py times them).
- * Speed (NVIDIA H200, fa3 grid, evidence/bench/h200_v3_ratios_00c8828.md): 161-690 TFLOP/s fp16, 0.62-1.08x torch
- * cudnn and 1.02-2.43x torch flash; D=128 S=16k 640 (non-causal) / 624 (causal) TFLOP/s.  Short sequences trail
- * most (S=512: 0.62x cudnn for D=64 causal, 0.77-0.86x otherwise).
+ * The grid is persistent (one block per SM, tiles in zig-zag rounds, head by head so the blocks in flight share
+ * K/V in L2, or longest first over all heads where a causal schedule needs it for balance); the K/V ring and the
+ * turns run on across tiles.  Configurations: kernels/v3_configs.h (bench/v3_sweep.py times them).
+ * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_39ae7a4.md): 193-702 TFLOP/s fp16, 0.75-1.08x torch
+ * cudnn and 1.21-2.44x torch flash; D=128 S=16k 640 (non-causal) / 621 (causal) TFLOP/s.  Weakest: D=64 causal at
+ * S=512-2k (0.75-0.81x cudnn) and S=512 non-causal (0.84-0.92x).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
