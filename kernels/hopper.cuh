@@ -57,12 +57,6 @@ DEV void tma_store_4d(const void *map, const void *src, int c0, int c1, int c2, 
                  ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
                  : "memory");
 }
-/* Box (c0, c1, c2, c3) of `map` -> L2 only (a hint: nothing to wait for; a later tma_load_4d of it hits L2). */
-DEV void tma_prefetch_l2_4d(const void *map, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n"
-                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-                 : "memory");
-}
 DEV void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* Waits until the committed stores have finished reading shared memory. */
 DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }

@@ -60,9 +60,6 @@ template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 1
 /* A separate O tile when it fits in the 227 KB a block may have. */
 #define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= 227 * 1024)
 
-/* Key blocks per tile the producer asks L2 to fetch ahead of the ring (tma_prefetch_l2_4d). */
-#define V3_L2_AHEAD 4
-
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
@@ -152,26 +149,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             mbar_arrive_expect_tx(q_full, Q_TILE * 2);
 #pragma unroll
             for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)w.i0, w.h, w.b);
-            /* L2 prefetch of what the ring cannot hold yet: this tile's key blocks [STAGES, V3_L2_AHEAD), the next
-             * tile's Q and its first V3_L2_AHEAD key blocks, so a short tile's first reads from DRAM are already in
-             * flight while the previous tile runs. */
-            auto prefetch_kv = [&](const v3_tile &t, int j0) {
-                const int hk2 = (int)(t.h / p.h_per_kv), kb2 = t.b * kv_batch_step;
-                for (int j = j0; j < t.nblocks && j < V3_L2_AHEAD; j++)
-#pragma unroll
-                    for (int c = 0; c < PANELS; c++) {
-                        tma_prefetch_l2_4d(&tm_k, c * 64, j * BC, hk2, kb2);
-                        tma_prefetch_l2_4d(&tm_v, c * 64, j * BC, hk2, kb2);
-                    }
-            };
-            prefetch_kv(w, STAGES);
-            const int64_t next = v3_tile_index(round + 1, blockIdx.x, gridDim.x);
-            if (next < ntiles) {
-                const v3_tile wn = v3_tile_at<BR, BC>(p, next, head_group);
-#pragma unroll
-                for (int c = 0; c < PANELS; c++) tma_prefetch_l2_4d(&tm_q, c * 64, (int)wn.i0, wn.h, wn.b);
-                prefetch_kv(wn, 0);
-            }
             for (int j = 0; j < w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
