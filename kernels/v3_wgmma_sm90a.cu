@@ -172,8 +172,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     const float c = p.scale_log2; /* > 0: fattn_launch_v3 sends other scales to v2 */
     T *sQw = sQ + cw * 64 * 64, *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
 
-    float o[NO], s[NS], m[2], l[2]; /* m: raw row max of S */
-    bool exact;                     /* see softmax */
+    float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* m: raw row max of S */
+    bool exact = false;             /* see softmax */
     int64_t row0, row1;             /* this thread's two query rows in the current tile */
     unsigned pa[KS][4];
 
@@ -537,8 +537,8 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
     return group;
 }
 
-/* The table entry for p: an explicit p->config (checked), else the default of its head-dim bucket, or its
- * short-causal config (v3_configs.h) for causal calls with Sk <= V3_SHORT_SK. */
+/* The table entry for p: an explicit p->config (checked), else the first of v3_configs.h's V3_RULES that matches
+ * the call, else the default of its head-dim bucket. */
 static fattn_status v3_choose(const attn_params *p, int *index) {
     if (p->config >= 0) {
         if (p->config >= V3_NCONFIGS)
@@ -549,20 +549,30 @@ static fattn_status v3_choose(const attn_params *p, int *index) {
         *index = p->config;
         return FATTN_OK;
     }
-    static const v3_config short_causal[] = {
-#define V3_SHORT(DP, BC, STAGES, CWG, PP) {DP, BC, STAGES, CWG, PP},
-        V3_SHORT_CAUSAL_CONFIGS(V3_SHORT)
-#undef V3_SHORT
+    typedef struct {
+        v3_config cfg;
+        int causal;
+        int64_t sk_min, sk_max;
+    } v3_rule;
+    static const v3_rule rules[] = {
+#define V3_RULE(DP, BC, STAGES, CWG, PP, CAUSAL, SK_MIN, SK_MAX) {{DP, BC, STAGES, CWG, PP}, CAUSAL, SK_MIN, SK_MAX},
+        V3_RULES(V3_RULE)
+#undef V3_RULE
     };
+    const int dp = dp_of(p->d);
     *index = -1;
     for (int i = 0; i < V3_NCONFIGS && *index < 0; i++)
-        if (v3_table[i].cfg.dp == dp_of(p->d)) *index = i; /* the defaults come first, one per bucket */
+        if (v3_table[i].cfg.dp == dp) *index = i; /* the defaults come first, one per bucket */
     if (*index < 0) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 has no config for head dim %lld", (long long)p->d);
-    if (p->causal && p->sk <= V3_SHORT_SK)
-        for (size_t c = 0; c < sizeof short_causal / sizeof short_causal[0]; c++)
-            for (int i = 0; i < V3_NCONFIGS; i++)
-                if (!memcmp(&v3_table[i].cfg, &short_causal[c], sizeof(v3_config)) && short_causal[c].dp == dp_of(p->d))
-                    *index = i;
+    for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++) {
+        const v3_rule *u = &rules[r];
+        if (u->cfg.dp != dp || u->causal != (p->causal != 0) || p->sk < u->sk_min || p->sk > u->sk_max) continue;
+        for (int i = 0; i < V3_NCONFIGS; i++)
+            if (!memcmp(&v3_table[i].cfg, &u->cfg, sizeof(v3_config))) {
+                *index = i;
+                return FATTN_OK;
+            }
+    }
     return FATTN_OK;
 }
 

@@ -255,15 +255,18 @@ def test_v3_default_on_sm90_and_fallbacks():
 
 
 @V3
-def test_v3_short_causal_config():
-    """D=64 causal calls with Sk <= 2048 run v3's short-causal config (kernels/v3_configs.h: Br = 128, no
-    ping-pong); non-causal calls and longer causal ones run the bucket's default; both are correct."""
+def test_v3_config_rules():
+    """kernels/v3_configs.h's V3_RULES: D=64 causal calls with Sk <= 2048 run Br = 128 without ping-pong, D=128
+    non-causal calls with Sk >= 8192 run Bc = 176; the calls next to them run the bucket's default; all correct."""
     configs = fattn._C.v3_configs()
-    default = next(c[0] for c in configs if c[1] == 64 and c[6])
-    short = next(c[0] for c in configs if c[1:6] == (64, 128, 2, 2, 0))
-    for sq, sk, causal, want in [(600, 700, True, short), (600, 700, False, default), (300, 2049, True, default)]:
-        q = randn((1, 2, sq, 64), torch.float16, "cuda", sq)
-        k = randn((1, 2, sk, 64), torch.float16, "cuda", sk)
+    default = {c[1]: c[0] for c in configs if c[6]}
+    by_cfg = {tuple(c[1:6]): c[0] for c in configs}
+    cases = [(64, 600, 700, True, by_cfg[(64, 128, 2, 2, 0)]), (64, 600, 700, False, default[64]),
+             (64, 300, 2049, True, default[64]), (128, 100, 8192, False, by_cfg[(128, 176, 2, 2, 1)]),
+             (128, 100, 8191, False, default[128]), (128, 100, 8192, True, default[128])]
+    for d, sq, sk, causal, want in cases:
+        q = randn((1, 2, sq, d), torch.float16, "cuda", sq)
+        k = randn((1, 2, sk, d), torch.float16, "cuda", sk)
         o = fattn.attention(q, k, k, causal=causal)
-        assert fattn._C.last_config() == ("v3", want), (sq, sk, causal)
+        assert fattn._C.last_config() == ("v3", want), (d, sq, sk, causal)
         check_close(o, q, k, k, causal, None)
