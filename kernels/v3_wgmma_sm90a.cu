@@ -26,9 +26,9 @@
  * The grid is persistent (one block per SM, tiles in zig-zag rounds, head by head so the blocks in flight share
  * K/V in L2, or longest first over all heads where a causal schedule needs it for balance); the K/V ring and the
  * turns run on across tiles.  Configurations: kernels/v3_configs.h (bench/v3_sweep.py times them).
- * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_39ae7a4.md): 193-702 TFLOP/s fp16, 0.75-1.08x torch
- * cudnn and 1.21-2.44x torch flash; D=128 S=16k 640 (non-causal) / 621 (causal) TFLOP/s.  Weakest: D=64 causal at
- * S=512-2k (0.75-0.81x cudnn) and S=512 non-causal (0.84-0.92x).
+ * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_54c5b31.md): 195-731 TFLOP/s fp16, 0.75-1.08x torch
+ * cudnn and 1.23-2.67x torch flash; D=128 S=16k 653 (non-causal) TFLOP/s.  Weakest: D=64 causal at S=512-2k
+ * (0.75-0.82x cudnn) and D=64 non-causal at S=512-1k (0.85-0.87x).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
