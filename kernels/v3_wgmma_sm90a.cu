@@ -512,7 +512,8 @@ static int v3_memo_next;
 static pthread_mutex_t v3_memo_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
-    const int64_t nbh = p->b * p->h, ntiles = (p->sq + br - 1) / br * nbh;
+    const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX; /* a group of >= b * h: one group */
+    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
     if (!p->causal || nbh == 1) return 1;
     if (ntiles > (1 << 20)) return nbh;
     int64_t group = 0;
