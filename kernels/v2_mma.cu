@@ -80,7 +80,11 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int mi = lane >> 3, r8 = lane & 7; /* ldmatrix: which 8x8 matrix this lane addresses, and its row */
     const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h;
-    const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * BR;
+    /* Block order: causal, every head's longest query block first (the hardware hands blocks out in order, so
+     * longest-first evens out the tail); non-causal (every block costs the same), one head's query blocks after
+     * another, so the blocks running at once share a few heads' K and V in L2. */
+    const int64_t bh = p.causal ? blockIdx.x % nbh : blockIdx.x / nqb;
+    const int64_t i0 = (nqb - 1 - (p.causal ? blockIdx.x / nbh : blockIdx.x % nqb)) * BR;
     const int64_t b = bh / p.h, h = bh % p.h;
     HEAD_OFFSETS(p, b, h);
     const T *q = (const T *)p.q + q_off + i0 * p.q_stride_s;
