@@ -21,8 +21,11 @@
  * Split-KV (flash-decoding): when the grid has fewer blocks than SMs (decode with a small batch), blockIdx.y splits
  * the key blocks, each split writes an fp32 partial O and its LSE, and v2_combine merges them; at (B, H) = (1, 32),
  * Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without (evidence/bench/h100_split_sweep_fd91998.json).
- * Speed (H100 80GB HBM3, fa3 grid fp16, evidence/bench/h100_v2_ratios.md): 151-340 TFLOP/s, 0.76-1.10x torch's
- * FlashAttention-2 and 0.41-0.65x torch cudnn; decode 2.55-3.03 TB/s of K+V.  Run: python -m fattn.bench --grid fa3.
+ * Blocks go longest-first over all heads when causal, head by head otherwise (K/V shared in L2 by the blocks in
+ * flight).
+ * Speed (H100 80GB HBM3, fa3 grid fp16, evidence/bench/h100_v2_ratios_e64432d.md): 157-340 TFLOP/s, 0.79-1.07x
+ * torch's FlashAttention-2 and 0.42-0.64x torch cudnn; decode 2.56-3.03 TB/s of K+V (h100_v3_decode_39ae7a4.json).
+ * Run: python -m fattn.bench --grid fa3.
  */
 #include "mma.cuh"
 #include "v2_configs.h"
