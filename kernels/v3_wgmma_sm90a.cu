@@ -93,9 +93,6 @@ FATTN_HD v3_tile v3_tile_of(const attn_params &p, int br, int bc, int64_t tile, 
     w.nblocks = (int)((fattn_row_kend(&p, i_last) + bc - 1) / bc);
     return w;
 }
-template <int BR, int BC> DEV v3_tile v3_tile_at(const attn_params &p, int64_t tile, int group) {
-    return v3_tile_of(p, BR, BC, tile, group);
-}
 
 /* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
@@ -143,7 +140,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_v);
         int ring = 0, round = 0; /* K/V ring position and tiles done, across tiles */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            const v3_tile w = v3_tile_at<BR, BC>(p, tile, head_group);
+            const v3_tile w = v3_tile_of(p, BR, BC, tile, head_group);
             const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step;
             if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
             mbar_arrive_expect_tx(q_full, Q_TILE * 2);
@@ -284,7 +281,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     int ring = 0, round = 0;
     for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-        const v3_tile w = v3_tile_at<BR, BC>(p, tile, head_group);
+        const v3_tile w = v3_tile_of(p, BR, BC, tile, head_group);
         const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
         row0 = wg_row + warp * 16 + g;
         row1 = row0 + 8;
@@ -480,14 +477,14 @@ static int dp_of(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 /* The busiest block's work over the mean when `grid` persistent blocks walk the tiles in order `group`
  * (v3_tile_index's zig-zag rounds; a tile costs its key blocks plus one for its prologue and epilogue). */
-static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t group, int64_t *load) {
+static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int group, int64_t *load) {
     const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
     int64_t total = 0, most = 0;
     for (int64_t x = 0; x < grid; x++) load[x] = 0;
     for (int64_t k = 0; k * grid < ntiles; k++)
         for (int64_t x = 0; x < grid; x++) {
             const int64_t t = v3_tile_index(k, x, grid);
-            if (t < ntiles) load[x] += v3_tile_of(*p, br, bc, t, (int)group).nblocks + 1;
+            if (t < ntiles) load[x] += v3_tile_of(*p, br, bc, t, group).nblocks + 1;
         }
     for (int64_t x = 0; x < grid; x++) {
         total += load[x];
@@ -528,7 +525,8 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
     if (group) return group;
     int64_t *load = (int64_t *)malloc((size_t)grid * sizeof(int64_t));
     if (!load) return nbh;
-    const double by_head = v3_imbalance(p, br, bc, grid, 1, load), by_block = v3_imbalance(p, br, bc, grid, nbh, load);
+    const double by_head = v3_imbalance(p, br, bc, grid, 1, load);
+    const double by_block = v3_imbalance(p, br, bc, grid, (int)nbh, load);
     free(load);
     group = by_head <= 1.05 * by_block ? 1 : nbh;
     pthread_mutex_lock(&v3_memo_lock);

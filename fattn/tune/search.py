@@ -25,6 +25,14 @@ def _write_csv(path, rows):
             w.writerow({k: (json.dumps(r[k], sort_keys=True) if k == "config" else r.get(k, "")) for k in LOG_FIELDS})
 
 
+def _write_results(out_dir, stem, rows, best):
+    """out_dir/<stem>_log.csv (every candidate) and out_dir/<stem>_best.json."""
+    os.makedirs(out_dir, exist_ok=True)
+    _write_csv(os.path.join(out_dir, f"{stem}_log.csv"), rows)
+    with open(os.path.join(out_dir, f"{stem}_best.json"), "w") as f:
+        json.dump(best, f, indent=1)
+
+
 def _say(msg, quiet=False):
     if not quiet:
         print(msg, file=sys.stderr, flush=True)
@@ -93,10 +101,7 @@ def micro(problem, *, family=None, top=5, out_dir="evidence/tune", reps=10, warm
     best = {"problem": dataclasses.asdict(problem), "family": space.family, "default": default,
             "top": [dict(config=r["config"], tflops=r["tflops"], p50_us=r["p50_us"]) for r in ok_rows[:top]]}
     if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        _write_csv(os.path.join(out_dir, "micro_log.csv"), rows)
-        with open(os.path.join(out_dir, "micro_best.json"), "w") as f:
-            json.dump(best, f, indent=1)
+        _write_results(out_dir, "micro", rows, best)
     return best, rows
 
 
@@ -208,10 +213,7 @@ def evo(problem, *, family=None, budget=24, seed=0, population=8, out_dir="evide
             "counts": {s: sum(r["status"] == s for r in rows)
                        for s in ("ok", "wrong", "compile_failed", "launch_failed", "pruned")}}
     if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        _write_csv(os.path.join(out_dir, "evo_log.csv"), rows)
-        with open(os.path.join(out_dir, "evo_best.json"), "w") as f:
-            json.dump(best, f, indent=1)
+        _write_results(out_dir, "evo", rows, best)
     return best, rows
 
 
