@@ -59,6 +59,16 @@ DEV void load_tile(T *smem, const T *g, int64_t stride, int64_t valid, int d, in
     }
 }
 
+/* Flips the sign bit of every fp16/bf16 element of a ROWS x DP tile in shared memory (16 bytes per thread-step). */
+template <int DP, int ROWS, int THREADS> DEV void flip_sign_bits(void *smem, int tid) {
+    uint4 *t = (uint4 *)smem;
+    for (int i = tid; i < ROWS * DP / 8; i += THREADS) {
+        uint4 x = t[i];
+        x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
+        t[i] = x;
+    }
+}
+
 /* Split-KV (flash-decoding): with o_part set, split blockIdx.y of a grid of gridDim.y splits covers key blocks
  * [y * blocks_per_split, (y + 1) * blocks_per_split) and writes its normalised partial output (fp32) and its LSE
  * instead of O; v2_combine merges the splits.  o_part NULL: one split, O written directly. */
@@ -126,10 +136,13 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
         for (int dt = 0; dt < DT; dt++) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
     }
     unsigned qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KSTEPS : 1][4]; /* Q fragments of each row tile */
-    /* S is computed as (sign * Q) K^T with sign = sign(scale), so that S2 = S * |scale_log2| keeps the order of
-     * S: the row max is taken on raw S and exp2(S * c - m * c) is one FFMA.  Flipping fp16/bf16 sign bits is exact. */
-    const unsigned qsign = p.scale_log2 < 0.f ? 0x80008000u : 0u;
+    /* S is computed as (sign * Q) K^T with sign = sign(scale), so that S * |scale_log2| keeps the order of S: the
+     * row max is taken on raw S.  A negative scale flips Q's sign bits once in shared memory (exact for fp16/bf16),
+     * so the k-step loop reads Q as it is. */
+    const bool flip_q = p.scale_log2 < 0.f;
     const float sl = fabsf(p.scale_log2);
+    /* A warp whose rows all lie past Sq (decode: Sq = 1 uses one warp of the block) only helps load K and V. */
+    const bool warp_live = i0 + wrow < p.sq;
 
     for (int jb = jb_begin; jb < jb_end; jb++) {
         const int64_t j0 = (int64_t)jb * BC;
@@ -142,100 +155,99 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
             load_tile<T, DP, BC, THREADS>(sV, v + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
             cp_async_commit();
         }
-        if (Q_IN_REGS && jb == jb_begin) {
+        if (flip_q && jb == jb_begin) { /* Q has landed (waited and synchronised above) */
+            flip_sign_bits<DP, BR, THREADS>(sQ, tid);
+            __syncthreads();
+        }
+        if (Q_IN_REGS && jb == jb_begin && warp_live) {
 #pragma unroll
             for (int mt = 0; mt < (Q_IN_REGS ? MT : 0); mt++)
 #pragma unroll
                 for (int ks = 0; ks < KSTEPS; ks++)
-                {
                     ldmatrix_x4(qf[mt][ks], sQ + swz<DP>(wrow + 16 * mt + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
-#pragma unroll
-                    for (int x = 0; x < 4; x++) qf[mt][ks][x] ^= qsign;
-                }
         }
 
-        /* S = Q K_j^T */
         float s[MT][NT][4];
+        if (warp_live) { /* S = Q K_j^T */
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+                for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) {
-            unsigned a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                if (Q_IN_REGS) {
-#pragma unroll
-                    for (int x = 0; x < 4; x++) a[mt][x] = qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? ks : 0][x];
-                } else {
-                    ldmatrix_x4(a[mt], sQ + swz<DP>(wrow + 16 * mt + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
-#pragma unroll
-                    for (int x = 0; x < 4; x++) a[mt][x] ^= qsign;
-                }
-            }
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                unsigned kb[4];
-                ldmatrix_x4(kb, sKj + swz<DP>(np * 16 + r8 + (mi >> 1) * 8, ks * 2 + (mi & 1)));
-                const unsigned b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                unsigned a[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(s[mt][2 * np], a[mt], b0, T());
-                    mma_16816(s[mt][2 * np + 1], a[mt], b1, T());
+                    if (Q_IN_REGS) {
+#pragma unroll
+                        for (int x = 0; x < 4; x++) a[mt][x] = qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? ks : 0][x];
+                    } else {
+                        ldmatrix_x4(a[mt], sQ + swz<DP>(wrow + 16 * mt + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+                    }
+                }
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    unsigned kb[4];
+                    ldmatrix_x4(kb, sKj + swz<DP>(np * 16 + r8 + (mi >> 1) * 8, ks * 2 + (mi & 1)));
+                    const unsigned b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_16816(s[mt][2 * np], a[mt], b0, T());
+                        mma_16816(s[mt][2 * np + 1], a[mt], b1, T());
+                    }
                 }
             }
-        }
 
-        /* mask keys a row cannot see (diagonal and tail blocks only), in 32-bit offsets from j0 */
-        if (jb >= nfull) {
+            /* mask keys a row cannot see (diagonal and tail blocks only), in 32-bit offsets from j0 */
+            if (jb >= nfull) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        /* visible keys of this row, recomputed here: keeping them costs registers the
+                         * unmasked blocks need */
+                        const int64_t lim64 = fattn_row_kend(&p, i0 + wrow + 16 * mt + g + 8 * r) - j0;
+                        const int lim = lim64 < 0 ? 0 : (lim64 > BC ? BC : (int)lim64);
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                            if (nt * 8 + 2 * t >= lim) s[mt][nt][2 * r] = -INFINITY;
+                            if (nt * 8 + 2 * t + 1 >= lim) s[mt][nt][2 * r + 1] = -INFINITY;
+                        }
+                    }
+            }
+
+            /* online softmax on this thread's 2 * MT rows: m on raw S, P = exp2((S - m) * sl).  (The one-FFMA form
+             * S * sl - m * sl cancels catastrophically once |m * sl| nears 2^24: inputs of magnitude 1e5 do that.) */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    /* visible keys of this row, recomputed here: keeping them costs registers the
-                     * unmasked blocks need */
-                    const int64_t lim64 = fattn_row_kend(&p, i0 + wrow + 16 * mt + g + 8 * r) - j0;
-                    const int lim = lim64 < 0 ? 0 : (lim64 > BC ? BC : (int)lim64);
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                    const float m_new = fmaxf(m_i[mt][r], quad_max(mx));
+                    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                    const float alpha = fast_exp2((m_i[mt][r] - m_use) * sl);
+                    m_i[mt][r] = m_new;
+                    float rs = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
-                        if (nt * 8 + 2 * t >= lim) s[mt][nt][2 * r] = -INFINITY;
-                        if (nt * 8 + 2 * t + 1 >= lim) s[mt][nt][2 * r + 1] = -INFINITY;
+                        s[mt][nt][2 * r] = fast_exp2((s[mt][nt][2 * r] - m_use) * sl);
+                        s[mt][nt][2 * r + 1] = fast_exp2((s[mt][nt][2 * r + 1] - m_use) * sl);
+                        rs += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+                    }
+                    l_i[mt][r] = l_i[mt][r] * alpha + rs;
+                    /* O *= alpha, skipped when no row max of the warp moved (the common case once a row has seen
+                     * its largest scores): one vote instead of DT * 2 multiplies */
+                    if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+                        for (int dt = 0; dt < DT; dt++) {
+                            o[mt][dt][2 * r] *= alpha;
+                            o[mt][dt][2 * r + 1] *= alpha;
+                        }
                     }
                 }
         }
-
-        /* online softmax on this thread's 2 * MT rows: m on raw S, P = exp2((S - m) * sl).  (The one-FFMA form
-         * S * sl - m * sl cancels catastrophically once |m * sl| nears 2^24: inputs of magnitude 1e5 do that.) */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-                const float m_new = fmaxf(m_i[mt][r], quad_max(mx));
-                const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                const float alpha = fast_exp2((m_i[mt][r] - m_use) * sl);
-                m_i[mt][r] = m_new;
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    s[mt][nt][2 * r] = fast_exp2((s[mt][nt][2 * r] - m_use) * sl);
-                    s[mt][nt][2 * r + 1] = fast_exp2((s[mt][nt][2 * r + 1] - m_use) * sl);
-                    rs += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
-                }
-                l_i[mt][r] = l_i[mt][r] * alpha + rs;
-                /* O *= alpha, skipped when no row max of the warp moved (the common case once a row has seen
-                 * its largest scores): one vote instead of DT * 2 multiplies */
-                if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-                    for (int dt = 0; dt < DT; dt++) {
-                        o[mt][dt][2 * r] *= alpha;
-                        o[mt][dt][2 * r + 1] *= alpha;
-                    }
-                }
-            }
 
         if (STAGES == 1) {
             cp_async_wait<0>();
@@ -244,26 +256,27 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
             cp_async_commit();
         }
 
-        /* O += P V_j */
+        if (warp_live) { /* O += P V_j */
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            unsigned a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                a[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1], T());
-                a[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3], T());
-                a[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1], T());
-                a[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3], T());
-            }
-#pragma unroll
-            for (int dp = 0; dp < DT / 2; dp++) {
-                unsigned vb[4];
-                ldmatrix_x4_trans(vb, sVj + swz<DP>(kk * 16 + r8 + (mi & 1) * 8, dp * 2 + (mi >> 1)));
-                const unsigned b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+            for (int kk = 0; kk < BC / 16; kk++) {
+                unsigned a[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(o[mt][2 * dp], a[mt], b0, T());
-                    mma_16816(o[mt][2 * dp + 1], a[mt], b1, T());
+                    a[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1], T());
+                    a[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3], T());
+                    a[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1], T());
+                    a[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3], T());
+                }
+#pragma unroll
+                for (int dp = 0; dp < DT / 2; dp++) {
+                    unsigned vb[4];
+                    ldmatrix_x4_trans(vb, sVj + swz<DP>(kk * 16 + r8 + (mi & 1) * 8, dp * 2 + (mi >> 1)));
+                    const unsigned b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_16816(o[mt][2 * dp], a[mt], b0, T());
+                        mma_16816(o[mt][2 * dp + 1], a[mt], b1, T());
+                    }
                 }
             }
         }
