@@ -20,17 +20,18 @@ DEV void cp_async_16(void *smem, const void *gmem, int src_bytes) {
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-/* Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8. */
-DEV void ldmatrix_x4(unsigned r[4], const void *smem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+/* Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8 (a shared-space byte address). */
+DEV unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+DEV void ldmatrix_x4(unsigned r[4], unsigned s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
-DEV void ldmatrix_x4_trans(unsigned r[4], const void *smem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+DEV void ldmatrix_x4_trans(unsigned r[4], unsigned s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
+DEV void ldmatrix_x4(unsigned r[4], const void *smem) { ldmatrix_x4(r, smem_u32(smem)); }
+DEV void ldmatrix_x4_trans(unsigned r[4], const void *smem) { ldmatrix_x4_trans(r, smem_u32(smem)); }
 
 /* c += a * b, 16x8x16, float accumulators; element type chosen by overload. */
 DEV void mma_16816(float c[4], const unsigned a[4], const unsigned b[2], __half) {

@@ -40,22 +40,48 @@
 /* Element offset of 16-byte chunk c of row r in a [rows][DP] tile, XOR-swizzled by the row's low 3 bits. */
 template <int DP> DEV int swz(int r, int c) { return r * DP + ((c ^ (r & 7)) << 3); }
 
+/* ldmatrix addressing without per-load arithmetic.  A lane reads 16-byte chunk 2 * step + half of row `row` of a
+ * swizzled [rows][DP] tile (tile 128-byte aligned).  Since 2 * step + half = 8 * (step / 4) + (2 * (step % 4) | half),
+ * its swizzled chunk is 8 * (step / 4) + ((2 * (step % 4)) ^ (half ^ (row & 7))): from the address a of step 0
+ * (swz_addr), step is an XOR of address bits 5-6 by step % 4 and a compile-time 128 bytes per 4 steps (swz_step).
+ * Row tiles, key tiles and stages are multiples of 128 bytes, added as immediates or once per key block. */
+template <int DP> DEV unsigned swz_addr(unsigned tile, int row, int half) {
+    return tile + row * DP * 2 + ((half ^ (row & 7)) << 4);
+}
+DEV unsigned swz_step(unsigned a, int step) { return (a ^ ((step & 3) << 5)) + (step >> 2) * 128; }
+
 /* Rows [0, ROWS) of a ROWS x DP tile from global memory (row stride `stride` elements) into swizzled shared
  * memory; rows >= valid and columns >= d are zero-filled without reading.  Thread tid always copies chunk
- * tid % CHUNKS of rows tid / CHUNKS + RSTEP * it: the loop unrolls to one address add and one cp.async per copy. */
+ * tid % CHUNKS of rows r0 + RSTEP * it (r0 = tid / CHUNKS).  Row r0 + RSTEP * it has the swizzle of row
+ * r0 + RSTEP * (it % P) (P * RSTEP is a multiple of 8), so P offsets per thread and compile-time row steps address
+ * every copy.  A tile wholly inside the sequence (every tile but the last) copies with no bounds test: one 64-bit
+ * pointer add and one cp.async per copy. */
 template <typename T, int DP, int ROWS, int THREADS>
 DEV void load_tile(T *smem, const T *g, int64_t stride, int64_t valid, int d, int tid) {
     constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
+    constexpr int P = RSTEP % 8 == 0 ? 1 : 8 / RSTEP;
     static_assert(THREADS % CHUNKS == 0 && (ROWS * CHUNKS) % THREADS == 0, "tile must split evenly over threads");
+    static_assert(8 % RSTEP == 0 || RSTEP % 8 == 0, "row step must divide or be a multiple of the swizzle period");
     const int c = tid % CHUNKS, r0 = tid / CHUNKS;
+    int soff[P];
+#pragma unroll
+    for (int k = 0; k < P; k++) soff[k] = swz<DP>(r0 + k * RSTEP, c);
     const bool col_in = c * 8 < d;
     const T *src = g + r0 * stride + c * 8;
+    if (valid >= ROWS && col_in) {
 #pragma unroll
-    for (int it = 0; it < ITERS; it++) {
-        const int r = r0 + it * RSTEP;
-        const bool in = col_in && r < valid;
-        cp_async_16(smem + swz<DP>(r, c), in ? src : g, in ? 16 : 0);
-        src += RSTEP * stride;
+        for (int it = 0; it < ITERS; it++) {
+            cp_async_16(smem + soff[it % P] + (it / P) * P * RSTEP * DP, src, 16);
+            src += RSTEP * stride;
+        }
+    } else {
+        const int rows = valid <= 0 ? 0 : (int)valid; /* < ROWS here unless col_in is false */
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const bool in = col_in && r0 + it * RSTEP < rows;
+            cp_async_16(smem + soff[it % P] + (it / P) * P * RSTEP * DP, in ? src : g, in ? 16 : 0);
+            src += RSTEP * stride;
+        }
     }
 }
 
@@ -112,6 +138,10 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     const int jb_end = sp.o_part ? min(nblocks, jb_begin + sp.blocks_per_split) : nblocks;
     const int wrow = warp * 16 * MT;                 /* the warp's first row in the block; this thread's rows
                                                         are wrow + 16 mt + g (+ 8) */
+    /* ldmatrix addresses of step 0 (swz_addr): Q and P V's V by k-step / d-step, K by k-step */
+    const unsigned qa = swz_addr<DP>(smem_u32(sQ), wrow + r8 + (mi & 1) * 8, mi >> 1);
+    const unsigned ka = swz_addr<DP>(smem_u32(sK), r8 + (mi >> 1) * 8, mi & 1);
+    const unsigned va = swz_addr<DP>(smem_u32(sV), r8 + (mi & 1) * 8, mi >> 1);
 
     auto load_kv = [&](int jb, int stage, bool with_v) {
         const int64_t j0 = (int64_t)jb * BC;
@@ -147,7 +177,7 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     for (int jb = jb_begin; jb < jb_end; jb++) {
         const int64_t j0 = (int64_t)jb * BC;
         const int stage = STAGES == 2 ? (jb - jb_begin) & 1 : 0;
-        const T *sKj = sK + stage * BC * DP, *sVj = sV + stage * BC * DP;
+        const unsigned kaj = ka + stage * BC * DP * 2, vaj = va + stage * BC * DP * 2;
         if (STAGES == 2) cp_async_wait<1>(); /* block j's group is complete; j+1's may be in flight */
         else cp_async_wait<0>();
         __syncthreads(); /* K_j (and Q) have landed; every warp is done with the buffers about to be refilled */
@@ -164,7 +194,7 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
             for (int mt = 0; mt < (Q_IN_REGS ? MT : 0); mt++)
 #pragma unroll
                 for (int ks = 0; ks < KSTEPS; ks++)
-                    ldmatrix_x4(qf[mt][ks], sQ + swz<DP>(wrow + 16 * mt + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+                    ldmatrix_x4(qf[mt][ks], swz_step(qa, ks) + 16 * mt * DP * 2);
         }
 
         float s[MT][NT][4];
@@ -182,13 +212,13 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
 #pragma unroll
                         for (int x = 0; x < 4; x++) a[mt][x] = qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? ks : 0][x];
                     } else {
-                        ldmatrix_x4(a[mt], sQ + swz<DP>(wrow + 16 * mt + r8 + (mi & 1) * 8, ks * 2 + (mi >> 1)));
+                        ldmatrix_x4(a[mt], swz_step(qa, ks) + 16 * mt * DP * 2);
                     }
                 }
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     unsigned kb[4];
-                    ldmatrix_x4(kb, sKj + swz<DP>(np * 16 + r8 + (mi >> 1) * 8, ks * 2 + (mi & 1)));
+                    ldmatrix_x4(kb, swz_step(kaj, ks) + np * 16 * DP * 2);
                     const unsigned b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
@@ -270,7 +300,7 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     unsigned vb[4];
-                    ldmatrix_x4_trans(vb, sVj + swz<DP>(kk * 16 + r8 + (mi & 1) * 8, dp * 2 + (mi >> 1)));
+                    ldmatrix_x4_trans(vb, swz_step(vaj, dp) + kk * 16 * DP * 2);
                     const unsigned b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
