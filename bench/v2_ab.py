@@ -7,7 +7,10 @@ time by NVRTC (fattn/_rtc.py), in parallel.  "auto" is fattn's own choice.  Each
 (the tests' accuracy rule) at the shape's head dim, causal both ways, and is not timed if wrong.
 
     python3 bench/v2_ab.py --configs auto,128:4:2:64:1 --shapes 16,16,1024,128 8,32,1,2048,128 [--causal] \\
-        [--dtype bf16] [--rounds 5] [--json F]
+        [--dtype bf16] [--rounds 5] [--json F] [--alt OLD.cu]
+
+--alt also compiles every listed configuration from another copy of kernels/v2_mma.cu (say the last commit's, from
+`git show HEAD~1:kernels/v2_mma.cu > old.cu`, placed in the tree), labelled alt:..., to A/B a kernel change in one run.
 
 A shape is B,H,S,D (Sq = Sk = S) or B,H,Sq,Sk,D.
 """
@@ -58,11 +61,13 @@ def parse_shape(text):
 
 
 def label(cfg):
-    return "auto" if cfg == "auto" else ":".join(str(cfg[k]) for k in ("dp", "warps", "mt", "bc", "stages"))
+    if cfg == "auto":
+        return "auto"
+    return ("alt:" if cfg.get("alt") else "") + ":".join(str(cfg[k]) for k in ("dp", "warps", "mt", "bc", "stages"))
 
 
 def forward(q, k, v, out, causal, idx):
-    _C.forward(q, k, v, out, None, CAUSAL[causal], None, 0, "v2", stream(), -1 if idx == "auto" else idx)
+    _C.forward(q, k, v, out, None, CAUSAL[causal], None, 0, "v2", stream(), None if idx == "auto" else idx)
     return out
 
 
@@ -88,6 +93,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--alt", help="another v2 source file (relative to the repository root) to compile the configs from")
     args = ap.parse_args()
     cfgs = [parse_config(c) for c in args.configs.split(",")]
     shapes = [parse_shape(s) for s in args.shapes]
@@ -103,8 +109,18 @@ def main():
         except Exception as e:  # a configuration that does not compile is reported, not fatal
             return cfg, None, str(e).splitlines()[0]
 
+    def alt_index(cfg):
+        try:
+            cubin, _ = _rtc.compile_cubin(args.alt, _rtc.v2_options(cfg, args.dtype, arch), f"alt {label(cfg)}")
+            return dict(cfg, alt=True), _C.v2_add_rtc(cubin, "fattn_v2_rtc", args.dtype, *(cfg[k] for k in (
+                "dp", "warps", "mt", "bc", "stages"))), None
+        except Exception as e:
+            return dict(cfg, alt=True), None, str(e).splitlines()[0]
+
     with ThreadPoolExecutor(8) as pool:
         compiled = list(pool.map(index, cfgs))
+        if args.alt:
+            compiled += list(pool.map(alt_index, [c for c in cfgs if c != "auto"]))
     for cfg, idx, err in compiled:
         if err:
             print(f"config {label(cfg)}: does not compile: {err}")
@@ -133,7 +149,7 @@ def main():
                     times[f"torch:{bk}"].append(time_us(
                         lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)), flush, args.reps, 2))
             for name, idx in live:
-                cfg_idx = -1 if idx == "auto" else idx
+                cfg_idx = None if idx == "auto" else idx
                 times[name].append(_C.time_forward(q, k, v, out, None, CAUSAL[causal], None, 0, "v2", stream(),
                                                    cfg_idx, args.reps, 2, True)[0])
         med = {key: statistics.median(ts) for key, ts in times.items()}

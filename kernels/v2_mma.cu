@@ -50,14 +50,17 @@ template <int DP> DEV unsigned swz_addr(unsigned tile, int row, int half) {
 }
 DEV unsigned swz_step(unsigned a, int step) { return (a ^ ((step & 3) << 5)) + (step >> 2) * 128; }
 
-/* Rows [0, ROWS) of a ROWS x DP tile from global memory (row stride `stride` elements) into swizzled shared
- * memory; rows >= valid and columns >= d are zero-filled without reading.  Thread tid always copies chunk
- * tid % CHUNKS of rows r0 + RSTEP * it (r0 = tid / CHUNKS).  Row r0 + RSTEP * it has the swizzle of row
- * r0 + RSTEP * (it % P) (P * RSTEP is a multiple of 8), so P offsets per thread and compile-time row steps address
- * every copy.  A tile wholly inside the sequence (every tile but the last) copies with no bounds test: one 64-bit
- * pointer add and one cp.async per copy. */
+/* Rows [0, ROWS) of a ROWS x DP tile from global memory into swizzled shared memory; rows >= valid and columns >= d
+ * are zero-filled without reading.  Thread tid always copies chunk c = tid % CHUNKS of rows r0 + RSTEP * it
+ * (r0 = tid / CHUNKS); `src` is that thread's first element, tile + r0 * stride + 8 * c (load_origin), so the copy
+ * loop needs no per-tile setup.  Row r0 + RSTEP * it has the swizzle of row r0 + RSTEP * (it % P) (P * RSTEP is a
+ * multiple of 8): P offsets per thread and compile-time row steps address every copy.  A tile wholly inside the
+ * sequence (every tile but the last) copies with no bounds test: one 64-bit pointer add and one cp.async per copy. */
+template <int DP, int THREADS> DEV int64_t load_origin(int64_t stride, int tid) {
+    return (int64_t)(tid / (DP / 8)) * stride + tid % (DP / 8) * 8;
+}
 template <typename T, int DP, int ROWS, int THREADS>
-DEV void load_tile(T *smem, const T *g, int64_t stride, int64_t valid, int d, int tid) {
+DEV void load_tile(T *smem, const T *src, int64_t stride, int64_t valid, int d, int tid) {
     constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
     constexpr int P = RSTEP % 8 == 0 ? 1 : 8 / RSTEP;
     static_assert(THREADS % CHUNKS == 0 && (ROWS * CHUNKS) % THREADS == 0, "tile must split evenly over threads");
@@ -67,7 +70,6 @@ DEV void load_tile(T *smem, const T *g, int64_t stride, int64_t valid, int d, in
 #pragma unroll
     for (int k = 0; k < P; k++) soff[k] = swz<DP>(r0 + k * RSTEP, c);
     const bool col_in = c * 8 < d;
-    const T *src = g + r0 * stride + c * 8;
     if (valid >= ROWS && col_in) {
 #pragma unroll
         for (int it = 0; it < ITERS; it++) {
@@ -75,11 +77,12 @@ DEV void load_tile(T *smem, const T *g, int64_t stride, int64_t valid, int d, in
             src += RSTEP * stride;
         }
     } else {
+        const T *first = src;
         const int rows = valid <= 0 ? 0 : (int)valid; /* < ROWS here unless col_in is false */
 #pragma unroll
         for (int it = 0; it < ITERS; it++) {
             const bool in = col_in && r0 + it * RSTEP < rows;
-            cp_async_16(smem + soff[it % P] + (it / P) * P * RSTEP * DP, in ? src : g, in ? 16 : 0);
+            cp_async_16(smem + soff[it % P] + (it / P) * P * RSTEP * DP, in ? src : first, in ? 16 : 0);
             src += RSTEP * stride;
         }
     }
@@ -143,13 +146,14 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     const unsigned ka = swz_addr<DP>(smem_u32(sK), r8 + (mi >> 1) * 8, mi & 1);
     const unsigned va = swz_addr<DP>(smem_u32(sV), r8 + (mi & 1) * 8, mi >> 1);
 
+    const T *kthr = k + load_origin<DP, THREADS>(p.k_stride_s, tid), *vthr = v + load_origin<DP, THREADS>(p.v_stride_s, tid);
     auto load_kv = [&](int jb, int stage, bool with_v) {
         const int64_t j0 = (int64_t)jb * BC;
-        load_tile<T, DP, BC, THREADS>(sK + stage * BC * DP, k + j0 * p.k_stride_s, p.k_stride_s, kend - j0, d, tid);
+        load_tile<T, DP, BC, THREADS>(sK + stage * BC * DP, kthr + j0 * p.k_stride_s, p.k_stride_s, kend - j0, d, tid);
         if (with_v)
-            load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, v + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
+            load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, vthr + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
     };
-    load_tile<T, DP, BR, THREADS>(sQ, q, p.q_stride_s, p.sq - i0, d, tid);
+    load_tile<T, DP, BR, THREADS>(sQ, q + load_origin<DP, THREADS>(p.q_stride_s, tid), p.q_stride_s, p.sq - i0, d, tid);
     if (jb_begin < jb_end) load_kv(jb_begin, 0, STAGES == 2);
     cp_async_commit();
     if (STAGES == 2) {
@@ -182,7 +186,7 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
         else cp_async_wait<0>();
         __syncthreads(); /* K_j (and Q) have landed; every warp is done with the buffers about to be refilled */
         if (STAGES == 1) {
-            load_tile<T, DP, BC, THREADS>(sV, v + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
+            load_tile<T, DP, BC, THREADS>(sV, vthr + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
             cp_async_commit();
         }
         if (flip_q && jb == jb_begin) { /* Q has landed (waited and synchronised above) */
