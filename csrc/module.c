@@ -682,6 +682,25 @@ static PyObject *py_v2_configs(PyObject *module, PyObject *unused) {
     return list;
 }
 
+/* v2's V2_RULES: [(dp, warps, mt, bc, stages, causal, sk_min, sk_max)] in match order. */
+static PyObject *py_v2_rules(PyObject *module, PyObject *unused) {
+    (void)module; (void)unused;
+    PyObject *list = PyList_New(0);
+#ifdef FATTN_WITH_CUDA
+    for (int i = 0; list && i < fattn_v2_rule_count(); i++) {
+        v2_config c;
+        int causal;
+        long long lo, hi;
+        if (!fattn_v2_rule(i, &c, &causal, &lo, &hi)) break;
+        PyObject *row = Py_BuildValue("(iiiiiOLL)", c.dp, c.warps, c.mt, c.bc, c.stages, causal ? Py_True : Py_False,
+                                      lo, hi);
+        if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
+        Py_XDECREF(row);
+    }
+#endif
+    return list;
+}
+
 static PyObject *py_v2_select(PyObject *module, PyObject *arg) {
     (void)module;
     const long i = PyLong_AsLong(arg);
@@ -776,6 +795,9 @@ static PyMethodDef module_methods[] = {
     {"gemm_baseline", (PyCFunction)(void (*)(void))py_gemm_baseline, METH_FASTCALL,
      "gemm_baseline(q, k, v, s, o, stream, cublas_path): unfused S = Q K^T, O = S V through cuBLAS."},
     {"register_torch", py_register_torch, METH_VARARGS, "register_torch(Tensor, float32, float16, bfloat16)."},
+    {"v2_rules", py_v2_rules, METH_NOARGS,
+     "[(dp, warps, mt, bc, stages, causal, sk_min, sk_max)]: v2's per-call overrides of a bucket's default, in match "
+     "order."},
     {"v2_configs", py_v2_configs, METH_NOARGS,
      "[(index, dp, warps, mt, bc, stages, active, ahead_of_time, 'fp16,bf16')] of v2's configs (run-time ones last)."},
     {"time_forward", (PyCFunction)(void (*)(void))py_time_forward, METH_FASTCALL,

@@ -3,8 +3,11 @@
  * X(DP, WARPS, MT, BC, STAGES): head-dim bucket, warps per block, 16-row tiles per warp (Br = 16 * MT * WARPS),
  * keys per block, K/V pipeline stages (1: interleaved single buffers, 2: double-buffered).
  * V2_DEFAULT_CONFIGS lists one default per head-dim bucket, in bucket order (64, 128, 256), for fp16 and bf16:
- * the winners of bench/v2_sweep.py on the H100 (evidence/tune/).  V2_SWEEP_CONFIGS are fp16 candidates that the
- * sweep times against them, each gated for correctness first.
+ * the winners of bench/v2_ab.py on the H100 beside torch's FlashAttention-2 (evidence/bench/h100_v2_ab_*.json).
+ * V2_RULES: where calls of one kind run better on another config than their bucket's default, X(DP, WARPS, MT, BC,
+ * STAGES, CAUSAL, SK_MIN, SK_MAX) for calls in bucket DP, causal or not (1 / 0), with SK_MIN <= Sk <= SK_MAX; the
+ * first match wins; compiled for fp16 and bf16.  V2_SWEEP_CONFIGS are fp16 candidates that bench/v2_sweep.py times
+ * against the defaults, each gated for correctness first.
  * Kept only if they can launch and do not spill: registers (MT * (D/8 + Bc/8) * 4 accumulators per thread, under
  * ~200; ptxas -v must report 0 spill bytes on sm_90) and shared memory ((Br + 2 * STAGES * Bc) * DP * 2 <= 227 KB).
  * Bc may be any multiple of 16 that divides the tile evenly over the threads (48 fits where 64 spills).
@@ -19,25 +22,32 @@ typedef struct {
 } v2_config;
 
 #define V2_DEFAULT_CONFIGS(X) \
-    X(64, 4, 2, 64, 2)        \
-    X(128, 4, 2, 48, 1)       \
-    X(256, 8, 1, 64, 1)
+    X(64, 4, 2, 128, 2)       \
+    X(128, 4, 2, 64, 1)       \
+    X(256, 4, 1, 64, 1)
 
 /* Used instead of the default when the default's grid would leave multiprocessors idle, or when Sq <= 64 (decode:
- * the default's taller tiles would compute rows that do not exist).  Same bucket order, fp16 and bf16. */
+ * the default's taller tiles would compute rows that do not exist).  Same bucket order, fp16 and bf16.  D=128:
+ * Bc = 32 double-buffered keeps the most K/V bytes in flight per multiprocessor (decode 1.00-1.01x cudnn). */
 #define V2_SMALL_GRID_CONFIGS(X) \
     X(64, 4, 1, 64, 1)           \
-    X(128, 4, 1, 64, 1)          \
+    X(128, 4, 1, 32, 2)          \
     X(256, 4, 1, 64, 1)
+
+/* D=64 causal up to 1k keys: Bc = 64 masks less of each diagonal tile (S=512: 1.05x flash vs 1.01x). */
+#define V2_RULES(X) \
+    X(64, 4, 2, 64, 2, 1, 0, 1024)
 
 #define V2_SWEEP_CONFIGS(X) \
     X(64, 4, 2, 64, 1)      \
     X(64, 8, 2, 64, 2)      \
     X(64, 8, 1, 64, 2)      \
-    X(128, 4, 2, 64, 1)     \
+    X(128, 4, 2, 48, 1)     \
     X(128, 4, 2, 32, 1)     \
     X(128, 8, 2, 48, 1)     \
     X(128, 8, 1, 64, 2)     \
+    X(128, 4, 1, 64, 1)     \
+    X(256, 8, 1, 64, 1)     \
     X(256, 4, 1, 48, 1)     \
     X(256, 8, 1, 64, 2)     \
     X(256, 4, 1, 64, 2)
@@ -49,6 +59,9 @@ extern "C" {
 #endif
 /* Implemented in kernels/v2_mma.cu (CUDA builds only). */
 int fattn_v2_config_count(void);
+int fattn_v2_rule_count(void);
+/* Rule i of V2_RULES: its config, causal flag and Sk range (0 if i is out of range). */
+int fattn_v2_rule(int i, v2_config *cfg, int *causal, long long *sk_min, long long *sk_max);
 const v2_config *fattn_v2_config(int i);
 int fattn_v2_active(int bucket);    /* bucket 0, 1, 2: head dims <= 64, <= 128, <= 256 */
 fattn_status fattn_v2_select(int index); /* make config `index` the one used for its head-dim bucket */

@@ -3,7 +3,7 @@
  * A block of WARPS warps owns Br = 16 * MT * WARPS query rows of one (b, h); each warp owns MT row tiles of 16,
  * so the online softmax never leaves the warp and every K/V fragment read from shared memory feeds MT MMAs.
  * Per key block K_j, V_j (Bc keys):
- *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit (MT * D <= 128) or re-read by
+ *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit (MT * D <= 128, with S and O) or re-read by
  *                       ldmatrix, K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory
  *   masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
  *   m' = max(m, rowmax S) (quad shuffles),  P = exp2((S - m') * c) with c = |scale| log2 e (a negative scale
@@ -21,8 +21,7 @@
  * Split-KV (flash-decoding): when the grid has fewer blocks than SMs (decode with a small batch), blockIdx.y splits
  * the key blocks, each split writes an fp32 partial O and its LSE, and v2_combine merges them; at (B, H) = (1, 32),
  * Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without (evidence/bench/h100_split_sweep_fd91998.json).
- * Blocks go longest-first over all heads when causal, head by head otherwise (K/V shared in L2 by the blocks in
- * flight).
+ * Blocks go head by head (K/V shared in L2 by the blocks in flight), each head's longest first.
  * Speed (H100 80GB HBM3, fa3 grid fp16, evidence/bench/h100_v2_ratios_e64432d.md): 157-340 TFLOP/s, 0.79-1.07x
  * torch's FlashAttention-2 and 0.42-0.64x torch cudnn; decode 2.56-3.03 TB/s of K+V (h100_v3_decode_39ae7a4.json).
  * Run: python -m fattn.bench --grid fa3.
@@ -115,18 +114,20 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     constexpr int KSTEPS = DP / 16; /* k-steps of S = Q K^T */
     constexpr int NT = BC / 8;      /* n8 tiles of S */
     constexpr int DT = DP / 8;      /* n8 tiles of O */
-    constexpr bool Q_IN_REGS = MT * DP <= 128;
+    /* Q's fragments stay in registers when they and the S and O accumulators fit (else ldmatrix per k-step) */
+    constexpr bool Q_IN_REGS = MT * DP <= 128 && MT * (DP / 8 + BC / 8 + DP / 16) * 4 <= 200;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T *sQ = (T *)smem_raw, *sK = sQ + BR * DP, *sV = sK + STAGES * BC * DP;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int mi = lane >> 3, r8 = lane & 7; /* ldmatrix: which 8x8 matrix this lane addresses, and its row */
     const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h;
-    /* Block order: causal, every head's longest query block first (the hardware hands blocks out in order, so
-     * longest-first evens out the tail); non-causal (every block costs the same), one head's query blocks after
-     * another, so the blocks running at once share a few heads' K and V in L2. */
-    const int64_t bh = p.causal ? blockIdx.x % nbh : blockIdx.x / nqb;
-    const int64_t i0 = (nqb - 1 - (p.causal ? blockIdx.x / nbh : blockIdx.x % nqb)) * BR;
+    /* Block order: one head's query blocks after another, so the blocks running at once share a few heads' K and V
+     * in L2, and within a head the last (with causal masking the longest) first: the hardware hands blocks out in
+     * order, so the grid ends on a head's shortest blocks.  (Every head's longest block first, over all heads,
+     * read K/V from DRAM again and again: D=256 S=512 causal ran no faster than non-causal.) */
+    const int64_t bh = blockIdx.x / nqb;
+    const int64_t i0 = (nqb - 1 - blockIdx.x % nqb) * BR;
     const int64_t b = bh / p.h, h = bh % p.h;
     HEAD_OFFSETS(p, b, h);
     const T *q = (const T *)p.q + q_off + i0 * p.q_stride_s;
@@ -414,13 +415,44 @@ typedef struct {
 #define V2_ENTRY_F16(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, NULL}, {NULL, NULL}},
 #define V2_ENTRY_BOTH(dp, w, mt, bc, st) \
     {{dp, w, mt, bc, st}, {v2_fwd<__half, dp, w, mt, bc, st>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st>}, {NULL, NULL}},
-/* Ahead-of-time entries first (defaults, small-grid, sweep), then the run-time compiled ones as they are added. */
+/* Ahead-of-time entries first (defaults, small-grid, rules, sweep), then the run-time compiled ones as they are
+ * added. */
+#define V2_RULE_ENTRY(dp, w, mt, bc, st, causal, sk_min, sk_max) V2_ENTRY_BOTH(dp, w, mt, bc, st)
 #define V2_MAX_CONFIGS 512
 static v2_entry v2_table[V2_MAX_CONFIGS] = {V2_DEFAULT_CONFIGS(V2_ENTRY_BOTH) V2_SMALL_GRID_CONFIGS(V2_ENTRY_BOTH)
-                                                V2_SWEEP_CONFIGS(V2_ENTRY_F16)};
+                                                V2_RULES(V2_RULE_ENTRY) V2_SWEEP_CONFIGS(V2_ENTRY_F16)};
+#undef V2_RULE_ENTRY
 #define V2_COUNT(dp, w, mt, bc, st) +1
-enum { V2_NAOT = 0 V2_DEFAULT_CONFIGS(V2_COUNT) V2_SMALL_GRID_CONFIGS(V2_COUNT) V2_SWEEP_CONFIGS(V2_COUNT) };
+#define V2_RULE_COUNT(dp, w, mt, bc, st, causal, sk_min, sk_max) +1
+enum { V2_NRULES = 0 V2_RULES(V2_RULE_COUNT) };
+enum { V2_NAOT = 0 V2_DEFAULT_CONFIGS(V2_COUNT) V2_SMALL_GRID_CONFIGS(V2_COUNT) + V2_NRULES V2_SWEEP_CONFIGS(V2_COUNT) };
 #undef V2_COUNT
+#undef V2_RULE_COUNT
+enum { V2_FIRST_RULE = 6 }; /* table index of rule 0's entry: after 3 defaults and 3 small-grid configs */
+#define V2_COUNT(dp, w, mt, bc, st) +1
+static_assert(0 V2_DEFAULT_CONFIGS(V2_COUNT) V2_SMALL_GRID_CONFIGS(V2_COUNT) == V2_FIRST_RULE, "one default and one "
+              "small-grid config per head-dim bucket come before the rules");
+#undef V2_COUNT
+
+typedef struct {
+    int causal;
+    long long sk_min, sk_max;
+} v2_rule_when;
+static const v2_rule_when v2_rules[V2_NRULES + 1] = {
+#define V2_RULE_WHEN(dp, w, mt, bc, st, causal, sk_min, sk_max) {causal, sk_min, sk_max},
+    V2_RULES(V2_RULE_WHEN)
+#undef V2_RULE_WHEN
+    {-1, 0, 0}};
+
+extern "C" int fattn_v2_rule_count(void) { return V2_NRULES; }
+extern "C" int fattn_v2_rule(int i, v2_config *cfg, int *causal, long long *sk_min, long long *sk_max) {
+    if (i < 0 || i >= V2_NRULES) return 0;
+    *cfg = v2_table[V2_FIRST_RULE + i].cfg;
+    *causal = v2_rules[i].causal;
+    *sk_min = v2_rules[i].sk_min;
+    *sk_max = v2_rules[i].sk_max;
+    return 1;
+}
 static int v2_nconfigs = V2_NAOT;
 static pthread_mutex_t v2_table_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -596,7 +628,8 @@ static void v2_workspace_get(int device, void *stream, size_t bytes, void **buf)
 static const void *v2_combine_kernel[2] = {(const void *)v2_combine<__half>, (const void *)v2_combine<__nv_bfloat16>};
 
 /* Which table entry runs p on `dev`: an explicit p->config, else the tuned config registered for this problem, else
- * the active default of the head-dim bucket (64-row tiles when its grid would idle SMs or Sq fits 64 rows). */
+ * the active config of the head-dim bucket; when that is the default: the small-grid config when the default's grid
+ * would idle SMs or Sq fits 64 rows, else the first matching V2_RULES entry, else the default. */
 static fattn_status v2_choose(const attn_params *p, int dev, int *index) {
     const int bucket = dp_bucket(p->d), ti = p->dtype - FATTN_F16;
     int idx = p->config;
@@ -618,10 +651,21 @@ static fattn_status v2_choose(const attn_params *p, int dev, int *index) {
     }
     idx = v2_active[bucket];
     if (!v2_table[idx].kern[ti] && !v2_table[idx].rtc[ti]) idx = bucket; /* sweep configs are fp16-only */
-    if (idx == bucket) {
+    if (idx == bucket) { /* the default, unless the grid is small or a rule matches */
         const v2_config *c = &v2_table[idx].cfg;
         const int64_t br = 16 * c->mt * c->warps;
-        if ((p->sq + br - 1) / br * p->b * p->h < p->sm_count || p->sq <= 64) idx = 3 + bucket;
+        if ((p->sq + br - 1) / br * p->b * p->h < p->sm_count || p->sq <= 64) {
+            idx = 3 + bucket;
+        } else {
+            for (int r = 0; r < V2_NRULES; r++) {
+                const v2_rule_when *w = &v2_rules[r];
+                if (v2_table[V2_FIRST_RULE + r].cfg.dp == c->dp && w->causal == (p->causal != 0) &&
+                    p->sk >= w->sk_min && p->sk <= w->sk_max) {
+                    idx = V2_FIRST_RULE + r;
+                    break;
+                }
+            }
+        }
     }
     *index = idx;
     return FATTN_OK;

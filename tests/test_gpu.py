@@ -255,6 +255,28 @@ def test_v3_default_on_sm90_and_fallbacks():
 
 
 @V3
+def test_v2_config_rules():
+    """kernels/v2_configs.h: the defaults per head-dim bucket, V2_RULES (D=64 causal with Sk <= 1024 runs Bc = 64),
+    and the small-grid configs for decode (Sq <= 64); the calls next to each rule's edge run the default; all
+    correct."""
+    rows = {c[0]: tuple(c[1:6]) for c in fattn._C.v2_configs()}
+    defaults = {rows[i][0]: rows[i] for i in range(3)}
+    small = {rows[i][0]: rows[i] for i in range(3, 6)}
+    rule = {(r[0], r[5], r[6], r[7]): tuple(r[:5]) for r in fattn._C.v2_rules()}
+    assert rule == {(64, True, 0, 1024): (64, 4, 2, 64, 2)}
+    heads = fattn._C.device_info(0)[2] + 8  # enough query blocks that the grid fills every multiprocessor
+    cases = [(64, 128, 1024, True, rule[(64, True, 0, 1024)]), (64, 128, 1025, True, defaults[64]),
+             (64, 128, 1024, False, defaults[64]), (128, 128, 700, True, defaults[128]),
+             (256, 128, 300, False, defaults[256]), (128, 1, 2048, False, small[128]), (64, 64, 999, True, small[64])]
+    for d, sq, sk, causal, want in cases:
+        q = randn((1, heads, sq, d), torch.float16, "cuda", sq)
+        k = randn((1, heads, sk, d), torch.float16, "cuda", sk)
+        o = fattn.attention(q, k, k, causal=causal, variant="v2")
+        kind, idx = fattn._C.last_config()
+        assert kind == "v2" and rows[idx] == want, (d, sq, sk, causal, rows[idx], want)
+        check_close(o, q, k, k, causal, None)
+
+
 def test_v3_config_rules():
     """kernels/v3_configs.h's V3_RULES: D=64 causal calls with Sk <= 2048 run Br = 128 without ping-pong, D=128
     non-causal calls with Sk >= 8192 run Bc = 176; the calls next to them run the bucket's default; all correct."""

@@ -10,7 +10,7 @@ import os
 from .. import _C
 
 SMEM_LIMIT = 227 * 1024          # opt-in shared memory per block on sm_90 (sm_80: 163 KB; keep() is told the device's)
-V2_ACC_LIMIT = 180               # accumulator registers per thread above which ptxas spills (-Xptxas -v: 176 does not, 192 does)
+V2_ACC_LIMIT = 192               # accumulator registers per thread above which ptxas spills in the loop (-Xptxas -v, sm_90: 192 keeps at most 16 bytes of stack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +90,10 @@ class V2Space(Space):
         smem = (br + 2 * cfg["stages"] * cfg["bc"]) * dp * 2
         if smem > self.smem_limit:
             return False, f"shared memory {smem} B > {self.smem_limit} B"
-        acc = cfg["mt"] * (dp // 8 * 4 + cfg["bc"] // 8 * 4) + (cfg["mt"] * dp // 16 * 4 if cfg["mt"] * dp <= 128 else 0)
+        acc = cfg["mt"] * (dp // 8 * 4 + cfg["bc"] // 8 * 4)
+        q_regs = cfg["mt"] * dp // 16 * 4  # Q's fragments, kept in registers when they fit (kernels/v2_mma.cu)
+        if cfg["mt"] * dp <= 128 and acc + q_regs <= 200:
+            acc += q_regs
         if acc > V2_ACC_LIMIT:
             return False, f"{acc} accumulator registers per thread would spill (> {V2_ACC_LIMIT})"
         return True, ""
@@ -105,6 +108,10 @@ class V2Space(Space):
         sms = _C.device_info(0)[2] if problem.device == "cuda" else 132
         if -(-problem.sq // br) * problem.b * problem.h < sms or problem.sq <= 64:
             c = rows[3 + bucket]
+        else:  # the launcher's V2_RULES, first match
+            for dp_, warps, mt, bc, stages, causal, lo, hi in _C.v2_rules():
+                if dp_ == dp and causal == bool(problem.causal) and lo <= problem.sk <= hi:
+                    return {"warps": warps, "mt": mt, "bc": bc, "stages": stages}
         return {"warps": c[2], "mt": c[3], "bc": c[4], "stages": c[5]}
 
 
