@@ -46,11 +46,13 @@ def main():
     ap.add_argument("--shape", required=True, help="B,H,S,D")
     ap.add_argument("--config", help="v2 DP:WARPS:MT:BC:STAGES (default: fattn's choice)")
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
+    if not args.out:
+        ap.error("--out is required")
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     os.makedirs(args.out, exist_ok=True)
     rep = os.path.join(args.out, "pair.ncu-rep")

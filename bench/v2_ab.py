@@ -9,6 +9,7 @@ time by NVRTC (fattn/_rtc.py), in parallel.  "auto" is fattn's own choice.  Each
     python3 bench/v2_ab.py --configs auto,128:4:2:64:1 --shapes 16,16,1024,128 8,32,1,2048,128 [--causal] \\
         [--dtype bf16] [--rounds 5] [--json F] [--alt OLD.cu]
 
+--orders 1,2 times every configuration in each block order (1 head by head, 2 heads fastest; 0 v2's choice).
 --alt also compiles every listed configuration from another copy of kernels/v2_mma.cu (say the last commit's, from
 `git show HEAD~1:kernels/v2_mma.cu > old.cu`, placed in the tree), labelled alt:..., to A/B a kernel change in one run.
 
@@ -35,6 +36,7 @@ from v2_sweep import time_us  # noqa: E402
 
 CAUSAL = {False: 0, "top_left": 1, "bottom_right": 2}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+ORDER_TAGS = {0: "", 1: "@hbh", 2: "@hf"}
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
@@ -93,9 +95,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--orders", default="0", help="block orders to time each config in: 0 auto, 1 head by head, "
+                    "2 heads fastest")
     ap.add_argument("--alt", help="another v2 source file (relative to the repository root) to compile the configs from")
     args = ap.parse_args()
     cfgs = [parse_config(c) for c in args.configs.split(",")]
+    orders = [int(o) for o in args.orders.split(",")]
+    if any(o not in ORDER_TAGS for o in orders):
+        sys.exit("--orders: expected 0, 1 or 2")
     shapes = [parse_shape(s) for s in args.shapes]
     backends = [b for b in args.backends.split(",") if b]
     for b in backends:
@@ -133,25 +140,33 @@ def main():
         for cfg, idx, err in compiled:
             if err or (cfg != "auto" and cfg["dp"] != bucket):
                 continue
-            bad = gate(idx, d, dtype)
-            if bad:
-                print(f"config {label(cfg)} at d={d}: WRONG, not timed: {bad}")
-            else:
-                live.append((label(cfg), idx))
+            for order in orders:
+                name = label(cfg) + ORDER_TAGS[order]
+                _C.v2_set_order(order)
+                bad = gate(idx, d, dtype)
+                _C.v2_set_order(0)
+                if bad:
+                    print(f"config {name} at d={d}: WRONG, not timed: {bad}")
+                else:
+                    live.append((name, idx, order))
         q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, h, sk, d, device="cuda", dtype=dtype) for _ in range(2))
         out = torch.empty_like(q)
-        times = {name: [] for name, _ in live}
+        times = {name: [] for name, _, _ in live}
         times.update({f"torch:{bk}": [] for bk in backends})
         for _ in range(args.rounds):
             for bk in backends:
                 with sdpa_kernel([BACKENDS[bk]]):
                     times[f"torch:{bk}"].append(time_us(
                         lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)), flush, args.reps, 2))
-            for name, idx in live:
+            for name, idx, order in live:
                 cfg_idx = None if idx == "auto" else idx
-                times[name].append(_C.time_forward(q, k, v, out, None, CAUSAL[causal], None, 0, "v2", stream(),
-                                                   cfg_idx, args.reps, 2, True)[0])
+                _C.v2_set_order(order)
+                try:
+                    times[name].append(_C.time_forward(q, k, v, out, None, CAUSAL[causal], None, 0, "v2", stream(),
+                                                       cfg_idx, args.reps, 2, True)[0])
+                finally:
+                    _C.v2_set_order(0)
         med = {key: statistics.median(ts) for key, ts in times.items()}
         flops = 4 * b * h * sq * sk * d / (2 if causal else 1)
         kv_bytes = 2 * k.numel() * k.element_size()
@@ -160,7 +175,7 @@ def main():
         line = f"B={b} H={h} Sq={sq} Sk={sk} D={d} causal={bool(causal)!s:5}"
         for bk in backends:
             line += f" | {bk} {scale / med[f'torch:{bk}']:.2f}"
-        for name, _ in live:
+        for name, _, _ in live:
             line += f" | {name} {scale / med[name]:.2f} {unit}" + (f" {ref / med[name]:.3f}x" if ref else "")
         print(line, flush=True)
         results.append({"B": b, "H": h, "Sq": sq, "Sk": sk, "D": d, "causal": bool(causal), "dtype": args.dtype,

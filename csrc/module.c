@@ -716,6 +716,22 @@ static PyObject *py_v2_select(PyObject *module, PyObject *arg) {
 #endif
 }
 
+/* v2_set_order(n) -> previous: v2's block order forced (1: head by head, 2: heads fastest), or 0 for v2's choice. */
+static PyObject *py_v2_set_order(PyObject *module, PyObject *arg) {
+    (void)module;
+    const long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > 2) {
+        PyErr_SetString(PyExc_ValueError, "order: expected 0 (automatic), 1 (head by head) or 2 (heads fastest)");
+        return NULL;
+    }
+#ifdef FATTN_WITH_CUDA
+    return PyLong_FromLong(fattn_v2_set_order((int)n));
+#else
+    return not_built();
+#endif
+}
+
 /* v2_set_splits(n) -> previous: split-KV forced to n splits (n >= 1), or 0 to let the heuristic decide.
  * v2_last_splits() -> the key splits the last v2 launch used (1: none). */
 static PyObject *py_v2_set_splits(PyObject *module, PyObject *arg) {
@@ -816,6 +832,8 @@ static PyMethodDef module_methods[] = {
     {"v3_configs", py_v3_configs, METH_NOARGS,
      "[(index, dp, bc, stages, consumers, pingpong, default, smem_bytes)] of v3's compiled configs (sm_90 only)."},
     {"v2_select", py_v2_select, METH_O, "v2_select(index): use config `index` for its head-dim bucket."},
+    {"v2_set_order", py_v2_set_order, METH_O,
+     "v2_set_order(n) -> previous: force v2's block order (1 head by head, 2 heads fastest), or 0 for v2's choice."},
     {"v2_set_splits", py_v2_set_splits, METH_O,
      "v2_set_splits(n) -> previous: force n key splits (1 = off), or 0 for the automatic choice."},
     {"v2_last_splits", py_v2_last_splits, METH_NOARGS, "Key splits the last v2 launch used (1: none)."},

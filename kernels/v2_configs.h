@@ -77,6 +77,7 @@ void fattn_v2_clear_tuned(void);
 int fattn_v2_last_config(void); /* table index the last v2 launch used */
 int fattn_v2_last_splits(void); /* key splits the last v2 launch used (1: none) */
 int fattn_v2_set_splits(int n); /* split-KV: 0 lets the heuristic decide, n >= 1 forces n splits; returns the old value */
+int fattn_v2_set_order(int n);  /* block order: 0 lets v2 decide, 1 head by head, 2 heads fastest; returns the old value */
 #ifdef __cplusplus
 }
 #endif

@@ -21,7 +21,8 @@
  * Split-KV (flash-decoding): when the grid has fewer blocks than SMs (decode with a small batch), blockIdx.y splits
  * the key blocks, each split writes an fp32 partial O and its LSE, and v2_combine merges them; at (B, H) = (1, 32),
  * Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without (evidence/bench/h100_split_sweep_fd91998.json).
- * Blocks go head by head (K/V shared in L2 by the blocks in flight), each head's longest first.
+ * Blocks go head by head (K/V shared in L2 by the blocks in flight) or heads fastest (longest first over all heads),
+ * as v2_pick_order decides.
  * Speed (H100 80GB HBM3, fa3 grid fp16, evidence/bench/h100_v2_ratios_e64432d.md): 157-340 TFLOP/s, 0.79-1.07x
  * torch's FlashAttention-2 and 0.42-0.64x torch cudnn; decode 2.56-3.03 TB/s of K+V (h100_v3_decode_39ae7a4.json).
  * Run: python -m fattn.bench --grid fa3.
@@ -104,6 +105,8 @@ typedef struct {
     float *o_part;        /* [splits][b * h][sq][d] */
     float *lse_part;      /* [splits][b * h][sq], natural log, -inf for a split that saw no key */
     int blocks_per_split; /* key blocks of BC keys per split */
+    int heads_fastest;    /* block order (v2_pick_order): 1 = every head's last query block, then every head's next;
+                             0 = one head's query blocks after another, the last first */
 } v2_split;
 
 /* The forward pass of one block; v2_fwd (compiled ahead of time) and fattn_v2_rtc (compiled at run time by NVRTC
@@ -122,12 +125,11 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int mi = lane >> 3, r8 = lane & 7; /* ldmatrix: which 8x8 matrix this lane addresses, and its row */
     const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h;
-    /* Block order: one head's query blocks after another, so the blocks running at once share a few heads' K and V
-     * in L2, and within a head the last (with causal masking the longest) first: the hardware hands blocks out in
-     * order, so the grid ends on a head's shortest blocks.  (Every head's longest block first, over all heads,
-     * read K/V from DRAM again and again: D=256 S=512 causal ran no faster than non-causal.) */
-    const int64_t bh = blockIdx.x / nqb;
-    const int64_t i0 = (nqb - 1 - blockIdx.x % nqb) * BR;
+    /* Block order (the hardware hands blocks out in order; v2_pick_order chooses): head by head, the blocks running
+     * at once share a few heads' K and V in L2; heads fastest, every head's last (with causal masking, longest)
+     * query block runs first and the grid ends on short blocks.  Either way a head's last query block comes first. */
+    const int64_t bh = sp.heads_fastest ? blockIdx.x % nbh : blockIdx.x / nqb;
+    const int64_t i0 = (nqb - 1 - (sp.heads_fastest ? blockIdx.x / nbh : blockIdx.x % nqb)) * BR;
     const int64_t b = bh / p.h, h = bh % p.h;
     HEAD_OFFSETS(p, b, h);
     const T *q = (const T *)p.q + q_off + i0 * p.q_stride_s;
@@ -549,6 +551,20 @@ static int v2_last_config = -1;   /* table index of the last launch */
 extern "C" int fattn_v2_last_splits(void) { return v2_last_splits; }
 extern "C" int fattn_v2_last_config(void) { return v2_last_config; }
 
+static int v2_forced_order = 0; /* 0: v2_pick_order decides; 1: head by head; 2: heads fastest */
+extern "C" int fattn_v2_set_order(int n) {
+    const int old = v2_forced_order;
+    v2_forced_order = n < 0 || n > 2 ? 0 : n;
+    return old;
+}
+
+/* 1 if the blocks should go heads fastest, 0 for head by head. */
+static int v2_pick_order(const attn_params *p, int64_t nqb) {
+    if (v2_forced_order) return v2_forced_order == 2;
+    (void)nqb;
+    return 0;
+}
+
 extern "C" int fattn_v2_set_splits(int n) {
     const int old = v2_forced_splits;
     v2_forced_splits = n < 0 ? 0 : n;
@@ -688,7 +704,7 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
         FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         v2_smem_set[idx][ti] |= 1ull << dev;
     }
-    v2_split sp = {NULL, NULL, 0};
+    v2_split sp = {NULL, NULL, 0, v2_pick_order(p, nqb)};
     const int64_t nkb = (p->sk + e->cfg.bc - 1) / e->cfg.bc;
     int splits = v2_pick_splits(p, blocks, nkb);
     if (splits > 1) {
