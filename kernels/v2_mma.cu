@@ -558,11 +558,15 @@ extern "C" int fattn_v2_set_order(int n) {
     return old;
 }
 
-/* 1 if the blocks should go heads fastest, 0 for head by head. */
-static int v2_pick_order(const attn_params *p, int64_t nqb) {
+/* 1 if the blocks should go heads fastest, 0 for head by head.  Causal calls with >= 2k keys: every head's longest
+ * block first evens out blocks of very unequal length, and the blocks of one head running at once still share its
+ * K/V.  Shorter causal calls and every non-causal call: head by head, or each block re-reads its head's K/V from
+ * DRAM.  Measured on the H100, same kernel, only the order changed (bench/v2_ab.py --orders 1,2,
+ * evidence/bench/h100_v2_ab_orders_1abef9c.json), fa3 grid, head by head / heads fastest in TFLOP/s: causal D=128
+ * S=512 194 / 184, 2k 292 / 317, 16k 348 / 380; D=256 S=512 194 / 133, 2k 275 / 297; non-causal D=256 S=512 265 / 164. */
+static int v2_pick_order(const attn_params *p) {
     if (v2_forced_order) return v2_forced_order == 2;
-    (void)nqb;
-    return 0;
+    return p->causal && p->sk >= 2048;
 }
 
 extern "C" int fattn_v2_set_splits(int n) {
@@ -704,7 +708,7 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, void *stream) {
         FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         v2_smem_set[idx][ti] |= 1ull << dev;
     }
-    v2_split sp = {NULL, NULL, 0, v2_pick_order(p, nqb)};
+    v2_split sp = {NULL, NULL, 0, v2_pick_order(p)};
     const int64_t nkb = (p->sk + e->cfg.bc - 1) / e->cfg.bc;
     int splits = v2_pick_splits(p, blocks, nkb);
     if (splits > 1) {
