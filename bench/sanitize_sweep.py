@@ -1,5 +1,5 @@
 """A small sweep of every GPU variant for compute-sanitizer: odd sequence lengths, Sq != Sk both ways, both
-causal alignments, GQA, head dims 64/136/256, fp16/bf16 (fp32 for the scalar variants).
+causal alignments, GQA, decode with split-KV, head dims 64/128/136/256, fp16/bf16 (fp32 for the scalar variants).
 
     compute-sanitizer --tool memcheck python3 bench/sanitize_sweep.py
     FATTN_SANITIZE_VARIANTS=v3 ...   # only the variants named
@@ -11,7 +11,7 @@ import torch
 
 import fattn
 
-CASES = [(1, 1), (17, 113), (130, 65)]
+CASES = [(1, 1), (17, 113), (130, 65), (1, 700)]  # (1, 700): decode, split-KV
 
 
 def main():
@@ -20,7 +20,7 @@ def main():
     for variant in chosen.split(",") if chosen else fattn.variants("cuda"):
         dtypes = [torch.float16, torch.bfloat16] + ([torch.float32] if variant in ("v0", "v1") else [])
         for dt in dtypes:
-            for d in (64, 136, 256):
+            for d in (64, 128, 136, 256):
                 for sq, sk in CASES:
                     for causal in (False, "top_left", "bottom_right"):
                         q = torch.randn(1, 4, sq, d, device="cuda", dtype=dt)
