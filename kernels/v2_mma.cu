@@ -3,8 +3,9 @@
  * A block of WARPS warps owns Br = 16 * MT * WARPS query rows of one (b, h); each warp owns MT row tiles of 16,
  * so the online softmax never leaves the warp and every K/V fragment read from shared memory feeds MT MMAs.
  * Per key block K_j, V_j (Bc keys):
- *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit (MT * D <= 128, with S and O) or re-read by
- *                       ldmatrix, K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory
+ *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit beside S and O, else re-read by
+ *                       ldmatrix; K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory,
+ *                       addressed as one base per operand XOR a compile-time step (swz_addr / swz_step)
  *   masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
  *   m' = max(m, rowmax S) (quad shuffles),  P = exp2((S - m') * c) with c = |scale| log2 e (a negative scale
  *                       flips Q's sign bits instead, exact),  l = alpha * l + rowsum P
@@ -23,8 +24,9 @@
  * Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without (evidence/bench/h100_split_sweep_fd91998.json).
  * Blocks go head by head (K/V shared in L2 by the blocks in flight) or heads fastest (longest first over all heads),
  * as v2_pick_order decides.
- * Speed (H100 80GB HBM3, fa3 grid fp16, evidence/bench/h100_v2_ratios_e64432d.md): 157-340 TFLOP/s, 0.79-1.07x
- * torch's FlashAttention-2 and 0.42-0.64x torch cudnn; decode 2.56-3.03 TB/s of K+V (h100_v3_decode_39ae7a4.json).
+ * Speed (H100 80GB HBM3, evidence/bench/h100_v2_ratios_ad311e5.md): fa3 grid fp16 176-371 TFLOP/s, 0.94-1.33x torch's
+ * FlashAttention-2 (>= 1.0 at 29 of 36 points; bf16 0.95-1.26x) and 0.47-0.72x torch cudnn; decode 2.60-3.11 TB/s of
+ * K+V, 1.00-1.01x cudnn (h100_v2_decode_ad311e5.json).  Before the address and order work (e64432d): 0.79-1.07x.
  * Run: python -m fattn.bench --grid fa3.
  */
 #include "mma.cuh"
