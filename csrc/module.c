@@ -716,15 +716,22 @@ static PyObject *py_v2_select(PyObject *module, PyObject *arg) {
 #endif
 }
 
+/* *n = arg as an integer in [lo, hi]; -1 with ValueError(msg) (or the conversion's error) set otherwise. */
+static int long_in_range(PyObject *arg, long lo, long hi, const char *msg, long *n) {
+    *n = PyLong_AsLong(arg);
+    if (*n == -1 && PyErr_Occurred()) return -1;
+    if (*n < lo || *n > hi) {
+        PyErr_SetString(PyExc_ValueError, msg);
+        return -1;
+    }
+    return 0;
+}
+
 /* v2_set_order(n) -> previous: v2's block order forced (1: head by head, 2: heads fastest), or 0 for v2's choice. */
 static PyObject *py_v2_set_order(PyObject *module, PyObject *arg) {
     (void)module;
-    const long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || n > 2) {
-        PyErr_SetString(PyExc_ValueError, "order: expected 0 (automatic), 1 (head by head) or 2 (heads fastest)");
-        return NULL;
-    }
+    long n;
+    if (long_in_range(arg, 0, 2, "order: expected 0 (automatic), 1 (head by head) or 2 (heads fastest)", &n)) return NULL;
 #ifdef FATTN_WITH_CUDA
     return PyLong_FromLong(fattn_v2_set_order((int)n));
 #else
@@ -736,12 +743,8 @@ static PyObject *py_v2_set_order(PyObject *module, PyObject *arg) {
  * v2_last_splits() -> the key splits the last v2 launch used (1: none). */
 static PyObject *py_v2_set_splits(PyObject *module, PyObject *arg) {
     (void)module;
-    const long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || n > 128) {
-        PyErr_SetString(PyExc_ValueError, "splits: expected 0 (automatic) or 1 to 128");
-        return NULL;
-    }
+    long n;
+    if (long_in_range(arg, 0, 128, "splits: expected 0 (automatic) or 1 to 128", &n)) return NULL;
 #ifdef FATTN_WITH_CUDA
     return PyLong_FromLong(fattn_v2_set_splits((int)n));
 #else

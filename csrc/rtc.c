@@ -11,6 +11,19 @@
 #include <cuda_runtime_api.h>
 #endif
 
+/* A library entry point and the function pointer it goes into. */
+typedef struct {
+    void **slot;
+    const char *name;
+} rtc_sym;
+
+/* dlsym every entry point of syms into its slot; 1 if all of them resolved. */
+static int bind_symbols(void *lib, const rtc_sym *syms, size_t n) {
+    int all = 1;
+    for (size_t i = 0; i < n; i++) all &= (*syms[i].slot = dlsym(lib, syms[i].name)) != NULL;
+    return all;
+}
+
 /* ---- NVRTC ----------------------------------------------------------------------------------------------- */
 
 typedef void *nvrtc_program;
@@ -40,15 +53,14 @@ static fattn_status open_nvrtc(const char *path) {
             st = FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "NVRTC not found (%s); set FATTN_NVRTC to libnvrtc.so's path or "
                             "pip install nvidia-cuda-nvrtc", path && *path ? path : "libnvrtc.so.13/.12");
         } else {
-#define SYM(field, name) *(void **)&nvrtc.field = dlsym(lib, name)
-            SYM(create, "nvrtcCreateProgram"); SYM(compile, "nvrtcCompileProgram");
-            SYM(log_size, "nvrtcGetProgramLogSize"); SYM(log, "nvrtcGetProgramLog");
-            SYM(cubin_size, "nvrtcGetCUBINSize"); SYM(cubin, "nvrtcGetCUBIN");
-            SYM(destroy, "nvrtcDestroyProgram"); SYM(version, "nvrtcVersion");
-            SYM(error_string, "nvrtcGetErrorString");
+#define SYM(field, name) {(void **)&nvrtc.field, name}
+            const rtc_sym syms[] = {SYM(create, "nvrtcCreateProgram"), SYM(compile, "nvrtcCompileProgram"),
+                                    SYM(log_size, "nvrtcGetProgramLogSize"), SYM(log, "nvrtcGetProgramLog"),
+                                    SYM(cubin_size, "nvrtcGetCUBINSize"), SYM(cubin, "nvrtcGetCUBIN"),
+                                    SYM(destroy, "nvrtcDestroyProgram"), SYM(version, "nvrtcVersion"),
+                                    SYM(error_string, "nvrtcGetErrorString")};
 #undef SYM
-            if (!nvrtc.create || !nvrtc.compile || !nvrtc.log_size || !nvrtc.log || !nvrtc.cubin_size || !nvrtc.cubin ||
-                !nvrtc.destroy || !nvrtc.version || !nvrtc.error_string) {
+            if (!bind_symbols(lib, syms, sizeof syms / sizeof syms[0])) {
                 dlclose(lib);
                 memset(&nvrtc, 0, sizeof nvrtc);
                 st = FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the NVRTC library found lacks the entry points fattn needs");
@@ -136,13 +148,13 @@ static fattn_status open_driver(void) {
         if (!lib) {
             st = FATTN_FAIL(FATTN_ERR_CUDA, "the CUDA driver (libcuda.so.1) could not be opened: %s", dlerror());
         } else {
-#define SYM(field, name) *(void **)&cu.field = dlsym(lib, name)
-            SYM(module_load_data, "cuModuleLoadData"); SYM(module_get_function, "cuModuleGetFunction");
-            SYM(func_set_attribute, "cuFuncSetAttribute"); SYM(launch_kernel, "cuLaunchKernel");
-            SYM(get_error_string, "cuGetErrorString");
+#define SYM(field, name) {(void **)&cu.field, name}
+            const rtc_sym syms[] = {SYM(module_load_data, "cuModuleLoadData"),
+                                    SYM(module_get_function, "cuModuleGetFunction"),
+                                    SYM(func_set_attribute, "cuFuncSetAttribute"), SYM(launch_kernel, "cuLaunchKernel"),
+                                    SYM(get_error_string, "cuGetErrorString")};
 #undef SYM
-            if (!cu.module_load_data || !cu.module_get_function || !cu.func_set_attribute || !cu.launch_kernel ||
-                !cu.get_error_string) {
+            if (!bind_symbols(lib, syms, sizeof syms / sizeof syms[0])) {
                 dlclose(lib);
                 memset(&cu, 0, sizeof cu);
                 st = FATTN_FAIL(FATTN_ERR_CUDA, "the CUDA driver lacks the entry points fattn needs");

@@ -58,7 +58,7 @@ DEV unsigned swz_step(unsigned a, int step) { return (a ^ ((step & 3) << 5)) + (
  * loop needs no per-tile setup.  Row r0 + RSTEP * it has the swizzle of row r0 + RSTEP * (it % P) (P * RSTEP is a
  * multiple of 8): P offsets per thread and compile-time row steps address every copy.  A tile wholly inside the
  * sequence (every tile but the last) copies with no bounds test: one 64-bit pointer add and one cp.async per copy. */
-template <int DP, int THREADS> DEV int64_t load_origin(int64_t stride, int tid) {
+template <int DP> DEV int64_t load_origin(int64_t stride, int tid) {
     return (int64_t)(tid / (DP / 8)) * stride + tid % (DP / 8) * 8;
 }
 template <typename T, int DP, int ROWS, int THREADS>
@@ -71,21 +71,18 @@ DEV void load_tile(T *smem, const T *src, int64_t stride, int64_t valid, int d, 
     int soff[P];
 #pragma unroll
     for (int k = 0; k < P; k++) soff[k] = swz<DP>(r0 + k * RSTEP, c);
+    auto dst = [&](int it) { return smem + soff[it % P] + (it / P) * P * RSTEP * DP; };
     const bool col_in = c * 8 < d;
     if (valid >= ROWS && col_in) {
 #pragma unroll
-        for (int it = 0; it < ITERS; it++) {
-            cp_async_16(smem + soff[it % P] + (it / P) * P * RSTEP * DP, src, 16);
-            src += RSTEP * stride;
-        }
+        for (int it = 0; it < ITERS; it++, src += RSTEP * stride) cp_async_16(dst(it), src, 16);
     } else {
         const T *first = src;
         const int rows = valid <= 0 ? 0 : (int)valid; /* < ROWS here unless col_in is false */
 #pragma unroll
-        for (int it = 0; it < ITERS; it++) {
+        for (int it = 0; it < ITERS; it++, src += RSTEP * stride) {
             const bool in = col_in && r0 + it * RSTEP < rows;
-            cp_async_16(smem + soff[it % P] + (it / P) * P * RSTEP * DP, in ? src : first, in ? 16 : 0);
-            src += RSTEP * stride;
+            cp_async_16(dst(it), in ? src : first, in ? 16 : 0);
         }
     }
 }
@@ -151,14 +148,17 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     const unsigned ka = swz_addr<DP>(smem_u32(sK), r8 + (mi >> 1) * 8, mi & 1);
     const unsigned va = swz_addr<DP>(smem_u32(sV), r8 + (mi & 1) * 8, mi >> 1);
 
-    const T *kthr = k + load_origin<DP, THREADS>(p.k_stride_s, tid), *vthr = v + load_origin<DP, THREADS>(p.v_stride_s, tid);
+    const T *kthr = k + load_origin<DP>(p.k_stride_s, tid), *vthr = v + load_origin<DP>(p.v_stride_s, tid);
+    auto load_v = [&](int jb, int stage) {
+        const int64_t j0 = (int64_t)jb * BC;
+        load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, vthr + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
+    };
     auto load_kv = [&](int jb, int stage, bool with_v) {
         const int64_t j0 = (int64_t)jb * BC;
         load_tile<T, DP, BC, THREADS>(sK + stage * BC * DP, kthr + j0 * p.k_stride_s, p.k_stride_s, kend - j0, d, tid);
-        if (with_v)
-            load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, vthr + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
+        if (with_v) load_v(jb, stage);
     };
-    load_tile<T, DP, BR, THREADS>(sQ, q + load_origin<DP, THREADS>(p.q_stride_s, tid), p.q_stride_s, p.sq - i0, d, tid);
+    load_tile<T, DP, BR, THREADS>(sQ, q + load_origin<DP>(p.q_stride_s, tid), p.q_stride_s, p.sq - i0, d, tid);
     if (jb_begin < jb_end) load_kv(jb_begin, 0, STAGES == 2);
     cp_async_commit();
     if (STAGES == 2) {
@@ -191,7 +191,7 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
         else cp_async_wait<0>();
         __syncthreads(); /* K_j (and Q) have landed; every warp is done with the buffers about to be refilled */
         if (STAGES == 1) {
-            load_tile<T, DP, BC, THREADS>(sV, vthr + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
+            load_v(jb, 0);
             cp_async_commit();
         }
         if (flip_q && jb == jb_begin) { /* Q has landed (waited and synchronised above) */
@@ -426,32 +426,29 @@ typedef struct {
 static v2_entry v2_table[V2_MAX_CONFIGS] = {V2_DEFAULT_CONFIGS(V2_ENTRY_BOTH) V2_SMALL_GRID_CONFIGS(V2_ENTRY_BOTH)
                                                 V2_RULES(V2_RULE_ENTRY) V2_SWEEP_CONFIGS(V2_ENTRY_F16)};
 #undef V2_RULE_ENTRY
-#define V2_COUNT(dp, w, mt, bc, st) +1
-#define V2_RULE_COUNT(dp, w, mt, bc, st, causal, sk_min, sk_max) +1
-enum { V2_NRULES = 0 V2_RULES(V2_RULE_COUNT) };
-enum { V2_NAOT = 0 V2_DEFAULT_CONFIGS(V2_COUNT) V2_SMALL_GRID_CONFIGS(V2_COUNT) + V2_NRULES V2_SWEEP_CONFIGS(V2_COUNT) };
-#undef V2_COUNT
-#undef V2_RULE_COUNT
-enum { V2_FIRST_RULE = 6 }; /* table index of rule 0's entry: after 3 defaults and 3 small-grid configs */
-#define V2_COUNT(dp, w, mt, bc, st) +1
-static_assert(0 V2_DEFAULT_CONFIGS(V2_COUNT) V2_SMALL_GRID_CONFIGS(V2_COUNT) == V2_FIRST_RULE, "one default and one "
-              "small-grid config per head-dim bucket come before the rules");
+#define V2_COUNT(...) +1
+enum {
+    V2_FIRST_RULE = 0 V2_DEFAULT_CONFIGS(V2_COUNT) V2_SMALL_GRID_CONFIGS(V2_COUNT), /* table index of rule 0 */
+    V2_NRULES = 0 V2_RULES(V2_COUNT),
+    V2_NAOT = V2_FIRST_RULE + V2_NRULES V2_SWEEP_CONFIGS(V2_COUNT)
+};
 #undef V2_COUNT
 
 typedef struct {
+    v2_config cfg;
     int causal;
     long long sk_min, sk_max;
-} v2_rule_when;
-static const v2_rule_when v2_rules[V2_NRULES + 1] = {
-#define V2_RULE_WHEN(dp, w, mt, bc, st, causal, sk_min, sk_max) {causal, sk_min, sk_max},
-    V2_RULES(V2_RULE_WHEN)
-#undef V2_RULE_WHEN
-    {-1, 0, 0}};
+} v2_rule;
+static const v2_rule v2_rules[V2_NRULES + 1] = { /* + 1: C++ has no empty arrays */
+#define V2_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) {{dp, w, mt, bc, st}, causal, sk_min, sk_max},
+    V2_RULES(V2_RULE)
+#undef V2_RULE
+    {{0, 0, 0, 0, 0}, -1, 0, 0}};
 
 extern "C" int fattn_v2_rule_count(void) { return V2_NRULES; }
 extern "C" int fattn_v2_rule(int i, v2_config *cfg, int *causal, long long *sk_min, long long *sk_max) {
     if (i < 0 || i >= V2_NRULES) return 0;
-    *cfg = v2_table[V2_FIRST_RULE + i].cfg;
+    *cfg = v2_rules[i].cfg;
     *causal = v2_rules[i].causal;
     *sk_min = v2_rules[i].sk_min;
     *sk_max = v2_rules[i].sk_max;
@@ -565,7 +562,8 @@ extern "C" int fattn_v2_set_order(int n) {
  * K/V.  Shorter causal calls and every non-causal call: head by head, or each block re-reads its head's K/V from
  * DRAM.  Measured on the H100, same kernel, only the order changed (bench/v2_ab.py --orders 1,2,
  * evidence/bench/h100_v2_ab_orders_1abef9c.json), fa3 grid, head by head / heads fastest in TFLOP/s: causal D=128
- * S=512 194 / 184, 2k 292 / 317, 16k 348 / 380; D=256 S=512 194 / 133, 2k 275 / 297; non-causal D=256 S=512 265 / 164. */
+ * S=512 194 / 184, 2k 292 / 317, 16k 348 / 380; D=256 S=512 194 / 133, 2k 275 / 297; non-causal D=256 S=512
+ * 265 / 164. */
 static int v2_pick_order(const attn_params *p) {
     if (v2_forced_order) return v2_forced_order == 2;
     return p->causal && p->sk >= 2048;
@@ -680,9 +678,8 @@ static fattn_status v2_choose(const attn_params *p, int dev, int *index) {
             idx = 3 + bucket;
         } else {
             for (int r = 0; r < V2_NRULES; r++) {
-                const v2_rule_when *w = &v2_rules[r];
-                if (v2_table[V2_FIRST_RULE + r].cfg.dp == c->dp && w->causal == (p->causal != 0) &&
-                    p->sk >= w->sk_min && p->sk <= w->sk_max) {
+                const v2_rule *w = &v2_rules[r];
+                if (w->cfg.dp == c->dp && w->causal == (p->causal != 0) && p->sk >= w->sk_min && p->sk <= w->sk_max) {
                     idx = V2_FIRST_RULE + r;
                     break;
                 }
