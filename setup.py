@@ -1,10 +1,14 @@
-"""Build fattn._C: the C extension (csrc/*.c) linked with the CUDA kernels (kernels/*.cu) compiled by nvcc.
+"""Build fattn._C: the C extension (csrc/*.c and the kernel families' planners, kernels/*/*.c) linked with the CUDA
+kernels (kernels/*/*.cu) compiled by nvcc.
+
+Kernels live in a folder per GPU family (kernels/simt, kernels/sm80, kernels/sm90, ...).  A family folder may hold a
+file `gencode` naming the nvcc -gencode values its .cu files are built for (kernels/sm90: sm_90a only, for wgmma);
+the others are built for FATTN_CUDA_ARCHS.
 
 Environment:
   CUDA_HOME          CUDA toolkit root (default: the one holding nvcc on PATH, or /usr/local/cuda)
-  FATTN_CUDA_ARCHS   semicolon-separated nvcc -gencode values (default: sm_80, sm_90, sm_90a for Hopper-only
-                     kernel files, and compute_90 PTX)
-  FATTN_NO_CUDA=1    build the CPU backend only
+  FATTN_CUDA_ARCHS   semicolon-separated nvcc -gencode values (default: sm_80, sm_90 and compute_90 PTX)
+  FATTN_NO_CUDA=1    build the CPU backend only (seconds instead of minutes; GPU calls then raise)
   FATTN_CPU_ARCH     -march value for the CPU backend (default: native)
   FATTN_NVCC_JOBS    parallel nvcc processes (default: number of CPUs)
 """
@@ -76,30 +80,39 @@ class BuildExt(build_ext):
         archs = os.environ.get("FATTN_CUDA_ARCHS", DEFAULT_ARCHS).split(";")
         out_dir = os.path.join(self.build_temp, "kernels")
         os.makedirs(out_dir, exist_ok=True)
-        sources = sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))
-        headers = sorted(f for pat in ("kernels/*.cuh", "kernels/*.h", "csrc/*.h") for f in glob.glob(os.path.join(ROOT, pat)))
+        sources = sorted(glob.glob(os.path.join(ROOT, "kernels", "*", "*.cu")))
+        headers = sorted(f for pat in ("kernels/*.cuh", "kernels/*/*.cuh", "kernels/*/*.h", "csrc/*.h")
+                         for f in glob.glob(os.path.join(ROOT, pat)))
         header_bytes = b"".join(open(h, "rb").read() for h in headers)
+        done = []
+
+        def gencodes(src):
+            path = os.path.join(os.path.dirname(src), "gencode")
+            return open(path).read().split() if os.path.exists(path) else archs
 
         def one(src):
-            obj = os.path.join(out_dir, os.path.basename(src) + ".o")
-            # Hopper-only files (named *_sm90a.cu) are built for sm_90a alone.
-            gencodes = ["arch=compute_90a,code=sm_90a"] if src.endswith("_sm90a.cu") else archs
+            family = os.path.basename(os.path.dirname(src))
+            obj = os.path.join(out_dir, family + "_" + os.path.basename(src) + ".o")
             cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo", "-Xptxas=-warn-spills",
                    f"-I{os.path.join(ROOT, 'csrc')}", "-c", src, "-o", obj]
-            cmd += [f"-gencode={g}" for g in gencodes]
+            cmd += [f"-gencode={g}" for g in gencodes(src)]
             # Rebuild unless the source, every header and the command are byte-identical to the last build's
             # (contents, not mtimes: trees copied between machines keep stale mtimes).
             key = hashlib.sha256(open(src, "rb").read() + header_bytes + " ".join(cmd).encode()).hexdigest()
             stamp = obj + ".sha256"
-            if os.path.exists(obj) and os.path.exists(stamp) and open(stamp).read() == key:
-                return obj
-            print(" ".join(cmd), flush=True)
-            subprocess.check_call(cmd)
-            with open(stamp, "w") as f:
-                f.write(key)
+            if not (os.path.exists(obj) and os.path.exists(stamp) and open(stamp).read() == key):
+                print(" ".join(cmd), flush=True)
+                subprocess.check_call(cmd)
+                with open(stamp, "w") as f:
+                    f.write(key)
+            done.append(src)
+            print(f"fattn: kernels {len(done)}/{len(sources)} compiled ({os.path.relpath(src, ROOT)})",
+                  file=sys.stderr, flush=True)
             return obj
 
         jobs = int(os.environ.get("FATTN_NVCC_JOBS", os.cpu_count() or 1))
+        print(f"fattn: compiling {len(sources)} CUDA kernel files with nvcc ({jobs} at a time; a few minutes on a "
+              "small machine; FATTN_NO_CUDA=1 skips them)", file=sys.stderr, flush=True)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             return list(pool.map(one, sources))
 
@@ -113,8 +126,9 @@ setup(
     ext_modules=[
         Extension(
             "fattn._C",
-            sources=sorted(glob.glob("csrc/*.c")),
+            sources=sorted(glob.glob("csrc/*.c") + glob.glob("kernels/*/*.c")),
             include_dirs=["csrc"],
+            depends=sorted(glob.glob("csrc/*.h") + glob.glob("kernels/*/*.h")),
             extra_compile_args=cflags,
             extra_link_args=["-fopenmp"],
         )

@@ -18,13 +18,13 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "cpu_attn.h"
 #include "half.h"
+#include "tuned.h"
 
 typedef float v8f __attribute__((vector_size(32), aligned(32)));
 typedef int32_t v8i __attribute__((vector_size(32), aligned(32)));
@@ -35,6 +35,21 @@ typedef int32_t v8i __attribute__((vector_size(32), aligned(32)));
 fattn_cpu_config fattn_cpu_default_config(void) {
     fattn_cpu_config c = {.br = 96, .bc = 128, .threads = 0}; /* from a (br, bc) sweep on 2 AVX2 cores */
     return c;
+}
+
+fattn_status fattn_cpu_check_config(const fattn_cpu_config *c) {
+    if (c->br < 1 || c->br > 1024 || c->bc < NR || c->bc > 1024 || c->bc % NR || c->threads < 0)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "cpu config: need 1 <= br <= 1024, bc a multiple of %d in [%d, 1024] "
+                          "and threads >= 0", NR, NR);
+    return FATTN_OK;
+}
+
+void fattn_cpu_plan(const attn_params *p, const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
+    const fattn_tuned_entry *t = fattn_tuned_find(tuned, FATTN_TUNED_CPU, 0, p);
+    plan->variant = NULL;
+    plan->config = -1;
+    plan->splits = 1;
+    plan->cpu = ov && ov->cpu.br ? ov->cpu : t ? t->cpu : fattn_cpu_default_config();
 }
 
 static inline float load_elem(const void *base, int64_t i, fattn_dtype dt) {
@@ -155,15 +170,16 @@ typedef struct {
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* K^T and V of keys [0, kend) of kv head (b, hk), converted to float32; padding keys and columns are zero. */
-static void pack_kv(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t kend, scratch *w) {
-    const int64_t d = p->d, dp = round_up(d, NR), nkb = (kend + bc - 1) / bc;
+/* K^T and V of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32: packed block 0 holds
+ * keys [k0, k0 + bc); padding keys and columns are zero. */
+static void pack_kv(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t k0, int64_t k1, scratch *w) {
+    const int64_t d = p->d, dp = round_up(d, NR), n = k1 - k0, nkb = (n + bc - 1) / bc;
     const int64_t k_off = b * p->k_stride_b + hk * p->k_stride_h, v_off = b * p->v_stride_b + hk * p->v_stride_h;
     memset(w->kt, 0, sizeof(float) * nkb * dp * bc);
     for (int64_t j = 0; j < nkb * bc; j++) {
         float *vr = w->v + j * dp, *kt = w->kt + (j / bc) * dp * bc + j % bc;
-        if (j < kend) {
-            const int64_t ko = k_off + j * p->k_stride_s, vo = v_off + j * p->v_stride_s;
+        if (j < n) {
+            const int64_t ko = k_off + (k0 + j) * p->k_stride_s, vo = v_off + (k0 + j) * p->v_stride_s;
             for (int64_t e = 0; e < d; e++) {
                 kt[e * bc] = load_elem(p->k, ko + e, p->dtype);
                 vr[e] = load_elem(p->v, vo + e, p->dtype);
@@ -175,9 +191,51 @@ static void pack_kv(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int
     }
 }
 
-/* Query rows [i0, i0 + Br) of head (b, h) against the packed keys of its kv head. */
+/* S = Q_i K_j^T of one key block, masked -> softmax update -> acc += P V_j, for query rows [i0, i0 + br); the
+ * block holds keys [j0, j0 + n) and every row sees all of them when `full`. */
+static void block_step(const attn_params *p, const fattn_cpu_config *cfg, scratch *w, int br, int64_t i0, int64_t j0,
+                       int64_t n, const float *kt, const float *vb, int full) {
+    const int64_t dp = round_up(p->d, NR), bc = cfg->bc, np = round_up(n, NR);
+    /* S = Q_i K_j^T (already in log2 units) */
+    gemm_rows(w->q, dp, kt, bc, w->s, bc, br, (int)np, (int)p->d, 0);
+    for (int r = 0; r < br; r++) {
+        float *s = w->s + r * bc;
+        int64_t lo = 0, hi = n; /* keys [lo, hi) of this block the row sees */
+        if (!full) {
+            fattn_row_keys(&p->mask, p->sq, p->sk, i0 + r, &lo, &hi);
+            lo = lo - j0 < 0 ? 0 : lo - j0 > n ? n : lo - j0;
+            hi = hi - j0 < lo ? lo : hi - j0 > n ? n : hi - j0;
+        }
+        for (int64_t c = 0; c < lo; c++) s[c] = -INFINITY;
+        for (int64_t c = hi; c < np; c++) s[c] = -INFINITY;
+        const float mx = row_max(s, np, w->m[r]);
+        if (mx == -INFINITY) { /* nothing visible yet in this row */
+            memset(s, 0, sizeof(float) * np);
+            continue;
+        }
+        const float alpha = exp2f(w->m[r] - mx);
+        v8f sum = {0};
+        for (int64_t c = 0; c < np; c += 8) {
+            v8f e = exp2_v8(loadv(s + c) - mx);
+            storev(s + c, e);
+            sum += e;
+        }
+        float rs = 0.f;
+        for (int i = 0; i < 8; i++) rs += sum[i];
+        w->l[r] = w->l[r] * alpha + rs;
+        w->m[r] = mx;
+        if (alpha != 1.f) {
+            float *a = w->acc + r * dp;
+            for (int64_t e = 0; e < dp; e++) a[e] *= alpha;
+        }
+    }
+    /* acc += P V_j */
+    gemm_rows(w->s, bc, vb, dp, w->acc, dp, br, (int)dp, (int)np, 1);
+}
+
+/* Query rows [i0, i0 + Br) of head (b, h) against the packed keys of its kv head (packed from key k0 on). */
 static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t h,
-                       int64_t i0) {
+                       int64_t i0, int64_t k0) {
     const int64_t d = p->d, dp = round_up(d, NR), bc = cfg->bc;
     const int br = (int)(p->sq - i0 < cfg->br ? p->sq - i0 : cfg->br);
     const int64_t q_off = b * p->q_stride_b + h * p->q_stride_h;
@@ -191,43 +249,11 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
         w->m[r] = -INFINITY;
         w->l[r] = 0.f;
     }
-    const int64_t kend = fattn_row_kend(p, i0 + br - 1); /* rows' visible ranges grow with i */
-
-    for (int64_t j0 = 0; j0 < kend; j0 += bc) {
-        const int64_t n = kend - j0 < bc ? kend - j0 : bc;
-        const int64_t np = round_up(n, NR);
-        /* S = Q_i K_j^T (already in log2 units) */
-        gemm_rows(w->q, dp, w->kt + (j0 / bc) * dp * bc, bc, w->s, bc, br, (int)np, (int)d, 0);
-
-        for (int r = 0; r < br; r++) {
-            float *s = w->s + r * bc;
-            int64_t visible = fattn_row_kend(p, i0 + r) - j0; /* keys [0, visible) of this block */
-            if (visible > n) visible = n;
-            if (visible < 0) visible = 0;
-            for (int64_t c = visible; c < np; c++) s[c] = -INFINITY;
-            const float mx = row_max(s, np, w->m[r]);
-            if (mx == -INFINITY) { /* nothing visible yet in this row */
-                memset(s, 0, sizeof(float) * np);
-                continue;
-            }
-            const float alpha = exp2f(w->m[r] - mx);
-            v8f sum = {0};
-            for (int64_t c = 0; c < np; c += 8) {
-                v8f e = exp2_v8(loadv(s + c) - mx);
-                storev(s + c, e);
-                sum += e;
-            }
-            float rs = 0.f;
-            for (int i = 0; i < 8; i++) rs += sum[i];
-            w->l[r] = w->l[r] * alpha + rs;
-            w->m[r] = mx;
-            if (alpha != 1.f) {
-                float *a = w->acc + r * dp;
-                for (int64_t e = 0; e < dp; e++) a[e] *= alpha;
-            }
-        }
-        /* acc += P V_j */
-        gemm_rows(w->s, bc, w->v + j0 * dp, dp, w->acc, dp, br, (int)dp, (int)np, 1);
+    const fattn_span sp = fattn_key_span(&p->mask, p->sq, p->sk, i0, br, bc);
+    for (int64_t n = sp.n_min; n < sp.n_max; n++) {
+        const int64_t j0 = n * bc, rel = j0 - k0, len = p->sk - j0 < bc ? p->sk - j0 : bc;
+        block_step(p, cfg, w, br, i0, j0, len, w->kt + (rel / bc) * dp * bc, w->v + rel * dp,
+                   n >= sp.n_full_min && n < sp.n_full_max);
     }
 
     for (int r = 0; r < br; r++) {
@@ -241,22 +267,24 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
     }
 }
 
-/* One task: query blocks [qb0, qb1) of every query head that reads kv head (b, hk). */
+/* One task: query blocks [qb0, qb1) of every query head that reads kv head (b, hk).  The keys any of them sees are
+ * packed once. */
 static void attn_task(const attn_params *p, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
                       int64_t qb0, int64_t qb1) {
-    const int64_t i_last = (qb1 * cfg->br < p->sq ? qb1 * cfg->br : p->sq) - 1;
-    const int64_t kend = fattn_row_kend(p, i_last);
-    pack_kv(p, cfg->bc, b, hk, kend, w);
+    const int64_t i0 = qb0 * cfg->br, rows = (qb1 - qb0) * cfg->br;
+    const fattn_span sp = fattn_key_span(&p->mask, p->sq, p->sk, i0, rows, cfg->bc);
+    const int64_t k0 = sp.n_min * cfg->bc, k1 = sp.n_max * cfg->bc < p->sk ? sp.n_max * cfg->bc : p->sk;
+    pack_kv(p, cfg->bc, b, hk, k0, k1 > k0 ? k1 : k0, w);
     for (int64_t g = 0; g < p->h_per_kv; g++)
-        for (int64_t qb = qb1 - 1; qb >= qb0; qb--) attn_block(p, cfg, w, b, hk * p->h_per_kv + g, qb * cfg->br);
+        for (int64_t qb = qb1 - 1; qb >= qb0; qb--) attn_block(p, cfg, w, b, hk * p->h_per_kv + g, qb * cfg->br, k0);
 }
 
-static void *alloc_floats(int64_t n) { return aligned_alloc(64, (size_t)round_up(n * 4, 64)); }
+static void *alloc_floats(int64_t n) { return aligned_alloc(64, (size_t)round_up(n > 0 ? n * 4 : 4, 64)); }
 
 fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg) {
-    fattn_cpu_config c = cfg ? *cfg : fattn_cpu_default_config();
-    if (c.br < 1 || c.bc < NR || c.bc % NR)
-        return FATTN_FAIL(FATTN_ERR_INVALID, "cpu config: br must be >= 1 and bc a multiple of %d", NR);
+    const fattn_cpu_config c = *cfg;
+    fattn_status st = fattn_cpu_check_config(&c);
+    if (st) return st;
     const int64_t nqb = (p->sq + c.br - 1) / c.br, heads = p->b * p->h_kv;
     if (nqb == 0 || heads == 0) return FATTN_OK;
     int nthreads = 1;
@@ -293,17 +321,4 @@ fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg
     }
     if (failed) return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backend: out of memory for scratch buffers");
     return FATTN_OK;
-}
-
-fattn_status fattn_cpu_time(const attn_params *p, const fattn_cpu_config *cfg, int reps, int warmup, float *us) {
-    fattn_status st = FATTN_OK;
-    for (int i = 0; i < warmup && !st; i++) st = fattn_cpu_forward(p, cfg);
-    for (int i = 0; i < reps && !st; i++) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        st = fattn_cpu_forward(p, cfg);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        us[i] = (float)((double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-3);
-    }
-    return st;
 }

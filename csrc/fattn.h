@@ -1,4 +1,4 @@
-/* fattn.h -- the plain C interface shared by the extension, the CPU backend and the CUDA kernels.
+/* fattn.h -- the plain C interface shared by the extension, the CPU backend, the planners and the CUDA kernels.
  *
  * One attn_params describes one attention call.  Tensors are addressed by raw pointers and int64 strides in
  * elements (last dimension contiguous), so any view of a (B, H, S, D) or (B, S, H, D) buffer is read in place.
@@ -7,22 +7,30 @@
  *
  * The math (paper names, Dao et al.):  S = Q K^T * scale;  P = softmax(S) row-wise;  O = P V;
  * LSE_i = log(sum_j exp(S_ij)).  Kernels work in base 2: S2 = Q K^T * scale_log2, P = exp2(S2 - m_i).
+ * Which keys a query sees is the mask block (mask.h).  A query row with no visible key gets O = 0, LSE = -inf.
  *
- * Causal masking: key j is visible from query i iff j <= i + causal_offset, where
- *   top-left     (torch SDPA's is_causal):  causal_offset = 0
- *   bottom-right (flash-attention's):       causal_offset = sk - sq
- * A query row with no visible key gets O = 0 and LSE = -inf.
+ * The backward's params extend the forward's (attn_bwd_params begins with an attn_params), as flash-attention's
+ * Flash_bwd_params extends Flash_fwd_params.
  */
 #ifndef FATTN_H
 #define FATTN_H
 
 #ifdef __CUDACC_RTC__ /* NVRTC (run-time compilation): no system headers */
 typedef long long int64_t;
+typedef int int32_t;
 typedef unsigned long long uint64_t;
 typedef unsigned long long uintptr_t;
 #else
 #include <stdint.h>
 #endif
+
+#ifdef __CUDACC__
+#define FATTN_HD static __host__ __device__ __forceinline__
+#else
+#define FATTN_HD static inline
+#endif
+
+#include "mask.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,8 +41,6 @@ extern "C" {
 #define FATTN_MAX_HEADDIM 256
 
 typedef enum { FATTN_F32 = 0, FATTN_F16 = 1, FATTN_BF16 = 2 } fattn_dtype;
-
-typedef enum { FATTN_CAUSAL_NONE = 0, FATTN_CAUSAL_TOP_LEFT = 1, FATTN_CAUSAL_BOTTOM_RIGHT = 2 } fattn_causal;
 
 typedef struct attn_params {
     const void *q, *k, *v;
@@ -50,12 +56,26 @@ typedef struct attn_params {
     int64_t h_per_kv;                 /* h / h_kv: query head i reads kv head i / h_per_kv */
     fattn_dtype dtype;
     float scale, scale_log2;          /* softmax scale, and scale * log2(e) */
-    int causal;                       /* fattn_causal */
-    int64_t causal_offset;            /* 0 (top-left) or sk - sq (bottom-right) */
-    int64_t sm_count;                 /* filled by the launcher's caller: multiprocessors on the device */
-    int config;                       /* variant-specific config index; -1: the tuned config if one is
-                                         registered for this problem, else the variant's default */
+    fattn_mask mask;                  /* which keys each query sees */
 } attn_params;
+
+/* The backward pass: dQ, dK, dV from dO, the forward's inputs, its output O and its LSE (fwd.lse, required).
+ * D_i = rowsum(dO_i * O_i) goes to dpsum; dQ is accumulated in float32 in dq_accum, then converted. */
+typedef struct attn_bwd_params {
+    attn_params fwd;                  /* q, k, v, o, lse (read), mask, scale */
+    const void *dout;
+    void *dq, *dk, *dv;
+    int64_t do_stride_b, do_stride_h, do_stride_s;
+    int64_t dq_stride_b, dq_stride_h, dq_stride_s;
+    int64_t dk_stride_b, dk_stride_h, dk_stride_s;
+    int64_t dv_stride_b, dv_stride_h, dv_stride_s;
+    float *dpsum;                     /* (b, h, sq) workspace: D_i */
+    float *dq_accum;                  /* (b, h, sq, d) float32 workspace */
+    int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
+} attn_bwd_params;
+
+/* The head-dim bucket kernels are compiled for: 64, 128 or 256 (columns past d are zero-filled). */
+FATTN_HD int fattn_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 /* Status codes; a non-zero status comes with a message from fattn_last_error(). */
 typedef enum {
@@ -73,28 +93,6 @@ const char *fattn_last_error(void);
 #endif
 
 #define FATTN_FAIL(status, ...) fattn_set_error((status), __FILE__, __LINE__, __VA_ARGS__)
-
-#ifdef __CUDACC__
-#define FATTN_HD static __host__ __device__ __forceinline__
-#else
-#define FATTN_HD static inline
-#endif
-
-/* Visible key range for query row i: keys [0, fattn_row_kend(p, i)).  Returns 0 for a fully masked row. */
-FATTN_HD int64_t fattn_row_kend(const attn_params *p, int64_t i) {
-    if (!p->causal) return p->sk;
-    int64_t e = i + p->causal_offset + 1;
-    return e < 0 ? 0 : (e > p->sk ? p->sk : e);
-}
-
-/* The sequence-length bucket of the tuned-config cache: FATTN_SEQ_BUCKETS buckets of Sk (<= 512, <= 1k, ...,
- * <= 32k, more), doubled by whether the queries fit one 64-row tile (decode-like calls tune differently). */
-#define FATTN_SEQ_BUCKETS 16
-FATTN_HD int fattn_seq_bucket(int64_t sq, int64_t sk) {
-    int b = 0;
-    while (b < 7 && sk > ((int64_t)512 << b)) b++;
-    return b + (sq <= 64 ? 8 : 0);
-}
 
 #ifdef __cplusplus
 }

@@ -1,174 +1,256 @@
-/* gpu.c -- CUDA runtime glue in C: device queries, the variant table, device switching around a launch.
- * Built with -DFATTN_WITH_CUDA when nvcc is present; otherwise every entry point reports that CUDA support was
- * not compiled in.  The CUDA runtime is linked statically: it loads the driver on first use, so importing fattn
- * on a machine without a GPU or driver works, and the first GPU call returns a clear error. */
+/* gpu.c -- the GPU side in C: the variant table, device queries, and the dispatch step (plan, prepare the device,
+ * workspace, launch).  Built with -DFATTN_WITH_CUDA when nvcc is present; otherwise every entry point reports that
+ * CUDA support was not compiled in.  The CUDA runtime is linked statically: it loads the driver on first use, so
+ * importing fattn on a machine without a GPU or driver works and the first GPU call returns a clear error. */
+#include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "gpu.h"
+#include "tuned.h"
+#include "variants.h"
+
+/* The table.  Planners are plain C and always built (the tuner's keep() asks them even on a machine without
+ * CUDA); launchers and prepare hooks exist only in CUDA builds. */
+#ifdef FATTN_WITH_CUDA
+#define LAUNCH(name) fattn_launch_##name
+#define PREPARE(name) fattn_prepare_##name
+#else
+#define LAUNCH(name) NULL
+#define PREPARE(name) NULL
+#endif
+#define FATTN_VARIANT_ROW(name, family, file, summary, min_sm, max_sm, dtypes, fallback, prefer)                \
+    {#name, #family, file, summary, min_sm, max_sm, dtypes, fallback, fattn_plan_##name, LAUNCH(name),           \
+     PREPARE(name), fattn_configs_##name, fattn_check_config_##name, prefer},
+const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW){0}};
+#undef FATTN_VARIANT_ROW
+#define NVARIANTS ((int)(sizeof fattn_gpu_variants / sizeof fattn_gpu_variants[0]) - 1)
+
+const fattn_variant *fattn_find_variant(const char *name) {
+    for (const fattn_variant *v = fattn_gpu_variants; v->name; v++)
+        if (!strcmp(v->name, name)) return v;
+    return NULL;
+}
 
 #ifdef FATTN_WITH_CUDA
 #include "cuda_check.h"
-
-#define FATTN_VARIANT_ROW(name, summary, min_sm, max_sm, dtypes, prefer) \
-    {#name, summary, min_sm, max_sm, dtypes, fattn_launch_##name, fattn_check_##name, prefer},
-const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW){0}};
-#undef FATTN_VARIANT_ROW
 
 int fattn_gpu_compiled(void) { return 1; }
 
 fattn_status fattn_gpu_device_count(int *count) {
     *count = 0;
-    FATTN_CUDA_CHECK(cudaGetDeviceCount(count));
-    return FATTN_OK;
+    const cudaError_t e = cudaGetDeviceCount(count);
+    if (e == cudaSuccess) return FATTN_OK;
+    cudaGetLastError();
+    if (e == cudaErrorNoDevice)
+        return FATTN_FAIL(FATTN_ERR_CUDA, "no CUDA GPU found (the driver reports no device)");
+    if (e == cudaErrorInsufficientDriver)
+        return FATTN_FAIL(FATTN_ERR_CUDA, "no usable NVIDIA driver: this machine has no GPU driver, or one older than "
+                                          "the CUDA %d.%d runtime fattn was built with",
+                          CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    return FATTN_FAIL(FATTN_ERR_CUDA, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-#define MAX_DEVICES 64
-static int sm_cache[MAX_DEVICES], sm_count_cache[MAX_DEVICES];
+/* ---- device queries: compute capability and multiprocessors, read once per device --------------------------- */
 
-fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *name, int name_len) {
+#define MAX_DEVICES 64
+static fattn_device dev_cache[MAX_DEVICES];
+static unsigned char prepared[MAX_DEVICES][NVARIANTS]; /* [device][variant]: its prepare hook ran there */
+static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
+
+fattn_status fattn_gpu_device(int device, fattn_device *dev, char *name, int name_len) {
     if (device < 0 || device >= MAX_DEVICES) return FATTN_FAIL(FATTN_ERR_INVALID, "device %d out of range", device);
-    if (!sm_cache[device] || name) {
+    if (!dev_cache[device].sm || name) {
+        int n = 0;
+        fattn_status st = fattn_gpu_device_count(&n);
+        if (st) return st;
+        if (device >= n) return FATTN_FAIL(FATTN_ERR_INVALID, "cuda:%d does not exist (%d CUDA device%s)", device, n,
+                                           n == 1 ? "" : "s");
         int major = 0, minor = 0, count = 0;
         FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
         FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-        sm_count_cache[device] = count;
-        sm_cache[device] = major * 10 + minor;
         if (name && name_len > 0) {
             struct cudaDeviceProp prop;
             FATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
             snprintf(name, (size_t)name_len, "%s", prop.name);
         }
+        const fattn_device d = {device, major * 10 + minor, count};
+        dev_cache[device] = d;
     }
-    *sm = sm_cache[device];
-    *sm_count = sm_count_cache[device];
+    *dev = dev_cache[device];
     return FATTN_OK;
 }
 
-const fattn_variant *fattn_gpu_default(int device, const attn_params *p) {
-    int sm, sm_count;
-    if (fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0)) return NULL;
+/* ---- planning ------------------------------------------------------------------------------------------------ */
+
+static fattn_status runs_on(const fattn_variant *v, const fattn_device *dev) {
+    if (fattn_variant_runs_on(v, dev->sm)) return FATTN_OK;
+    if (v->max_sm)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s needs compute capability %d.%d to %d.%d; cuda:%d has %d.%d", v->name,
+                          v->min_sm / 10, v->min_sm % 10, v->max_sm / 10, v->max_sm % 10, dev->id, dev->sm / 10,
+                          dev->sm % 10);
+    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s needs compute capability %d.%d; cuda:%d has %d.%d", v->name,
+                      v->min_sm / 10, v->min_sm % 10, dev->id, dev->sm / 10, dev->sm % 10);
+}
+
+static fattn_status plan_one(const fattn_variant *v, const attn_params *p, const fattn_device *dev,
+                             const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
+    memset(plan, 0, sizeof *plan);
+    plan->variant = v;
+    plan->dev = *dev;
+    plan->config = -1;
+    plan->splits = 1;
+    plan->head_group = 1;
+    return v->plan(p, tuned, ov, plan);
+}
+
+fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const fattn_tuned *tuned, const char *forced,
+                            const fattn_overrides *ov, fattn_plan *plan) {
+    if (forced) {
+        const fattn_variant *v = fattn_find_variant(forced);
+        if (!v) return FATTN_FAIL(FATTN_ERR_INVALID, "unknown GPU variant '%s'", forced);
+        fattn_status st = runs_on(v, dev);
+        if (st) return st;
+        st = plan_one(v, p, dev, tuned, ov, plan);
+        if (st == FATTN_ERR_UNSUPPORTED && v->fallback) {
+            const fattn_variant *f = fattn_find_variant(v->fallback);
+            if (f && !runs_on(f, dev)) {
+                fattn_overrides fo = *ov;
+                fo.config = -1; /* the forced variant's config index means nothing to its fallback */
+                st = plan_one(f, p, dev, tuned, &fo, plan);
+            }
+        }
+        return st;
+    }
     const fattn_variant *best = NULL;
-    for (const fattn_variant *v = fattn_gpu_variants; v->name; v++)
-        if (fattn_variant_runs_on(v, sm) && (v->dtypes >> p->dtype & 1) && v->check(p) == FATTN_OK &&
-            (!v->prefer || v->prefer(p)))
+    for (int i = NVARIANTS - 1; i >= 0 && !best; i--) {
+        const fattn_variant *v = &fattn_gpu_variants[i];
+        if (fattn_variant_runs_on(v, dev->sm) && (v->dtypes >> p->dtype & 1) && (!v->prefer || v->prefer(p)) &&
+            plan_one(v, p, dev, tuned, ov, plan) == FATTN_OK)
             best = v;
-    if (!best) FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "no GPU variant runs these arguments on device %d", device);
-    return best;
-}
-
-static fattn_status check_runs_on(const fattn_variant *variant, int device, int sm) {
-    if (fattn_variant_runs_on(variant, sm)) return FATTN_OK;
-    if (variant->max_sm)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "variant %s needs compute capability %d.%d to %d.%d, device %d has %d.%d",
-                          variant->name, variant->min_sm / 10, variant->min_sm % 10, variant->max_sm / 10,
-                          variant->max_sm % 10, device, sm / 10, sm % 10);
-    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "variant %s needs compute capability %d.%d, device %d has %d.%d",
-                      variant->name, variant->min_sm / 10, variant->min_sm % 10, device, sm / 10, sm % 10);
-}
-
-fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream) {
-    int sm, sm_count, current = -1;
-    fattn_status st = fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0);
-    if (st) return st;
-    if ((st = check_runs_on(variant, device, sm))) return st;
-    p->sm_count = sm_count;
-    FATTN_CUDA_CHECK(cudaGetDevice(&current));
-    if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
-    st = variant->launch(p, stream);
-    if (st) cudaGetLastError();
-    if (current != device) {
-        cudaError_t err = cudaSetDevice(current);
-        if (!st && err != cudaSuccess) st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaSetDevice(%d): %s", current,
-                                                       cudaGetErrorString(err));
     }
-    return st;
+    if (!best) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "no GPU variant runs these arguments on cuda:%d", dev->id);
+    return FATTN_OK;
 }
 
-/* L2 flush buffer per device: twice the L2, allocated on the first timing call there. */
-static void *flush_buf[MAX_DEVICES];
-static size_t flush_bytes[MAX_DEVICES];
+/* ---- workspace: one per (device, stream) ------------------------------------------------------------------- */
 
-static fattn_status time_one(const fattn_variant *variant, attn_params *p, void *stream, int device, int reps,
-                             int warmup, int flush, float *us) {
+/* Grown when a call needs more and never shared between streams (so calls on different streams cannot race on it);
+ * allocated on the first call that needs one, not per call.  Under CUDA graph capture nothing is allocated: a
+ * captured graph must not hold a buffer a later call might free. */
+typedef struct {
+    int device;
+    void *stream;
+    void *buf;
+    size_t bytes;
+} workspace;
+#define WORKSPACES 32
+static workspace ws_table[WORKSPACES];
+static int ws_count;
+
+/* A workspace of >= bytes for (device, stream), or NULL when none can be had without risk (capture, table full,
+ * out of memory). */
+static void *workspace_get(int device, void *stream, size_t bytes) {
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cap) != cudaSuccess) {
+        cudaGetLastError(); /* the legacy stream while another stream captures: treat as capturing */
+        return NULL;
+    }
+    if (cap != cudaStreamCaptureStatusNone) return NULL;
+    void *out = NULL;
+    pthread_mutex_lock(&dev_lock);
+    workspace *w = NULL;
+    for (int i = 0; i < ws_count && !w; i++)
+        if (ws_table[i].device == device && ws_table[i].stream == stream) w = &ws_table[i];
+    if (!w && ws_count < WORKSPACES) {
+        w = &ws_table[ws_count++];
+        w->device = device;
+        w->stream = stream;
+    }
+    if (w && w->bytes < bytes) {
+        const size_t grow = bytes > 2 * w->bytes ? bytes : 2 * w->bytes;
+        void *nb = NULL;
+        if (cudaMalloc(&nb, grow) != cudaSuccess) {
+            cudaGetLastError();
+        } else {
+            if (w->buf) cudaFree(w->buf); /* synchronises the device: no queued kernel still uses the old one */
+            w->buf = nb;
+            w->bytes = grow;
+        }
+    }
+    if (w && w->bytes >= bytes) out = w->buf;
+    pthread_mutex_unlock(&dev_lock);
+    return out;
+}
+
+/* ---- running a plan -------------------------------------------------------------------------------------------- */
+
+static fattn_status prepare_once(const fattn_plan *plan) {
+    const int vi = (int)(plan->variant - fattn_gpu_variants), d = plan->dev.id;
     fattn_status st = FATTN_OK;
-    if (flush && !flush_buf[device]) {
-        int l2 = 0;
-        FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-        const size_t bytes = 2 * (size_t)(l2 > 0 ? l2 : 64 << 20);
-        FATTN_CUDA_CHECK(cudaMalloc(&flush_buf[device], bytes));
-        flush_bytes[device] = bytes;
-    }
-    for (int i = 0; i < warmup && !st; i++) st = variant->launch(p, stream);
-    cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * (size_t)reps, sizeof(cudaEvent_t));
-    if (!ev) return FATTN_FAIL(FATTN_ERR_NOMEM, "out of memory for %d timing events", 2 * reps);
-    int made = 0;
-    for (; made < 2 * reps && !st; made++)
-        if (cudaEventCreate(&ev[made]) != cudaSuccess) st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaEventCreate failed");
-    for (int i = 0; i < reps && !st; i++) {
-        cudaError_t e = flush ? cudaMemsetAsync(flush_buf[device], i & 0xff, flush_bytes[device], (cudaStream_t)stream)
-                              : cudaSuccess;
-        if (e == cudaSuccess) e = cudaEventRecord(ev[2 * i], (cudaStream_t)stream);
-        if (e != cudaSuccess) { st = FATTN_FAIL(FATTN_ERR_CUDA, "timing: %s", cudaGetErrorString(e)); break; }
-        if ((st = variant->launch(p, stream))) break;
-        if ((e = cudaEventRecord(ev[2 * i + 1], (cudaStream_t)stream)) != cudaSuccess)
-            st = FATTN_FAIL(FATTN_ERR_CUDA, "timing: %s", cudaGetErrorString(e));
-    }
-    if (!st) {
-        cudaError_t e = cudaEventSynchronize(ev[2 * reps - 1]);
-        for (int i = 0; i < reps && e == cudaSuccess; i++) e = cudaEventElapsedTime(&us[i], ev[2 * i], ev[2 * i + 1]);
-        if (e != cudaSuccess) st = FATTN_FAIL(FATTN_ERR_CUDA, "timing: %s", cudaGetErrorString(e));
-        for (int i = 0; i < reps; i++) us[i] *= 1000.f;
-    }
-    for (int i = 0; i < made; i++) cudaEventDestroy(ev[i]);
-    free(ev);
+    pthread_mutex_lock(&dev_lock);
+    if (!prepared[d][vi] && !(st = plan->variant->prepare(d))) prepared[d][vi] = 1;
+    pthread_mutex_unlock(&dev_lock);
     return st;
 }
 
-fattn_status fattn_gpu_time(const fattn_variant *variant, int device, attn_params *p, void *stream, int reps,
-                            int warmup, int flush, float *us) {
-    int sm, sm_count, current = -1;
-    if (reps < 1 || reps > FATTN_TIME_MAX_REPS || warmup < 0)
-        return FATTN_FAIL(FATTN_ERR_INVALID, "reps must be in [1, %d] and warmup >= 0", FATTN_TIME_MAX_REPS);
-    fattn_status st = fattn_gpu_device_info(device, &sm, &sm_count, NULL, 0);
-    if (st || (st = check_runs_on(variant, device, sm))) return st;
-    p->sm_count = sm_count;
+static fattn_status run_on_device(const attn_params *p, const fattn_tuned *tuned, const char *forced,
+                                  const fattn_overrides *ov, fattn_plan *plan, void *stream) {
+    fattn_status st = prepare_once(plan);
+    if (st) return st;
+    if (plan->workspace_bytes) {
+        plan->workspace = workspace_get(plan->dev.id, stream, plan->workspace_bytes);
+        if (!plan->workspace) { /* capture, or no memory: the same call without key splits needs none */
+            fattn_overrides unsplit = *ov;
+            unsplit.splits = 1;
+            if ((st = fattn_plan_gpu(p, &plan->dev, tuned, forced ? forced : plan->variant->name, &unsplit, plan)))
+                return st;
+            if (plan->workspace_bytes) return FATTN_FAIL(FATTN_ERR_NOMEM, "no workspace for %s", plan->variant->name);
+            if ((st = prepare_once(plan))) return st;
+        }
+    }
+    return plan->variant->launch(p, plan, stream);
+}
+
+fattn_status fattn_run_gpu(const attn_params *p, const fattn_tuned *tuned, const char *forced,
+                           const fattn_overrides *ov, fattn_plan *plan, void *stream) {
+    int current = -1;
+    const int device = plan->dev.id;
     FATTN_CUDA_CHECK(cudaGetDevice(&current));
     if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
-    st = time_one(variant, p, stream, device, reps, warmup, flush, us);
-    if (st) cudaGetLastError();
-    if (current != device) cudaSetDevice(current);
+    fattn_status st = run_on_device(p, tuned, forced, ov, plan, stream);
+    if (st) cudaGetLastError(); /* never leave an error pending for the caller's next call */
+    if (current != device) {
+        const cudaError_t e = cudaSetDevice(current);
+        if (!st && e != cudaSuccess)
+            st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaSetDevice(%d): %s", current, cudaGetErrorString(e));
+    }
     return st;
 }
 
 #else /* built without CUDA */
-
-const fattn_variant fattn_gpu_variants[] = {{0}};
 
 int fattn_gpu_compiled(void) { return 0; }
 
 static fattn_status not_built(void) {
     return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "fattn was built without CUDA support (nvcc was not found at build time)");
 }
-fattn_status fattn_gpu_device_count(int *count) { *count = 0; return not_built(); }
-fattn_status fattn_gpu_device_info(int device, int *sm, int *sm_count, char *name, int name_len) {
-    (void)device; (void)sm; (void)sm_count; (void)name; (void)name_len;
+fattn_status fattn_gpu_device_count(int *count) {
+    *count = 0;
     return not_built();
 }
-fattn_status fattn_gpu_forward(const fattn_variant *variant, int device, attn_params *p, void *stream) {
-    (void)variant; (void)device; (void)p; (void)stream;
+fattn_status fattn_gpu_device(int device, fattn_device *dev, char *name, int name_len) {
+    (void)device; (void)dev; (void)name; (void)name_len;
     return not_built();
 }
-fattn_status fattn_gpu_time(const fattn_variant *variant, int device, attn_params *p, void *stream, int reps,
-                            int warmup, int flush, float *us) {
-    (void)variant; (void)device; (void)p; (void)stream; (void)reps; (void)warmup; (void)flush; (void)us;
+fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const fattn_tuned *tuned, const char *forced,
+                            const fattn_overrides *ov, fattn_plan *plan) {
+    (void)p; (void)dev; (void)tuned; (void)forced; (void)ov; (void)plan;
     return not_built();
 }
-const fattn_variant *fattn_gpu_default(int device, const attn_params *p) {
-    (void)device; (void)p;
-    not_built();
-    return NULL;
+fattn_status fattn_run_gpu(const attn_params *p, const fattn_tuned *tuned, const char *forced,
+                           const fattn_overrides *ov, fattn_plan *plan, void *stream) {
+    (void)p; (void)tuned; (void)forced; (void)ov; (void)plan; (void)stream;
+    return not_built();
 }
 #endif

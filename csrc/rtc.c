@@ -130,6 +130,7 @@ struct fattn_rtc_kernel {
     unsigned smem_set[RTC_MAX_DEVICES];
 };
 
+#ifdef FATTN_WITH_CUDA
 static struct {
     void *lib;
     int (*module_load_data)(void **, const void *);
@@ -171,6 +172,7 @@ static const char *cu_error(int r) {
     const char *s = NULL;
     return cu.get_error_string && !cu.get_error_string(r, &s) && s ? s : "unknown CUDA driver error";
 }
+#endif
 
 fattn_rtc_kernel *fattn_rtc_kernel_new(const void *image, size_t size, const char *func) {
     fattn_rtc_kernel *k = (fattn_rtc_kernel *)calloc(1, sizeof *k);
@@ -215,4 +217,38 @@ fattn_status fattn_rtc_launch(fattn_rtc_kernel *k, unsigned gx, unsigned gy, uns
     (void)k; (void)gx; (void)gy; (void)block; (void)smem; (void)stream; (void)args;
     return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "fattn was built without CUDA support");
 #endif
+}
+
+/* ---- the registry ----------------------------------------------------------------------------------------------- */
+
+#define RTC_MAX_ENTRIES 512
+static fattn_rtc_entry rtc_entries[RTC_MAX_ENTRIES];
+static int rtc_nentries;
+
+fattn_status fattn_rtc_register(const char *variant, const int64_t *cfg, int n, int dtype, fattn_rtc_kernel *k,
+                                int *index) {
+    if (n > FATTN_RTC_FIELDS || strlen(variant) >= sizeof rtc_entries[0].variant)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "run-time kernel registry: config of %d fields for '%s'", n, variant);
+    fattn_status st = FATTN_OK;
+    pthread_mutex_lock(&rtc_lock);
+    if (rtc_nentries >= RTC_MAX_ENTRIES) {
+        st = FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "at most %d run-time compiled kernels per process", RTC_MAX_ENTRIES);
+    } else {
+        fattn_rtc_entry *e = &rtc_entries[rtc_nentries];
+        memset(e, 0, sizeof *e);
+        strcpy(e->variant, variant);
+        memcpy(e->cfg, cfg, sizeof(int64_t) * (size_t)n);
+        e->dtype = dtype;
+        e->kernel = k;
+        *index = rtc_nentries++;
+    }
+    pthread_mutex_unlock(&rtc_lock);
+    return st;
+}
+
+const fattn_rtc_entry *fattn_rtc_entry_at(int i) {
+    pthread_mutex_lock(&rtc_lock);
+    const fattn_rtc_entry *e = i >= 0 && i < rtc_nentries ? &rtc_entries[i] : NULL;
+    pthread_mutex_unlock(&rtc_lock);
+    return e;
 }

@@ -30,6 +30,23 @@ fattn_rtc_kernel *fattn_rtc_kernel_new(const void *image, size_t size, const cha
 fattn_status fattn_rtc_launch(fattn_rtc_kernel *k, unsigned gx, unsigned gy, unsigned block, unsigned smem,
                               void *stream, void **args);
 
+/* The registry of kernels compiled at run time: an append-only, process-wide list (loaded modules are process-wide
+ * anyway).  An entry is one configuration of one variant for one dtype; the variant's planner numbers its entries
+ * after its ahead-of-time configs. */
+#define FATTN_RTC_FIELDS 8
+typedef struct {
+    char variant[8];
+    int64_t cfg[FATTN_RTC_FIELDS]; /* the variant's config fields, in its own order */
+    int dtype;
+    fattn_rtc_kernel *kernel;
+} fattn_rtc_entry;
+
+/* Adds an entry (the kernel is owned by the registry from then on); *index: its registry position. */
+fattn_status fattn_rtc_register(const char *variant, const int64_t *cfg, int n, int dtype, fattn_rtc_kernel *k,
+                                int *index);
+/* Entry i, or NULL; entries never move or change once added. */
+const fattn_rtc_entry *fattn_rtc_entry_at(int i);
+
 #ifdef __cplusplus
 }
 #endif

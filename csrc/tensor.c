@@ -143,7 +143,12 @@ int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg
     for (int i = 0; i < 3; i++)
         if (dtype == n->torch_dtypes[i]) dt = i;
     if (dt < 0) {
-        PyErr_Format(PyExc_TypeError, "%s: dtype %R is not supported; use float16, bfloat16 or float32", arg, dtype);
+        PyObject *text = PyObject_Str(dtype); /* "torch.float64": said as "float64" */
+        const char *name = text ? PyUnicode_AsUTF8(text) : NULL;
+        if (name && !strncmp(name, "torch.", 6)) name += 6;
+        if (name)
+            PyErr_Format(PyExc_TypeError, "%s: dtype %s is not supported; use float16, bfloat16 or float32", arg, name);
+        Py_XDECREF(text);
         Py_DECREF(dtype);
         return -1;
     }
@@ -174,6 +179,15 @@ int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg
     Py_XDECREF(dev);
     Py_XDECREF(shape);
     Py_XDECREF(stride);
+    if (!ok && !stride) { /* torch refused to give its memory: a sparse, nested, vmap-batched or fake tensor */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_ValueError, "%s: fattn cannot read this tensor's memory (torch says: %S); it takes dense "
+                     "cpu or cuda tensors, not sparse, meta, fake or vmap-batched ones", arg, value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
     if (!ok) return -1;
     out->t = t;
     return 0;

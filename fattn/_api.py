@@ -3,8 +3,8 @@ from . import _C
 from . import _frameworks, _tuned
 from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
 
-_CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
-_LAYOUT = {"bhsd": 0, "bshd": 1}
+CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
+LAYOUT = {"bhsd": 0, "bshd": 1}
 
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, return_lse=False, variant=None, lse=None):
@@ -28,7 +28,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
                 x x x . .       x x x x x
 
             A query row that sees no key (bottom-right with Sq > Sk, or Sk = 0) gives output 0 and LSE -inf.
-        scale: softmax scale; default ``1 / sqrt(D)``.  Any finite value, negative included.
+        scale: softmax scale; default ``1 / sqrt(D)``.  Any real number finite in float32, negative included
+            (a Python or NumPy scalar, or a 0-d array).
         layout: ``"bhsd"`` or ``"bshd"``; applies to q, k, v and out alike.
         out: optional writable array of q's shape and dtype to write into; otherwise one is allocated by the
             caller's framework (torch in, torch out; CuPy in, CuPy out; NumPy in, NumPy out).
@@ -46,28 +47,31 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
         kernels or the CUDA runtime (never left pending).
     """
     try:
-        causal_code = _CAUSAL[causal]
+        causal_code = CAUSAL[causal]
     except (KeyError, TypeError):
         raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
     try:
-        layout_code = _LAYOUT[layout]
+        layout_code = LAYOUT[layout]
     except (KeyError, TypeError):
         raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}") from None
     if variant is not None and not isinstance(variant, str):
         raise TypeError(f"variant: expected a str or None, got {type(variant).__name__}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if scale is not None and not isinstance(scale, float):
+        scale = _as_float(scale)
 
     fw = framework_of(q)
     if fw == "torch":
         if _frameworks._torch_raw_stream is None:
             _frameworks.register_torch(_C)
-        if q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False):
-            _refuse_grad()
+        _torch_checks(q, k, v)
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
     else:
         dev_type, dev_id = _C.dlpack_device(q)
+    for name, arr in (("out", out), ("lse", lse)):
+        if arr is not None and framework_of(arr) == "jax":
+            raise TypeError(f"{name}: JAX arrays are immutable, so fattn cannot write into one; pass a writable "
+                            "torch / CuPy / NumPy array")
 
     if out is None or ((return_lse or lse is not None) and lse is None):
         shape = tuple(q.shape)
@@ -83,17 +87,32 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
-    _C.forward(q, k, v, out, lse, causal_code, scale, layout_code, variant, stream)
+    _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, variant=variant, stream=stream)
     return (out, lse) if lse is not None else out
 
 
-def _refuse_grad():
-    """fattn has no backward pass yet: a tensor that requires grad is refused while autograd is recording."""
+def _as_float(scale):
+    """A scale given as any real scalar (int, NumPy scalar, 0-d array or tensor) as a float."""
+    if isinstance(scale, bool) or getattr(scale, "ndim", 0) != 0 or not hasattr(scale, "__float__"):
+        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+    return float(scale)
+
+
+def _torch_checks(q, k, v):
+    """What torch-specific callers need to hear before fattn reads the tensors."""
     import torch
 
-    if torch.is_grad_enabled():
-        raise NotImplementedError(
-            "fattn has no backward pass yet: call it under torch.no_grad() or pass detached tensors")
+    if torch.jit.is_tracing():
+        raise RuntimeError("fattn.attention cannot be traced by torch.jit.trace (the trace would replay an empty "
+                           "tensor); use torch.compile or call it eagerly")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if type(t).__name__ == "FakeTensor":
+            raise ValueError(f"{name}: a FakeTensor (torch.compile tracing or FakeTensorMode) has no data for fattn to "
+                             "read; call fattn outside the fake mode")
+    if q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False):
+        if torch.is_grad_enabled():
+            raise NotImplementedError(
+                "fattn has no backward pass yet: call it under torch.no_grad() or pass detached tensors")
 
 
 def _parse_device(device):
@@ -108,6 +127,8 @@ def _parse_device(device):
         return "cpu", 0
     if text.startswith("cuda"):
         _, _, idx = text.partition(":")
+        if idx and not idx.isdigit():
+            raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
         return "cuda", int(idx) if idx else 0
     raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 

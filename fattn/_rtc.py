@@ -31,7 +31,8 @@ class RTCError(RuntimeError):
 def source_root():
     """Directory holding kernels/ and csrc/: the source tree (editable installs) or the copy packaged in fattn/_src."""
     for root in (os.path.dirname(PKG), os.path.join(PKG, "_src")):
-        if os.path.isfile(os.path.join(root, "kernels", "v2_mma.cu")) and os.path.isfile(os.path.join(root, "csrc", "fattn.h")):
+        if os.path.isfile(os.path.join(root, "kernels", "sm80", "v2_fwd.cu")) and \
+                os.path.isfile(os.path.join(root, "csrc", "fattn.h")):
             return root
     raise RTCError("run-time compilation needs fattn's kernels/ sources, which this installation lacks")
 
@@ -98,8 +99,8 @@ def cache_dir():
     return d
 
 
-KERNEL_SOURCES = ("kernels/*.cu*", "kernels/*.h", "csrc/*.h")
-ALL_SOURCES = KERNEL_SOURCES + ("csrc/*.c",)
+KERNEL_SOURCES = ("kernels/*.cuh", "kernels/*/*.cu", "kernels/*/*.cuh", "kernels/*/*.h", "csrc/*.h")
+ALL_SOURCES = KERNEL_SOURCES + ("csrc/*.c", "kernels/*/*.c")
 
 
 def source_hash(root=None, patterns=KERNEL_SOURCES):
@@ -115,12 +116,16 @@ def source_hash(root=None, patterns=KERNEL_SOURCES):
     return h.hexdigest()
 
 
+V2_FIELDS = ("dp", "warps", "mt", "bc", "stages")
+
+
 def v2_options(cfg, dtype, arch):
     """NVRTC options for one v2 configuration (a dict with dp, warps, mt, bc, stages)."""
     root = source_root()
     return ["-std=c++17", f"-arch=sm_{arch}", "-DFATTN_V2_RTC", f"-DV2_T={DTYPE_TYPES[dtype]}",
             f"-DV2_DP={cfg['dp']}", f"-DV2_WARPS={cfg['warps']}", f"-DV2_MT={cfg['mt']}", f"-DV2_BC={cfg['bc']}",
-            f"-DV2_STAGES={cfg['stages']}", f"-I{os.path.join(root, 'kernels')}", f"-I{cuda_include()}"]
+            f"-DV2_STAGES={cfg['stages']}", f"-I{os.path.join(root, 'kernels', 'sm80')}",
+            f"-I{os.path.join(root, 'kernels')}", f"-I{os.path.join(root, 'csrc')}", f"-I{cuda_include()}"]
 
 
 def _atomic_write(path, data):
@@ -144,7 +149,7 @@ def compile_cubin(source_file, options, name):
     lib = nvrtc_path()
     _preload_builtins(lib)
     try:
-        version = _C.rtc_version(lib)
+        version = _C._dev.rtc_version(lib)
     except RuntimeError as e:
         raise RTCError(str(e)) from None
     # options carry absolute include paths; the key must not depend on where the tree lives
@@ -162,7 +167,7 @@ def compile_cubin(source_file, options, name):
     with open(os.path.join(root, source_file)) as f:
         src = f.read()
     try:
-        cubin, _log = _C.rtc_compile(lib, src, os.path.join(root, source_file), list(options))
+        cubin, _log = _C._dev.rtc_compile(lib, src, os.path.join(root, source_file), list(options))
     except RuntimeError as e:
         raise RTCError(f"{name}: {e}") from None
     try:
@@ -173,15 +178,15 @@ def compile_cubin(source_file, options, name):
 
 
 def v2_index(cfg, dtype, arch):
-    """The v2 table index of `cfg` for `dtype`: an ahead-of-time entry if one matches, else the configuration
-    compiled at run time (from the disk cache when it is there) and added to the table once per process."""
-    t = (cfg["dp"], cfg["warps"], cfg["mt"], cfg["bc"], cfg["stages"])
-    for idx, dp, warps, mt, bc, stages, _active, aot, dtypes in _C.v2_configs():
-        if aot and (dp, warps, mt, bc, stages) == t and dtype in dtypes.split(","):
-            return idx
+    """The v2 config index of `cfg` for `dtype`: an ahead-of-time entry if one matches, else the configuration
+    compiled at run time (from the disk cache when it is there) and registered once per process."""
+    t = tuple(cfg[f] for f in V2_FIELDS)
+    for c in _C._dev.configs("v2"):
+        if c["role"] != "runtime" and tuple(c[f] for f in V2_FIELDS) == t and dtype in c["dtypes"]:
+            return c["index"]
     key = ("v2", t, dtype, arch)
     with _lock:
         if key not in _loaded:
-            cubin, _ = compile_cubin("kernels/v2_mma.cu", v2_options(cfg, dtype, arch), f"v2 {t} {dtype}")
-            _loaded[key] = _C.v2_add_rtc(cubin, "fattn_v2_rtc", dtype, *t)
+            cubin, _ = compile_cubin("kernels/sm80/v2_fwd.cu", v2_options(cfg, dtype, arch), f"v2 {t} {dtype}")
+            _loaded[key] = _C._dev.add_rtc("v2", t, dtype, cubin, "fattn_v2_rtc")
         return _loaded[key]

@@ -10,7 +10,7 @@ File: $FATTN_TUNED_CACHE, default ~/.cache/fattn/tuned.json:
                   "sources": "<sha256 of the kernel sources>", "fattn": "0.x", "p50_us": ..., "default_p50_us": ...,
                   "shape": [B, H, Sq, Sk, D]}, ...]}
 
-Key: (family, device name, arch, SM count, dtype, head dim, causal, sequence bucket = fattn._C.seq_bucket(Sq, Sk):
+Key: (family, device name, arch, SM count, dtype, head dim, causal, sequence bucket = fattn._C._dev.seq_bucket(Sq, Sk):
 Sk in <= 512, <= 1k, ... <= 32k, more, times whether Sq fits one 64-row tile).  The CPU's device is its model
 name and CPU count.  Entries are registered with the C extension on the first call to a device, so a call costs
 one table lookup in C.  A corrupt file, or an entry that is stale (tuned against other kernel sources or another
@@ -106,7 +106,7 @@ def _register(e, dev_type, dev_id):
         ok, why = CPUSpace().keep(cfg, prob)
         if not ok:
             return f"invalid: {why}"
-        _C.set_tuned("cpu", 0, dtype, d, causal, bucket, (cfg["br"], cfg["bc"], cfg["threads"]))
+        _C._dev.tuned_set("cpu", 0, dtype, d, causal, bucket, (cfg["br"], cfg["bc"], cfg["threads"]))
     elif family == "v2" and dev_type == "cuda":
         space = V2Space()
         ok, why = space.keep(cfg, prob)
@@ -115,7 +115,7 @@ def _register(e, dev_type, dev_id):
         from . import _rtc
 
         idx = _rtc.v2_index(space.full(cfg, prob), dtype, want["arch"])
-        _C.set_tuned("v2", dev_id, dtype, d, causal, bucket, idx)
+        _C._dev.tuned_set("v2", dev_id, dtype, d, causal, bucket, idx)
     else:
         return None
     return ""
@@ -141,7 +141,7 @@ def ensure(dev_type, dev_id):
 def reset():
     """Forgets every registered entry (the next call re-reads the file)."""
     LOADED.clear()
-    _C.clear_tuned()
+    _C._dev.tuned_clear()
 
 
 def save(new_entries, p=None):

@@ -1,13 +1,14 @@
-"""Regression gate: rerun a baseline's benchmark rows on the GPU at hand and fail on any correctness failure or
-on a drop of fattn's ratio to the best torch backend, both measured in the same run.
+"""Regression gate: rerun a baseline's benchmark points on the machine at hand and fail on any correctness failure
+or on a drop of fattn's ratio to the best torch backend that the measurement's own noise does not explain.
 
-    python -m fattn.gate --baseline evidence/bench/h100_v2_fa3.json [--threshold 0.03] [--no-tests]
+    python -m fattn.gate --baseline evidence/bench/h100_v2_fa3.json [--threshold 0.03] [--rounds 5] [--no-tests]
 
-Ratios, not absolute times: GPUs are shared and clocks move, but fattn and torch measured back to back in one
-process move together.  Steps: (1) `pytest -k parity` on this machine (skipped with --no-tests); (2) every point
-of the baseline rerun with the same implementations, and any point that looks slower measured once more (the
-better measurement stands: timing noise only ever makes things look slower); (3) a table of what moved; exit 1
-if anything failed.
+Ratios, not absolute times: machines are shared and clocks move, but fattn and torch measured back to back in one
+process move together.  Steps: (1) `pytest -k parity` here (skipped with --no-tests); (2) every point of the
+baseline measured in --rounds interleaved rounds (each round times every implementation once per point, so drift
+hits them alike), giving one ratio per round; (3) per point the median ratio and its noise (the interquartile range
+of the rounds over the median): a point is "slower" only when its median fell below the baseline by more than
+threshold + noise, "wrong" when any round failed validation; (4) a table; exit 1 if anything failed.
 """
 import argparse
 import glob
@@ -16,59 +17,66 @@ import os
 import subprocess
 import sys
 
-from . import bench
+from .testing import grids, report, suite, timer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def row_key(r):
-    return tuple(str(r[k]) for k in bench.POINT_KEYS) + (r["impl"],)
+    return grids.key(r) + (r["impl"],)
 
 
+def label(r):
+    return grids.describe(r) + f" {r['dtype']} {r['causal'] or 'non-causal'}"
 
-def compare(base_rows, new_rows, threshold=0.03):
-    """One result per fattn row of the baseline that has a ratio: status 'ok', 'slower' (ratio fell more than
-    `threshold`), 'wrong' (fails validation now) or 'missing' (did not run now)."""
-    new = {row_key(r): r for r in new_rows}
+
+def compare(base_rows, rounds, threshold=0.03):
+    """One result per fattn row of the baseline that has a ratio.  rounds: the rows of each measuring round.
+    status: 'ok'; 'slower' (median ratio below base by more than threshold + noise); 'wrong' (failed validation in
+    some round); 'missing' (did not run now)."""
     out = []
     for b in base_rows:
         if not b["impl"].startswith("fattn:") or not b.get("ratio_vs_best_torch"):
             continue
-        n = new.get(row_key(b))
-        res = {"point": bench.describe(b) + f" {b['dtype']} {b['causal'] or 'non-causal'}", "impl": b["impl"],
-               "base": b["ratio_vs_best_torch"], "now": None, "change": None}
-        if n is None or n.get("ratio_vs_best_torch") is None:
-            res["status"] = "wrong" if n is not None and bench._bad(n) else "missing"
-        elif bench._bad(n):
-            res.update(now=n["ratio_vs_best_torch"], status="wrong")
+        now = [r for rows in rounds for r in rows if row_key(r) == row_key(b)]
+        res = {"point": label(b), "impl": b["impl"], "base": b["ratio_vs_best_torch"], "now": None, "noise": None,
+               "change": None, "rounds": [r.get("ratio_vs_best_torch") for r in now]}
+        ratios = [x for x in res["rounds"] if x]
+        if any(suite.bad(r) for r in now):
+            res["status"] = "wrong"
+        elif not ratios:
+            res["status"] = "missing"
         else:
-            res["now"] = n["ratio_vs_best_torch"]
-            res["change"] = res["now"] / res["base"] - 1
-            res["status"] = "slower" if res["change"] < -threshold else "ok"
+            med = timer.percentile(ratios, 0.5)
+            noise = (timer.percentile(ratios, 0.75) - timer.percentile(ratios, 0.25)) / med
+            res.update(now=med, noise=noise, change=med / res["base"] - 1)
+            res["status"] = "slower" if res["change"] < -(threshold + noise) else "ok"
         out.append(res)
     return out
 
 
 def format_results(results, threshold):
-    lines = [f"{'point':44s} {'impl':10s} {'base':>6s} {'now':>6s} {'change':>8s}  status (fail below -{threshold:.0%})"]
+    lines = [f"{'point':44s} {'impl':10s} {'base':>6s} {'now':>6s} {'noise':>6s} {'change':>8s}  "
+             f"status (slower: below -({threshold:.0%} + noise))"]
     for r in results:
         now = f"{r['now']:.3f}" if r["now"] is not None else "-"
+        noise = f"{r['noise']:.1%}" if r["noise"] is not None else "-"
         ch = f"{r['change']:+.1%}" if r["change"] is not None else "-"
-        lines.append(f"{r['point']:44s} {r['impl']:10s} {r['base']:6.3f} {now:>6s} {ch:>8s}  {r['status']}")
+        lines.append(f"{r['point']:44s} {r['impl']:10s} {r['base']:6.3f} {now:>6s} {noise:>6s} {ch:>8s}  {r['status']}")
     bad = [r for r in results if r["status"] != "ok"]
     lines.append(f"{len(results) - len(bad)} ok, {len(bad)} failed")
     return "\n".join(lines)
 
 
 def points_of(rows, device):
-    """The distinct benchmark points of baseline rows, as bench.point dicts."""
+    """The distinct benchmark points of baseline rows, as grids.point dicts."""
     seen, pts = set(), []
     for r in rows:
-        k = tuple(str(r[x]) for x in bench.POINT_KEYS)
+        k = grids.key(r)
         if k in seen:
             continue
         seen.add(k)
-        pts.append(bench.point(r["grid"], r["B"], r["H"], r["Sq"], r["D"], Sk=r["Sk"], H_kv=r["H_kv"],
+        pts.append(grids.point(r["grid"], r["B"], r["H"], r["Sq"], r["D"], Sk=r["Sk"], H_kv=r["H_kv"],
                                causal=r["causal"], dtype=r["dtype"], device=device))
     return pts
 
@@ -97,21 +105,26 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(prog="python -m fattn.gate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", help="a python -m fattn.bench --json file (default: the newest for this device)")
-    ap.add_argument("--threshold", type=float, default=0.03, help="largest allowed relative drop of a ratio")
+    ap.add_argument("--threshold", type=float, default=0.03, help="allowed drop of a ratio beyond the noise")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved measuring rounds (default 5)")
     ap.add_argument("--no-tests", action="store_true", help="skip pytest -k parity")
-    ap.add_argument("--reps", type=int, help="timed repeats per point (default: the bench's)")
+    ap.add_argument("--reps", type=int, help="timed repeats per point and round (default: the bench's)")
     ap.add_argument("--json", help="write the comparison here")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     here = "cuda" if fattn.cuda_available() else "cpu"
     path = args.baseline or default_baseline(here)
     if not path:
         ap.error(f"no baseline given and none for {here} under evidence/bench")
-    doc = json.load(open(path))
-    device = doc["meta"].get("device") or here  # rerun where the baseline was measured
+    try:
+        base_meta, base_rows = report.read_json(path)
+    except (OSError, ValueError, KeyError) as e:
+        ap.error(f"--baseline {path}: {e}")
+    device = base_meta.get("device") or here  # rerun where the baseline was measured
     if device == "cuda" and here != "cuda":
         ap.error(f"--baseline {path} was measured on a GPU; no usable GPU here")
-    base_rows = doc["rows"]
-    print(f"gate: baseline {path} ({doc['meta'].get('gpu')}, git {doc['meta'].get('git_sha')})", flush=True)
+    print(f"gate: baseline {path} ({base_meta.get('gpu')}, git {base_meta.get('git_sha')})", flush=True)
     if not args.no_tests and run_tests() != 0:
         print("gate: FAILED: pytest -k parity failed", file=sys.stderr)
         return 1
@@ -119,29 +132,19 @@ def main(argv=None):
     missing = [i for i in impls if i.startswith("fattn:") and i[6:] not in fattn.variants(device)]
     if missing:
         print(f"gate: note: {missing} do not run here", file=sys.stderr)
-    timer = doc["meta"].get("timer", "events")
-    meta, new_rows = bench.run(points_of(base_rows, device), [i for i in impls if i not in missing], reps=args.reps,
-                               timer=timer if timer in ("events", "triton", "batch") else "events", quiet=True)
-    results = compare(base_rows, new_rows, args.threshold)
-    suspects = [r for r in results if r["status"] == "slower"]
-    if suspects:  # a second measurement of each suspect; the better one stands (noise is one-sided)
-        keys = {r["point"] for r in suspects}
-        again = [b for b in base_rows if bench.describe(b) + f" {b['dtype']} {b['causal'] or 'non-causal'}" in keys]
-        _, rows2 = bench.run(points_of(again, device), [i for i in impls if i not in missing], reps=args.reps,
-                             timer=timer if timer in ("events", "triton", "batch") else "events", quiet=True)
-        best = {row_key(r): r for r in new_rows}
-        for r in rows2:
-            k = row_key(r)
-            if r.get("ratio_vs_best_torch") and (k not in best or not best[k].get("ratio_vs_best_torch") or
-                                                 r["ratio_vs_best_torch"] > best[k]["ratio_vs_best_torch"]):
-                best[k] = r
-        new_rows = list(best.values())
-        results = compare(base_rows, new_rows, args.threshold)
-        print(f"gate: re-measured {len(suspects)} point(s) that looked slower", flush=True)
+    timer_name = base_meta.get("timer") if base_meta.get("timer") in ("events", "batch") else "events"
+    points, run_impls = points_of(base_rows, device), [i for i in impls if i not in missing]
+    rounds, meta = [], None
+    for n in range(args.rounds):
+        meta, rows = suite.run(points, run_impls, reps=args.reps, timer_name=timer_name, quiet=True)
+        rounds.append(rows)
+        print(f"gate: round {n + 1}/{args.rounds} measured", flush=True)
+    results = compare(base_rows, rounds, args.threshold)
     print(format_results(results, args.threshold))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"baseline": path, "meta": meta, "threshold": args.threshold, "results": results}, f, indent=1)
+            json.dump({"baseline": path, "meta": meta, "threshold": args.threshold, "rounds": args.rounds,
+                       "results": results}, f, indent=1)
     return 1 if any(r["status"] != "ok" for r in results) else 0
 
 

@@ -102,8 +102,16 @@ def main(argv=None):
     ap.add_argument("-o", "--out", required=True, help="PNG path")
     ap.add_argument("--impls", help="comma-separated implementations to draw (default: all)")
     args = ap.parse_args(argv)
-    doc = json.load(open(args.json))
-    plot(doc["rows"], doc["meta"], args.out, args.impls.split(",") if args.impls else None)
+    try:
+        with open(args.json) as f:
+            doc = json.load(f)
+        rows, meta = doc["rows"], doc["meta"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(f"{args.json}: not a readable fattn.bench --json file ({type(e).__name__}: {e})")
+    try:
+        plot(rows, meta, args.out, args.impls.split(",") if args.impls else None)
+    except ValueError as e:
+        ap.error(f"{args.json}: {e}")
     print(args.out)
     return 0
 

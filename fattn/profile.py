@@ -93,10 +93,10 @@ def ceilings(args):
     """Measured in this process: fp16 matmul TFLOP/s, copy GB/s, and the cuBLAS baseline at this shape."""
     import torch
 
-    from . import bench
+    from .testing import suite, timer
 
     def t_ms(fn):  # milliseconds per call, back-to-back batches
-        return bench.time_batch(fn, reps=30, warmup=2, batch=10)[0] / 1e3
+        return timer.summarize(timer.cuda_batch(fn, reps=30, warmup=2, batch=10))[0] / 1e3
 
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
     out = {"matmul_tflops": 2 * 8192**3 / t_ms(lambda: a @ a) / 1e9}
@@ -109,7 +109,7 @@ def ceilings(args):
         q = torch.randn(b, h, s, d, device="cuda", dtype=dt)
         k = torch.randn(b, h, args.sk or s, d, device="cuda", dtype=dt)
         try:
-            fn = bench.gemm_baseline(q, k, k)
+            fn = suite.gemm_baseline(q, k, k)
             out["gemm_tflops"] = 4 * b * h * s * (args.sk or s) * d / t_ms(fn) / 1e9
         except Exception as e:  # no cuBLAS here: the table says so
             out["gemm_error"] = str(e)

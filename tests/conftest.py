@@ -1,10 +1,9 @@
-"""Shared test helpers: devices/variants under test, inputs, the float64 reference and the accuracy gate.
+"""Shared test helpers: devices/variants under test, inputs, and the accuracy gate of fattn.testing applied to torch
+tensors.
 
-The accuracy rule (../shared/TESTING.md, flash-attention's): with ref computed in float64 from the same
-low-precision inputs and out_lowp from torch SDPA in the inputs' own dtype,
-    max|out - ref| <= 2 * max|out_lowp - ref| + eps,
-eps = one rounding step of the output dtype at max|ref| (fp16, bf16); for float32, whose output rounding is
-below the arithmetic's, the typical rounding of a D-term dot product: u * sqrt(D) * max|ref|.
+The accuracy rule (../shared/TESTING.md, flash-attention's; fattn/testing/accuracy.py): with ref computed in float64
+from the same low-precision inputs and out_lowp from torch SDPA in the inputs' own dtype,
+    max|out - ref| <= 2 * max|out_lowp - ref| + eps.
 """
 import math
 import os
@@ -19,11 +18,12 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import fattn  # noqa: E402
+from fattn import _C  # noqa: E402
+from fattn._api import CAUSAL  # noqa: E402
+from fattn.testing import accuracy, reference  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available() and fattn.cuda_available()
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# unit roundoff of each dtype's output (2^-p): one rounding step relative to the output's magnitude
-ROUNDING = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 
 def gpu_variants():
@@ -35,11 +35,15 @@ def variant_dtypes(variant):
     return ["fp32", "fp16", "bf16"] if variant in ("cpu", "v0", "v1") else ["fp16", "bf16"]
 
 
+SPLIT = "-split"
+FORCED_SPLITS = 3
+
+
 def targets():
     """(device, variant) pairs under test: the CPU backend always, every GPU variant when a GPU is present."""
     out = [pytest.param("cpu", "cpu", id="cpu")]
     # GPU params are always listed so that a GPU-less run reports them as skipped, never silently absent.
-    names = gpu_variants() if HAS_CUDA else [name for name, _, _ in fattn._C.all_gpu_variants()] or ["v0"]
+    names = gpu_variants() if HAS_CUDA else [row[0] for row in _C._dev.variant_table()]
     for name in names:
         out.append(pytest.param("cuda", name, id=f"cuda-{name}", marks=pytest.mark.gpu))
         if name == "v2":  # v2 with split-KV forced on: every parity test runs the split + combine path too
@@ -47,19 +51,34 @@ def targets():
     return out
 
 
-SPLIT = "-split"
-FORCED_SPLITS = 3
+def stream_for(t):
+    return (torch.cuda.current_stream(t.device).cuda_stream or 1) if t.is_cuda else None
+
+
+def dev_forward(q, k, v, *, causal=False, scale=None, layout="bhsd", window=None, variant=None, out=None,
+                lse=None, **overrides):
+    """fattn._C._dev.forward on torch tensors (out allocated here): (out, lse, the plan that ran).  overrides:
+    config, splits, order."""
+    out = torch.empty_like(q) if out is None else out
+    _C._dev.forward(q, k, v, out, lse, causal=CAUSAL[causal], scale=scale, layout=fattn._api.LAYOUT[layout],
+                    window=window, variant=variant, stream=stream_for(q), **overrides)
+    plan = _C._dev.plan(q, k, v, out, lse, causal=CAUSAL[causal], scale=scale, layout=fattn._api.LAYOUT[layout],
+                        window=window, variant=variant, stream=stream_for(q), **overrides)
+    return out, lse, plan
 
 
 def attention(q, k, v, variant=None, **kw):
     """fattn.attention under no_grad; a variant named "<v>-split" runs <v> with FORCED_SPLITS key splits."""
     with torch.no_grad():
         if variant and variant.endswith(SPLIT):
-            old = fattn._C.v2_set_splits(FORCED_SPLITS)
-            try:
-                return fattn.attention(q, k, v, variant=variant[: -len(SPLIT)], **kw)
-            finally:
-                fattn._C.v2_set_splits(old)
+            want_lse = kw.pop("return_lse", False)
+            layout = kw.get("layout", "bhsd")
+            lse = None
+            if want_lse:
+                b, h, s = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
+                lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
+            out, lse, _ = dev_forward(q, k, v, variant=variant[: -len(SPLIT)], splits=FORCED_SPLITS, lse=lse, **kw)
+            return (out, lse) if want_lse else out
         return fattn.attention(q, k, v, variant=variant, **kw)
 
 
@@ -89,68 +108,39 @@ def randn(shape, dtype, device, seed, scale=1.0):
     return (torch.randn(shape, generator=g, dtype=torch.float32) * scale).to(dtype=dtype, device=device)
 
 
-def causal_mask(sq, sk, causal, device):
-    """Boolean (sq, sk) mask of visible keys, or None.  top_left: j <= i; bottom_right: j <= i + sk - sq."""
-    if not causal:
-        return None
-    off = 0 if causal in (True, "top_left") else sk - sq
-    i = torch.arange(sq, device=device)[:, None]
-    j = torch.arange(sk, device=device)[None, :]
-    return j <= i + off
-
-
-def sdpa(q, k, v, causal, scale, dtype=None):
-    """torch SDPA in `dtype` (default: q's) with an explicit mask; (B, H, S, D) in, fully masked rows -> 0."""
-    dtype = dtype or q.dtype
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    h, hk = q.shape[1], k.shape[1]
+def sdpa_lowp(q, k, v, causal, scale, window=None):
+    """torch SDPA in q's own dtype with the explicit mask of fattn.testing.reference; rows that see nothing -> 0."""
+    h, hk, sq, sk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    if sk == 0:
+        return torch.zeros_like(q)
     if hk != h:
         k = k.repeat_interleave(h // hk, dim=1)
         v = v.repeat_interleave(h // hk, dim=1)
-    mask = causal_mask(q.shape[2], k.shape[2], causal, q.device)
-    if k.shape[2] == 0:
-        return torch.zeros_like(q)
+    mask = torch.from_numpy(reference.visible(sq, sk, causal, window)).to(q.device)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    if mask is not None:
-        dead = ~mask.any(dim=1)  # rows with no visible key
-        out = out.masked_fill(dead[None, None, :, None], 0.0)
-    return out
-
-
-def reference_lse(q, k, causal, scale):
-    q, k = q.double(), k.double()
-    h, hk = q.shape[1], k.shape[1]
-    if hk != h:
-        k = k.repeat_interleave(h // hk, dim=1)
-    s = (q @ k.transpose(-1, -2)) * scale
-    mask = causal_mask(q.shape[2], k.shape[2], causal, q.device)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.logsumexp(s, dim=-1) if k.shape[2] else torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype)
+    return out.masked_fill(~mask.any(dim=1)[None, None, :, None], 0.0)
 
 
 def repro(request):
     return f"reproduce: pytest '{request.node.nodeid}'" if request is not None else ""
 
 
-def check_close(out, q, k, v, causal, scale, lse=None, request=None):
+def check_close(out, q, k, v, causal, scale, lse=None, request=None, window=None):
     """The accuracy gate on out (B, H, Sq, D) and, if given, lse (B, H, Sq)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    ref = sdpa(q, k, v, causal, scale, dtype=torch.float64)
-    low = sdpa(q, k, v, causal, scale)
+    ref, ref_lse = reference.attention(q, k, v, causal, scale, window)
+    low = sdpa_lowp(q, k, v, causal, scale, window)
     out64 = out.double()
     assert not torch.isnan(out64).any(), f"NaN in output. {repro(request)}"
     err = (out64 - ref).abs().max().item() if out.numel() else 0.0
     err_low = (low.double() - ref).abs().max().item() if out.numel() else 0.0
-    eps = ROUNDING[q.dtype] * max(1.0, ref.abs().max().item() if out.numel() else 1.0)
-    if q.dtype == torch.float32:
-        eps *= math.sqrt(q.shape[-1])
-    assert err <= 2 * err_low + eps, (
-        f"max|out-ref| = {err:.3g} > 2 * max|out_lowp-ref| ({err_low:.3g}) + {eps:.3g}. {repro(request)}")
+    ref_max = ref.abs().max().item() if out.numel() else 1.0
+    why = accuracy.verdict(err, err_low, accuracy.dtype_name(q.dtype), ref_max, q.shape[-1])
+    assert why is None, f"{why}. {repro(request)}"
     if lse is not None:
-        ref_lse = reference_lse(q, k, causal, scale)
+        lse, ref_lse = lse.cpu(), ref_lse.cpu()
         dead = torch.isinf(ref_lse)
-        assert torch.equal(torch.isinf(lse.cpu()) & (lse.cpu() < 0), dead.cpu()), f"LSE -inf rows differ. {repro(request)}"
+        assert torch.equal(torch.isinf(lse) & (lse < 0), dead), f"LSE -inf rows differ. {repro(request)}"
         live = ~dead
         if live.any():
             d = (lse.double()[live] - ref_lse[live]).abs()
@@ -165,5 +155,5 @@ def seed(request):
 
 
 def pytest_report_header(config):
-    return [f"fattn {fattn.__version__}: cuda_compiled={bool(fattn._C.cuda_compiled)} cuda_usable={HAS_CUDA} "
+    return [f"fattn {fattn.__version__}: cuda_compiled={bool(_C.cuda_compiled)} cuda_usable={HAS_CUDA} "
             f"gpu_variants={gpu_variants()} torch={torch.__version__} pid={os.getpid()}"]

@@ -13,8 +13,9 @@ def t(*shape, dtype=torch.float32):
 
 CASES = [
     ("int dtype", lambda: (t(1, 2, 4, 8).int(), t(1, 2, 4, 8), t(1, 2, 4, 8)), {}, TypeError, r"q: dtype"),
-    ("float64", lambda: (t(1, 2, 4, 8).double(),) * 3, {}, TypeError, r"q: dtype"),
-    ("mixed dtypes", lambda: (t(1, 2, 4, 8), t(1, 2, 4, 8).half(), t(1, 2, 4, 8)), {}, TypeError, r"k: dtype differs"),
+    ("float64", lambda: (t(1, 2, 4, 8).double(),) * 3, {}, TypeError, r"q: dtype float64 is not supported"),
+    ("mixed dtypes", lambda: (t(1, 2, 4, 8), t(1, 2, 4, 8).half(), t(1, 2, 4, 8)), {}, TypeError,
+     r"k: dtype float16 differs from q's float32"),
     ("3-D q", lambda: (t(2, 4, 8), t(1, 2, 4, 8), t(1, 2, 4, 8)), {}, ValueError, r"q: expected a 4-D"),
     ("5-D k", lambda: (t(1, 2, 4, 8), t(1, 1, 2, 4, 8), t(1, 2, 4, 8)), {}, ValueError, r"k: expected a 4-D"),
     ("head dim 4", lambda: (t(1, 2, 4, 4),) * 3, {}, ValueError, r"q: head dim 4 is not supported"),
@@ -77,5 +78,91 @@ def test_variants_and_cuda_queries():
 
 def test_numpy_mixed_dtypes_message():
     a = np.zeros((1, 1, 2, 8), np.float32)
-    with pytest.raises(TypeError, match="v: dtype differs"):
+    with pytest.raises(TypeError, match="v: dtype float16 differs from q's float32"):
         fattn.attention(a, a, a.astype(np.float16))
+
+
+# ---- what a new user hit (issue: structure), each a clear error naming the argument ----
+
+def test_meta_fake_sparse_and_vmap_tensors_are_refused_naming_the_argument():
+    q = t(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="q: the array has no data"):
+        fattn.attention(q.to("meta"), q.to("meta"), q.to("meta"))
+    with pytest.raises(ValueError, match="k: the array has no data"):
+        fattn.attention(q, q.to("meta"), q)
+    with pytest.raises(ValueError, match="q: fattn cannot read this tensor's memory"):
+        fattn.attention(q.to_sparse(), q, q)
+    with pytest.raises(ValueError, match="q: fattn cannot read this tensor's memory"):
+        torch.func.vmap(lambda x: fattn.attention(x, x, x))(t(3, 1, 2, 4, 8))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        f = torch.randn(1, 2, 4, 8)
+        with pytest.raises(ValueError, match="q: a FakeTensor"):
+            fattn.attention(f, f, f)
+
+
+def test_jit_trace_is_refused():
+    q = t(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="cannot be traced by torch.jit.trace"):
+        torch.jit.trace(lambda x: fattn.attention(x, x, x), (q,))
+
+
+class FakeJaxArray:
+    """Stands for a jax.Array (fattn recognises frameworks by module name; JAX is not installed in CI)."""
+    __module__ = "jaxlib.xla_extension"
+
+
+def test_jax_arrays_are_never_written():
+    q = np.zeros((1, 2, 4, 8), np.float32)
+    with pytest.raises(TypeError, match="out: JAX arrays are immutable"):
+        fattn.attention(q, q, q, out=FakeJaxArray())
+    with pytest.raises(TypeError, match="lse: JAX arrays are immutable"):
+        fattn.attention(q, q, q, lse=FakeJaxArray())
+
+
+def test_devices_and_dtypes_in_the_users_words():
+    from dlpack_capsule import Capsule, f32
+
+    shape = (1, 1, 4, 8)
+    k = np.zeros(shape, np.float32)
+    on_gpu = Capsule(f32(32), shape, device=(2, 0)).capsule
+    with pytest.raises(ValueError, match="k: on cuda:0 but q is on cpu"):
+        fattn.attention(k, on_gpu, k, out=np.empty(shape, np.float32))
+    with pytest.raises(TypeError, match="q: dtype float64 is not supported"):
+        fattn.attention(k.astype(np.float64), k, k)
+    with pytest.raises(TypeError, match="q: dtype int32 is not supported"):
+        fattn.attention(k.astype(np.int32), k, k)
+
+
+def test_zero_heads():
+    e = t(1, 0, 4, 8)
+    assert fattn.attention(e, e, e).shape == e.shape
+    with pytest.raises(ValueError, match="k: has 0 heads"):
+        fattn.attention(t(1, 2, 4, 8), e, e)
+
+
+def test_scales_as_users_give_them():
+    q = t(1, 2, 5, 8)
+    expect = fattn.attention(q, q, q, scale=0.5)
+    for s in (np.float32(0.5), np.float64(0.5), torch.tensor(0.5), np.array(0.5)):
+        assert torch.equal(fattn.attention(q, q, q, scale=s), expect), type(s)
+    with pytest.raises(ValueError, match="scale: must be finite in float32"):
+        fattn.attention(q, q, q, scale=1e39)
+    with pytest.raises(TypeError, match="scale: expected a real number"):
+        fattn.attention(q, q, q, scale=torch.tensor([0.5, 0.5]))
+    with pytest.raises(TypeError, match="scale: expected a real number"):
+        fattn.attention(q, q, q, scale=True)
+
+
+def test_gpu_calls_without_a_gpu_say_why():
+    if HAS_CUDA:
+        pytest.skip("a GPU is present: the no-GPU messages cannot show here")
+    with pytest.raises(RuntimeError) as e:
+        fattn.variants("cuda")
+    msg = str(e.value)
+    if fattn._C.cuda_compiled:
+        assert "no usable NVIDIA driver" in msg or "no CUDA GPU found" in msg, msg
+        assert "insufficient" not in msg
+    else:
+        assert "built without CUDA support" in msg

@@ -11,13 +11,15 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import HAS_CUDA, check_close, randn, torch
+from conftest import HAS_CUDA, check_close, dev_forward, randn, torch
 
 import fattn
 from fattn import _C, _rtc, _tuned
 from fattn.tune import CPUSpace, Problem, V2Space, evo, micro, search
+from fattn.tune.runner import Runner
 
 CPU_PROBLEM = Problem(1, 2, 96, 96, 32, False, "fp32", "cpu")
+DEFAULT_CPU = (96, 128, 0)  # csrc/cpu_attn.c: fattn_cpu_default_config
 
 
 @pytest.fixture
@@ -49,19 +51,27 @@ def test_keep_prunes_what_cannot_launch():
     assert 0 < len(kept) < 108
 
 
-def test_timing_harness_cpu():
+def cpu_plan(q):
+    """The CPU backend's config for q (attention of q with itself), as the planner chooses it."""
+    return _C._dev.plan(q, q, q, np.empty_like(q))["config"]
+
+
+def test_runner_times_and_checks_configs_on_the_cpu():
+    runner = Runner(CPU_PROBLEM, CPUSpace(), reps=5, warmup=1)
+    cfg = {"br": 32, "bc": 64, "threads": 1}
+    assert runner.gate(cfg, runner.default()) is None
+    samples = runner.samples(runner.call(cfg))
+    assert len(samples) == 5 and all(s > 0 for s in samples)
+    p50, p90 = runner.time(cfg)
+    assert 0 < p50 <= p90
     q = np.random.default_rng(0).standard_normal((1, 2, 64, 32)).astype(np.float32)
     out = np.empty_like(q)
-    p50, p90, samples = _C.time_forward(q, q, q, out, None, 0, None, 0, None, None, (32, 64, 1), 5, 1, False)
-    assert len(samples) == 5 and all(s > 0 for s in samples)
-    assert min(samples) <= p50 <= p90 <= max(samples)
+    assert _C._dev.forward(q, q, q, out, config=(32, 64, 1))["config"] == (32, 64, 1)
     check_close(torch.from_numpy(out), *(torch.from_numpy(q),) * 3, False, None)
-    with pytest.raises(ValueError, match="reps"):
-        _C.time_forward(q, q, q, out, None, 0, None, 0, None, None, None, 0, 1, False)
     with pytest.raises(ValueError, match="config"):
-        _C.time_forward(q, q, q, out, None, 0, None, 0, None, None, (32, 8, 1), 2, 0, False)
-    with pytest.raises(TypeError, match="config"):
-        _C.forward(q, q, q, out, None, 0, None, 0, None, None, 7)
+        _C._dev.forward(q, q, q, out, config=(32, 8, 1))
+    with pytest.raises(TypeError, match="config: the CPU backend takes a"):
+        _C._dev.forward(q, q, q, out, config=7)
 
 
 def test_micro_cpu_writes_logs_ranked(tmp_path):
@@ -124,21 +134,50 @@ def test_evo_cpu_saves_and_attention_uses_the_cache(cache, tmp_path):
     _tuned.save([entry])
     q = np.random.default_rng(1).standard_normal((1, 2, 96, 32)).astype(np.float32)
     o = fattn.attention(q, q, q)
-    assert _C.last_config() == ("cpu", (16, 32, 1))
+    assert cpu_plan(q) == (16, 32, 1)
     check_close(torch.from_numpy(o), *(torch.from_numpy(q),) * 3, False, None)
     q2 = np.random.default_rng(2).standard_normal((1, 2, 96, 40)).astype(np.float32)  # other head dim: default
     fattn.attention(q2, q2, q2)
-    assert _C.last_config() == ("cpu", _C.cpu_config())
+    assert cpu_plan(q2) == DEFAULT_CPU
 
 
-def test_cli_evo_cpu_save(cache, tmp_path):
+def test_cli_evo_cpu_save_needs_a_confirmed_winner(cache, tmp_path):
+    """With a budget of one candidate the winner is the default: --save re-measures, finds nothing to gain and writes
+    no cache entry (a search's own timing of a winner is not trusted alone)."""
     r = subprocess.run([sys.executable, "-m", "fattn.tune", "evo", "--device", "cpu", "--shape", "1,2,64,32",
-                        "--budget", "3", "--population", "3", "--reps", "2", "--quiet", "--out", str(tmp_path),
+                        "--budget", "1", "--population", "1", "--reps", "2", "--quiet", "--out", str(tmp_path),
                         "--save"], capture_output=True, text=True, env=dict(os.environ, FATTN_TUNED_CACHE=str(cache)))
     assert r.returncode == 0, r.stderr
-    assert "saved to" in r.stdout and json.load(open(cache))["entries"][0]["family"] == "cpu"
+    assert "not saved" in r.stdout and "the winner is the default" in r.stdout and not cache.exists()
+    assert (tmp_path / "evo_best.json").exists()
     r = subprocess.run([sys.executable, "-m", "fattn.tune", "evo", "--shape", "1,2,64"], capture_output=True, text=True)
     assert r.returncode == 2 and "--shape" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "fattn.tune", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.count("usage:") == 1
+
+
+@pytest.mark.parametrize("winner_us,confirmed", [(80.0, True), (99.0, False), (120.0, False)])
+def test_confirm_remeasures_interleaved(monkeypatch, winner_us, confirmed):
+    """confirm() keeps a winner only when the interleaved rounds put it faster than the default beyond the noise."""
+    best = {"leaderboard": [{"config": {"br": 16, "bc": 32, "threads": 1}}]}
+    seen = []
+
+    def samples(self, fn):
+        seen.append(fn)
+        return [fn._us] * 3
+
+    real_call = search.Runner.call
+
+    def call(self, cfg, arrays=None, causal=None):
+        fn = real_call(self, cfg, arrays, causal)
+        fn._us = winner_us if cfg == best["leaderboard"][0]["config"] else 100.0
+        return fn
+
+    monkeypatch.setattr(search.Runner, "samples", samples)
+    monkeypatch.setattr(search.Runner, "call", call)
+    res = search.confirm(CPU_PROBLEM, "cpu", best, rounds=5, quiet=True)
+    assert res["confirmed"] is confirmed and res["speedup"] == pytest.approx(100.0 / winner_us)
+    assert len(seen) == 10  # 5 rounds x (default, winner), interleaved
 
 
 def test_corrupt_and_stale_caches_are_ignored_with_a_warning(cache):
@@ -150,12 +189,12 @@ def test_corrupt_and_stale_caches_are_ignored_with_a_warning(cache):
         o = fattn.attention(q, q, q)
     assert np.array_equal(o, expect)
     entry = {"family": "cpu", "device": _tuned.cpu_device(), "dtype": "fp32", "head_dim": 32, "causal": False,
-             "seq_bucket": _C.seq_bucket(40, 40), "config": {"br": 16, "bc": 32, "threads": 1}, "sources": "old"}
+             "seq_bucket": _C._dev.seq_bucket(40, 40), "config": {"br": 16, "bc": 32, "threads": 1}, "sources": "old"}
     cache.write_text(json.dumps({"format": _tuned.FORMAT, "entries": [entry]}))
     _tuned.reset()
     with pytest.warns(RuntimeWarning, match="stale"):
         fattn.attention(q, q, q)
-    assert _C.last_config() == ("cpu", _C.cpu_config())
+    assert cpu_plan(q) == DEFAULT_CPU
     entry.update(sources=_tuned.sources_id(), config={"br": 16, "bc": 8, "threads": 1})
     cache.write_text(json.dumps({"format": _tuned.FORMAT, "entries": [entry]}))
     _tuned.reset()
@@ -167,13 +206,14 @@ def test_corrupt_and_stale_caches_are_ignored_with_a_warning(cache):
 
 
 def test_seq_bucket_matches_the_documented_buckets():
-    assert _C.seq_bucket(512, 512) == 0 and _C.seq_bucket(513, 513) == 1 and _C.seq_bucket(100, 40000) == 7
-    assert _C.seq_bucket(1, 2048) == 8 + 2 and _C.seq_bucket(64, 512) == 8
+    b = _C._dev.seq_bucket
+    assert b(512, 512) == 0 and b(513, 513) == 1 and b(100, 40000) == 7
+    assert b(1, 2048) == 8 + 2 and b(64, 512) == 8
 
 
 def _nvrtc_usable():
     try:
-        _C.rtc_version(_rtc.nvrtc_path())
+        _C._dev.rtc_version(_rtc.nvrtc_path())
         _rtc.cuda_include()
         return True
     except Exception:
@@ -185,12 +225,12 @@ def test_rtc_compiles_and_caches_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("FATTN_CACHE_DIR", str(tmp_path))
     cfg = {"dp": 64, "warps": 2, "mt": 1, "bc": 32, "stages": 1}
     opts = _rtc.v2_options(cfg, "fp16", 90)
-    img, cached = _rtc.compile_cubin("kernels/v2_mma.cu", opts, "test")
+    img, cached = _rtc.compile_cubin("kernels/sm80/v2_fwd.cu", opts, "test")
     assert img[:4] == b"\x7fELF" and not cached
-    img2, cached = _rtc.compile_cubin("kernels/v2_mma.cu", opts, "test")
+    img2, cached = _rtc.compile_cubin("kernels/sm80/v2_fwd.cu", opts, "test")
     assert cached and img2 == img and len(list(tmp_path.glob("*.cubin"))) == 1
     with pytest.raises(_rtc.RTCError, match="could not compile"):
-        _rtc.compile_cubin("kernels/v2_mma.cu", opts + ["-DV2_BC=oops"], "broken")
+        _rtc.compile_cubin("kernels/sm80/v2_fwd.cu", opts + ["-DV2_BC=oops"], "broken")
 
 
 @pytest.mark.gpu
@@ -202,16 +242,13 @@ def test_rtc_v2_config_runs_correctly(tmp_path, monkeypatch):
     arch = _C.device_info(0)[1]
     for dtype, tdt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         idx = _rtc.v2_index({"dp": 128, "warps": 4, "mt": 1, "bc": 96, "stages": 1}, dtype, arch)
-        assert not [c for c in _C.v2_configs() if c[0] == idx][0][7]  # run-time compiled, not ahead of time
+        assert _C._dev.configs("v2")[idx]["role"] == "runtime"  # compiled at run time, not ahead of time
         for causal in (False, "top_left", "bottom_right"):
             q = randn((2, 4, 113, 128), tdt, "cuda", 1)
             k = randn((2, 2, 257, 128), tdt, "cuda", 2)
-            out = torch.empty_like(q)
             lse = torch.empty(2, 4, 113, device="cuda")
-            fattn._frameworks.register_torch(_C)
-            _C.forward(q, k, k, out, lse, fattn._api._CAUSAL[causal], None, 0, "v2",
-                       fattn._frameworks.current_stream("torch", 0), idx)
-            assert _C.last_config() == ("v2", idx)
+            out, lse, plan = dev_forward(q, k, k, causal=causal, variant="v2", lse=lse, config=idx)
+            assert (plan["variant"], plan["config"]) == ("v2", idx)
             check_close(out, q, k, k, causal, None, lse=lse)
 
 
@@ -229,7 +266,7 @@ def test_evo_gpu_small_and_cache_used(cache, tmp_path, monkeypatch):
     _tuned.save([entry])
     q = randn((2, 8, 512, 64), torch.float16, "cuda", 5)
     o = fattn.attention(q, q, q, causal="bottom_right", variant="v2")  # on sm_90 the default is v3
-    kind, idx = _C.last_config()
-    row = [c for c in _C.v2_configs() if c[0] == idx][0]
-    assert kind == "v2" and row[1:6] == (64, 4, 1, 32, 2)
+    plan = _C._dev.plan(q, q, q, torch.empty_like(q), causal=2, variant="v2", stream=1)
+    row = _C._dev.configs("v2")[plan["config"]]
+    assert plan["variant"] == "v2" and (row["dp"], row["warps"], row["mt"], row["bc"], row["stages"]) == (64, 4, 1, 32, 2)
     check_close(o, q, q, q, "bottom_right", None)

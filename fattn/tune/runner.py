@@ -1,40 +1,18 @@
-"""Running one configuration: inputs, the correctness gate, and timing through the C harness (fattn._C.time_forward).
-
-The CPU family runs on NumPy arrays; the GPU families on torch CUDA tensors (torch is needed to tune on the GPU, as
-for the benchmarks; fattn itself never imports it).  The reference is float64 NumPy.
-"""
-import math
+"""Running one configuration: inputs, the correctness gate and timing, through fattn.testing's reference, accuracy
+rule and timer.  The CPU family runs on NumPy arrays; the GPU families on torch CUDA tensors (torch is needed to tune
+on the GPU, as for the benchmarks; fattn itself never imports it)."""
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .. import _C, _frameworks, _rtc
-from .._api import _CAUSAL
-
-ROUNDING = {"fp32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
-
-
-def reference(q, k, v, causal, scale=None):
-    """float64 attention of (B, H, Sq, D) / (B, H_kv, Sk, D) arrays; rows that see no key give 0."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    rep = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    sq, sk = s.shape[-2:]
-    if causal:
-        off = 0 if causal in (True, "top_left") else sk - sq
-        visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + off
-        s = np.where(visible, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m)
-    den = p.sum(axis=-1, keepdims=True)
-    return np.where(den > 0, (p @ v) / np.where(den > 0, den, 1.0), 0.0)
+from .._api import CAUSAL
+from ..testing import accuracy, reference, timer
+from .space import stream_of
 
 
 class Runner:
-    """Runs configurations of `space` on `problem`: gate() then time().  reps/warmup: the timing harness's."""
+    """Runs configurations of `space` on `problem`: gate() then time().  reps/warmup: the timer's."""
 
     GATE_SHAPES = [(1, 2, 113, 257, "bottom_right"), (2, 1, 200, 77, "top_left"), (1, 3, 1, 300, False),
                    (1, 2, 130, 130, False)]
@@ -52,15 +30,14 @@ class Runner:
             self.arch = _C.device_info(0)[1]
             if _frameworks._torch_raw_stream is None:
                 _frameworks.register_torch(_C)
-        self.variant = "cpu" if not self.gpu else space.family
-        p = problem
-        self.inputs = self._make((p.b, p.h, p.sq, p.d), (p.b, p.kv_heads, p.sk, p.d))
+        self.variant = space.family
+        self.inputs = problem.arrays(self.rng)
         self.gate_cases = []
         for b, h, sq, sk, causal in self.GATE_SHAPES:
-            hk = h if p.kv_heads == p.h else 1
-            self.gate_cases.append((self._make((b, h, sq, p.d), (b, hk, sk, p.d)), causal))
+            hk = h if problem.kv_heads == problem.h else 1
+            self.gate_cases.append((self._make((b, h, sq, problem.d), (b, hk, sk, problem.d)), causal))
         self._indices = {}
-        self._baseline = {}   # gate case -> (float64 reference, max|default - ref|, eps), computed once
+        self._baseline = {}   # gate case -> (float64 reference, max|default - ref|), computed once
         self._arrays = {}     # (q shape, kv shape) -> inputs, made once
 
     def arrays(self, qshape, kshape):
@@ -71,22 +48,14 @@ class Runner:
         return self._arrays[key]
 
     def _make(self, qshape, kshape):
-        arrays = [self.rng.standard_normal(s).astype(np.float32) for s in (qshape, kshape, kshape)]
-        if not self.gpu:
-            dt = {"fp32": np.float32, "fp16": np.float16}.get(self.problem.dtype)
-            if dt is None:
-                raise ValueError("dtype: the CPU family tunes fp32 or fp16 (NumPy has no bfloat16)")
-            q, k, v = (a.astype(dt) for a in arrays)
-            return q, k, v, np.empty_like(q)
-        t = self.torch
-        dt = {"fp16": t.float16, "bf16": t.bfloat16, "fp32": t.float32}[self.problem.dtype]
-        q, k, v = (t.from_numpy(a).to(device="cuda", dtype=dt) for a in arrays)
-        return q, k, v, t.empty_like(q)
+        import dataclasses
 
-    def _host64(self, x):
-        if self.gpu:
-            return x.double().cpu().numpy()
-        return x.astype(np.float64)
+        b, h, sq, d = qshape
+        p = dataclasses.replace(self.problem, b=b, h=h, sq=sq, sk=kshape[2], d=d, h_kv=kshape[1])
+        return p.arrays(self.rng)
+
+    def default(self):
+        return self.space.default(self.problem, self.inputs)
 
     # ---- configurations -> what fattn._C takes ----
     def prepare(self, cfgs, jobs=8):
@@ -119,42 +88,52 @@ class Runner:
         return self._indices[key]
 
     # ---- running ----
-    def _stream(self):
-        return _frameworks.current_stream("torch", 0) if self.gpu else None
-
     def _forward(self, arrays, causal, arg):
         q, k, v, out = arrays
-        _C.forward(q, k, v, out, None, _CAUSAL[causal], None, 0, self.variant, self._stream(), arg)
+        _C._dev.forward(q, k, v, out, causal=CAUSAL[causal], variant=self.variant, stream=stream_of(arrays),
+                        config=arg)
         if self.gpu:
             self.torch.cuda.synchronize()
         return out
 
+    def _host64(self, x):
+        return x.double().cpu().numpy() if self.gpu else x.astype(np.float64)
+
     def gate(self, cfg, default_cfg):
-        """None if cfg passes the accuracy rule on every gate case (and the problem itself is run once), else why:
-        max|out - ref| <= 2 * max|out_default - ref| + one rounding step at max|ref|.  The reference and the
-        default's error are computed on the first call: default_cfg is the same for every call of a runner."""
+        """None if cfg passes the accuracy rule on every gate case (and the problem itself is run once), else why.
+        The plain same-dtype implementation the rule compares against is the default config; its error is computed
+        on the first call (default_cfg is the same for every call of a runner)."""
         arg = self.config_arg(cfg)
         for i, (arrays, causal) in enumerate(self.gate_cases):
             q, k, v, _ = arrays
             if i not in self._baseline:
-                ref = reference(self._host64(q), self._host64(k), self._host64(v), causal)
+                ref, _ = reference.attention(self._host64(q), self._host64(k), self._host64(v), causal)
                 base = self._host64(self._forward(arrays, causal, self.config_arg(default_cfg)))
-                eps = ROUNDING[self.problem.dtype] * max(1.0, np.abs(ref).max())
-                self._baseline[i] = (ref, np.abs(base - ref).max(), eps)
-            ref, err0, eps = self._baseline[i]
+                self._baseline[i] = (ref, np.abs(base - ref).max())
+            ref, err0 = self._baseline[i]
             got = self._host64(self._forward(arrays, causal, arg))
             if not np.isfinite(got).all():
                 return f"non-finite output at {tuple(q.shape)} causal={causal}"
-            err = np.abs(got - ref).max()
-            if err > 2 * err0 + eps:
-                return f"max|err| {err:.3g} > 2 * {err0:.3g} + {eps:.3g} at {tuple(q.shape)} causal={causal}"
+            why = accuracy.verdict(np.abs(got - ref).max(), err0, self.problem.dtype, np.abs(ref).max(), q.shape[-1])
+            if why:
+                return f"{why} at {tuple(q.shape)} causal={causal}"
         self._forward(self.inputs, self.problem.causal, arg)  # launches at the tuned shape too
         return None
 
-    def time(self, cfg, arrays=None, causal=None):
-        """(p50, p90) microseconds of cfg on the problem (or on `arrays`), L2 flushed on the GPU."""
-        q, k, v, out = arrays or self.inputs
+    def call(self, cfg, arrays=None, causal=None):
+        """fn() running cfg once on the problem (or on `arrays`)."""
+        arrays = arrays or self.inputs
         causal = self.problem.causal if causal is None else causal
-        p50, p90, _ = _C.time_forward(q, k, v, out, None, _CAUSAL[causal], None, 0, self.variant, self._stream(),
-                                      self.config_arg(cfg), self.reps, self.warmup, self.gpu)
-        return p50, p90
+        arg = self.config_arg(cfg)
+        q, k, v, out = arrays
+        stream = stream_of(arrays)
+        return lambda: _C._dev.forward(q, k, v, out, causal=CAUSAL[causal], variant=self.variant, stream=stream,
+                                       config=arg)
+
+    def samples(self, fn):
+        """Microsecond samples of fn with the one timer (L2 flushed on the GPU)."""
+        return (timer.cuda if self.gpu else timer.cpu)(fn, self.reps, self.warmup)
+
+    def time(self, cfg, arrays=None, causal=None):
+        """(p50, p90) microseconds of cfg on the problem (or on `arrays`)."""
+        return timer.summarize(self.samples(self.call(cfg, arrays, causal)))

@@ -11,6 +11,7 @@ import sys
 import time
 
 from .. import _C
+from ..testing import timer
 from . import space as spaces
 from .runner import Runner
 
@@ -71,12 +72,19 @@ def evaluate(runner, cfg, default_cfg, compile_errors, problem=None):
     return "ok", p50, p90, ""
 
 
-def micro(problem, *, family=None, top=5, out_dir="evidence/tune", reps=10, warmup=2, quiet=False, limit=None):
+def default_out_dir(problem):
+    """Where the command line writes its logs unless --out says: the user's cache, never the source tree (the
+    library functions write only where out_dir names)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fattn", "tune", problem.label())
+
+
+def micro(problem, *, family=None, top=5, out_dir=None, reps=10, warmup=2, quiet=False, limit=None):
     """Sweeps the whole (kept) space on the synthetic single-tile problem; writes micro_log.csv, micro_best.json."""
     space = spaces.space_for(problem, family)
     runner = Runner(problem, space, reps=reps, warmup=warmup)
     tile = synthetic(problem, space)
-    default = space.default(problem)
+    default = runner.default()
     rows, kept = [], []
     for cfg, ok, why in space.all(problem):
         if ok:
@@ -127,7 +135,7 @@ def _tournament(rng, scored, k=3):
     return min(entrants, key=lambda x: x[1])[0]
 
 
-def evo(problem, *, family=None, budget=24, seed=0, population=8, out_dir="evidence/tune", seeds_from=None,
+def evo(problem, *, family=None, budget=24, seed=0, population=8, out_dir=None, seeds_from=None,
         reps=20, warmup=3, quiet=False, measure=None, top=5):
     """Genetic search on `problem`.  `budget`: candidates evaluated (the default config included).  Population seeded
     from micro_best.json (seeds_from, or out_dir's) when it matches the family and head dim, else random kept
@@ -136,7 +144,7 @@ def evo(problem, *, family=None, budget=24, seed=0, population=8, out_dir="evide
     space = spaces.space_for(problem, family)
     rng = random.Random(seed)
     runner = None if measure else Runner(problem, space, reps=reps, warmup=warmup, seed=seed)
-    default = space.default(problem)
+    default = runner.default() if runner else space.default(problem)
     compile_errors = {}
 
     def run(cfg):
@@ -226,10 +234,31 @@ def cache_entry(problem, family, best):
     from .. import __version__
 
     return {"family": family, "device": dev, "dtype": problem.dtype, "head_dim": problem.d,
-            "causal": bool(problem.causal), "seq_bucket": _C.seq_bucket(problem.sq, problem.sk),
+            "causal": bool(problem.causal), "seq_bucket": _C._dev.seq_bucket(problem.sq, problem.sk),
             "config": top["config"], "p50_us": top["p50_us"], "default_p50_us": best["default"]["p50_us"],
             "shape": [problem.b, problem.h, problem.sq, problem.sk, problem.d], "sources": _tuned.sources_id(),
             "fattn": __version__, "saved": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def confirm(problem, family, best, rounds=7, reps=20, warmup=3, quiet=False, noise=0.02):
+    """Re-measures evo's winner against the default, interleaved (each round times both once), and says whether it
+    is faster beyond the noise: {"confirmed", "speedup" (median of per-round ratios), "spread" (their interquartile
+    range), "rounds"}.  Only a confirmed winner is worth caching: one search's timing alone is not."""
+    space = spaces.space_for(problem, family)
+    runner = Runner(problem, space, reps=reps, warmup=warmup)
+    winner, default = best["leaderboard"][0]["config"], runner.default()
+    if space.key(winner) == space.key(default):
+        return {"confirmed": False, "speedup": 1.0, "spread": 0.0, "rounds": 0, "why": "the winner is the default"}
+    runner.prepare([winner, default])
+    fns = {"default": runner.call(default), "winner": runner.call(winner)}
+    med = timer.interleaved(fns, rounds, runner.samples)
+    ratios = sorted(d / w for d, w in zip(med["default"], med["winner"]))
+    q1, q2, q3 = (timer.percentile(ratios, x) for x in (0.25, 0.5, 0.75))
+    ok = q1 > 1.0 + noise  # three quarters of the rounds agree the winner is faster by more than the noise floor
+    _say(f"confirm: winner {winner} vs default {default}: {q2:.3f}x (rounds' IQR {q1:.3f}-{q3:.3f}) -> "
+         + ("confirmed" if ok else "not confirmed"), quiet)
+    return {"confirmed": ok, "speedup": q2, "spread": q3 - q1, "rounds": rounds,
+            "why": "" if ok else f"the winner's lower quartile ratio {q1:.3f} is not above {1 + noise:.2f}"}
 
 
 def speedup(best):

@@ -1,5 +1,6 @@
 """Config spaces of fattn's tunable kernel families, each with a keep() rule that prunes configurations that cannot
-launch (shared memory, registers, divisibility) before anything is compiled or run.
+launch before anything is compiled or run.  The rules are the C side's (fattn._C._dev.check_config) and the default
+is what the C planner chooses for the problem (fattn._C._dev.plan): nothing here restates them.
 
 A configuration is a plain dict; `Problem` is the attention call it is tuned for.
 """
@@ -8,9 +9,9 @@ import itertools
 import os
 
 from .. import _C
+from .._api import CAUSAL
 
-SMEM_LIMIT = 227 * 1024          # opt-in shared memory per block on sm_90 (sm_80: 163 KB; keep() is told the device's)
-V2_ACC_LIMIT = 192               # accumulator registers per thread above which ptxas spills in the loop (-Xptxas -v, sm_90: 192 keeps at most 16 bytes of stack)
+SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90 (sm_80: 163 KB; keep() is told the device's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,36 @@ class Problem:
         c = {False: "", True: "-causal", "top_left": "-causal", "bottom_right": "-causal_br"}[self.causal]
         return f"{self.device}-{self.dtype}-b{self.b}h{self.h}sq{self.sq}sk{self.sk}d{self.d}{c}"
 
+    def arrays(self, rng=None):
+        """(q, k, v, out) of this problem's shapes with random values: NumPy on the CPU, torch on CUDA."""
+        import numpy as np
+
+        rng = rng or np.random.default_rng(0)
+        shapes = [(self.b, self.h, self.sq, self.d), (self.b, self.kv_heads, self.sk, self.d)]
+        arrays = [rng.standard_normal(s).astype(np.float32) for s in (shapes[0], shapes[1], shapes[1])]
+        if self.device == "cpu":
+            dt = {"fp32": np.float32, "fp16": np.float16}.get(self.dtype)
+            if dt is None:
+                raise ValueError("dtype: the CPU family tunes fp32 or fp16 (NumPy has no bfloat16)")
+            q, k, v = (a.astype(dt) for a in arrays)
+            return q, k, v, np.empty_like(q)
+        import torch
+
+        dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[self.dtype]
+        q, k, v = (torch.from_numpy(a).to(device="cuda", dtype=dt) for a in arrays)
+        return q, k, v, torch.empty_like(q)
+
+
+def stream_of(arrays):
+    """The current CUDA stream handle for torch arrays, None for NumPy."""
+    if type(arrays[0]).__module__.split(".")[0] != "torch":
+        return None
+    from .. import _frameworks
+
+    if _frameworks._torch_raw_stream is None:
+        _frameworks.register_torch(_C)
+    return _frameworks.current_stream("torch", arrays[0].get_device())
+
 
 class Space:
     """params: name -> candidate values (in order, so that a mutation can step to a neighbour)."""
@@ -47,8 +78,15 @@ class Space:
         """(True, "") if cfg can launch for problem, else (False, reason)."""
         raise NotImplementedError
 
-    def default(self, problem):
+    def from_plan(self, plan):
+        """The space's config dict of a plan dict (fattn._C._dev.plan)."""
         raise NotImplementedError
+
+    def default(self, problem, arrays=None):
+        """The configuration fattn's planner chooses for problem (arrays: its inputs, made if not given)."""
+        q, k, v, out = arrays or problem.arrays()
+        plan = _C._dev.plan(q, k, v, out, causal=CAUSAL[problem.causal], variant=self.family, stream=stream_of((q,)))
+        return self.from_plan(plan)
 
     def key(self, cfg):
         return tuple(cfg[p] for p in self.params)
@@ -61,58 +99,28 @@ class Space:
             yield cfg, ok, why
 
 
-def v2_dp(d):
-    return 64 if d <= 64 else 128 if d <= 128 else 256
-
-
 class V2Space(Space):
-    """v2 (kernels/v2_mma.cu): warps per block, 16-row tiles per warp (Br = 16 * mt * warps), keys per block (Bc),
-    K/V pipeline stages.  The head-dim bucket DP follows from the problem."""
+    """v2 (kernels/sm80): warps per block, 16-row tiles per warp (Br = 16 * mt * warps), keys per block (Bc), K/V
+    pipeline stages.  The head-dim bucket DP follows from the problem."""
     family = "v2"
     params = {"warps": [2, 4, 8], "mt": [1, 2, 4], "bc": [16, 32, 48, 64, 96, 128], "stages": [1, 2]}
+    FIELDS = ("dp", "warps", "mt", "bc", "stages")
 
     def __init__(self, smem_limit=SMEM_LIMIT):
         self.smem_limit = smem_limit
 
     def full(self, cfg, problem):
-        return dict(cfg, dp=v2_dp(problem.d))
+        return dict(cfg, dp=_C._dev.head_dim_bucket(problem.d))
 
     def keep(self, cfg, problem):
-        dp = v2_dp(problem.d)
-        if problem.dtype not in ("fp16", "bf16"):
-            return False, "v2 runs fp16 and bf16 only"
-        threads, chunks = cfg["warps"] * 32, dp // 8
-        br = 16 * cfg["mt"] * cfg["warps"]
-        if cfg["bc"] % 16:
-            return False, "bc must be a multiple of 16"
-        if threads % chunks or (br * chunks) % threads or (cfg["bc"] * chunks) % threads:
-            return False, "tile rows do not split evenly over the threads"
-        smem = (br + 2 * cfg["stages"] * cfg["bc"]) * dp * 2
-        if smem > self.smem_limit:
-            return False, f"shared memory {smem} B > {self.smem_limit} B"
-        acc = cfg["mt"] * (dp // 8 * 4 + cfg["bc"] // 8 * 4)
-        q_regs = cfg["mt"] * dp // 16 * 4  # Q's fragments, kept in registers when they fit (kernels/v2_mma.cu)
-        if cfg["mt"] * dp <= 128 and acc + q_regs <= 200:
-            acc += q_regs
-        if acc > V2_ACC_LIMIT:
-            return False, f"{acc} accumulator registers per thread would spill (> {V2_ACC_LIMIT})"
-        return True, ""
+        full = self.full(cfg, problem)
+        why = _C._dev.check_config("v2", tuple(full[f] for f in self.FIELDS), problem.d, problem.dtype,
+                                   self.smem_limit)
+        return why is None, why or ""
 
-    def default(self, problem):
-        """The configuration v2 runs by default at this problem (the small-grid one where the launcher picks it)."""
-        dp = v2_dp(problem.d)
-        rows = {c[0]: c for c in _C.v2_configs()}
-        bucket = {64: 0, 128: 1, 256: 2}[dp]
-        c = rows[bucket]
-        br = 16 * c[3] * c[2]
-        sms = _C.device_info(0)[2] if problem.device == "cuda" else 132
-        if -(-problem.sq // br) * problem.b * problem.h < sms or problem.sq <= 64:
-            c = rows[3 + bucket]
-        else:  # the launcher's V2_RULES, first match
-            for dp_, warps, mt, bc, stages, causal, lo, hi in _C.v2_rules():
-                if dp_ == dp and causal == bool(problem.causal) and lo <= problem.sk <= hi:
-                    return {"warps": warps, "mt": mt, "bc": bc, "stages": stages}
-        return {"warps": c[2], "mt": c[3], "bc": c[4], "stages": c[5]}
+    def from_plan(self, plan):
+        c = _C._dev.configs("v2")[plan["config"]]
+        return {p: c[p] for p in self.params}
 
 
 class CPUSpace(Space):
@@ -125,8 +133,9 @@ class CPUSpace(Space):
                        "threads": sorted({0, 1, n} | ({n // 2} if n > 2 else set()))}
 
     def keep(self, cfg, problem):
-        if cfg["bc"] % 16:
-            return False, "bc must be a multiple of 16"
+        why = _C._dev.check_config("cpu", (cfg["br"], cfg["bc"], cfg["threads"]), problem.d, problem.dtype, 0)
+        if why:
+            return False, why
         if cfg["threads"] > (os.cpu_count() or 1):
             return False, "more threads than CPUs"
         if cfg["br"] * cfg["bc"] * 4 > (8 << 20):
@@ -135,8 +144,8 @@ class CPUSpace(Space):
             return False, "Br far above the query length"
         return True, ""
 
-    def default(self, problem):
-        br, bc, threads = _C.cpu_config()
+    def from_plan(self, plan):
+        br, bc, threads = plan["config"]
         return {"br": br, "bc": bc, "threads": threads}
 
 

@@ -1,14 +1,19 @@
-/* v0_naive.cu -- version 0: one thread per query row.
+/* v0_fwd.cu -- version 0: one thread per query row.
  *
  * Each thread walks every visible key of its row once with the online softmax (m_i, l_i, acc in registers /
  * local memory): the simplest kernel that is right, the baseline every later version is checked against.
  * No shared memory, no reuse of K/V between rows: every thread streams the whole K and V of its head.
  * Speed (H100, evidence/bench/h100_v0v1_seeds.json): 0.2-2.7 TFLOP/s on the seeds grid (K/V re-read per row).
  */
-#include "common.cuh"
+#include "../common.cuh"
+#include "simt.h"
+
+#ifndef __CUDACC_RTC__
+#include "../../csrc/variants.h"
+#endif
 
 template <typename T>
-__global__ void __launch_bounds__(128) v0_fwd(const attn_params p) {
+__global__ void __launch_bounds__(V0_THREADS) v0_fwd(const attn_params p) {
     const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* over (b, h, i) */
     if (row >= p.b * p.h * p.sq) return;
     const int64_t i = row % p.sq, bh = row / p.sq, h = bh % p.h, b = bh / p.h;
@@ -24,8 +29,9 @@ __global__ void __launch_bounds__(128) v0_fwd(const attn_params p) {
         acc[e] = 0.f;
     }
     float m_i = -INFINITY, l_i = 0.f;
-    const int64_t kend = fattn_row_kend(&p, i);
-    for (int64_t j = 0; j < kend; j++) {
+    int64_t lo, hi; /* the keys this row sees */
+    fattn_row_keys(&p.mask, p.sq, p.sk, i, &lo, &hi);
+    for (int64_t j = lo; j < hi; j++) {
         const T *kj = k + j * p.k_stride_s, *vj = v + j * p.v_stride_s;
         float s = 0.f;
         for (int e = 0; e < d; e++) s += qs[e] * to_f32(kj[e]);
@@ -44,17 +50,14 @@ __global__ void __launch_bounds__(128) v0_fwd(const attn_params p) {
 typedef void (*v0_kernel)(const attn_params);
 static const v0_kernel v0_kernels[] = {v0_fwd<float>, v0_fwd<__half>, v0_fwd<__nv_bfloat16>}; /* by fattn_dtype */
 
-extern "C" fattn_status fattn_check_v0(const attn_params *p) { /* runs every dtype, alignment and shape */
-    (void)p;
+extern "C" fattn_status fattn_prepare_v0(int device) {
+    (void)device;
     return FATTN_OK;
 }
 
-extern "C" fattn_status fattn_launch_v0(const attn_params *p, void *stream) {
-    const int64_t rows = p->b * p->h * p->sq, threads = 128, blocks = (rows + threads - 1) / threads;
-    if (rows == 0) return FATTN_OK;
-    if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v0: %lld query rows is too many", (long long)rows);
+extern "C" fattn_status fattn_launch_v0(const attn_params *p, const fattn_plan *plan, void *stream) {
     void *args[] = {(void *)p};
-    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)v0_kernels[p->dtype], dim3((unsigned)blocks), dim3((unsigned)threads),
-                                args, 0, (cudaStream_t)stream));
+    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)v0_kernels[p->dtype], dim3(plan->grid_x), dim3(plan->threads), args,
+                                      0, (cudaStream_t)stream));
     return FATTN_OK;
 }

@@ -1,4 +1,4 @@
-/* v1_tiled.cu -- version 1: tiled scalar FlashAttention with online softmax in shared memory.
+/* v1_fwd.cu -- version 1: tiled scalar FlashAttention with online softmax in shared memory.
  *
  * A block of V1_WARPS warps owns Br = V1_BR query rows of one (b, h); each warp owns Br / V1_WARPS rows.  The
  * block walks the visible keys in tiles of Bc = 32 (one key per lane): K_j and V_j are staged in shared memory as
@@ -8,19 +8,15 @@
  *   acc = alpha*acc + P V_j    lane holds acc[r][e] for e = lane + 32*t
  * with P passed through shared memory.  Two __syncthreads per tile (stage, then release), warp shuffles for the
  * row max.  Head dims are bucketed at compile time (DMAX 64 / 128 / 256); any multiple of 8 up to 256 works.
- * Causal blocks stop at the last visible key of their last row; blocks are issued last-query-block first.
+ * A block visits only the key tiles its rows see (mask.h); blocks are issued last-query-block first.
  * Speed (H100, evidence/bench/h100_v0v1_fa3.json): 4-20 TFLOP/s on the fa3 grid, CUDA cores only.
  */
-#include "common.cuh"
+#include "../common.cuh"
+#include "simt.h"
 
-#define V1_BR 32
-#define V1_BC 32
-#define V1_WARPS 4
-#define V1_RW (V1_BR / V1_WARPS) /* rows per warp */
-
-static size_t v1_smem_bytes(int dmax) {
-    return sizeof(float) * ((size_t)V1_BR * dmax + (size_t)V1_BC * (dmax + 1) + (size_t)V1_BC * dmax + V1_BR * V1_BC);
-}
+#ifndef __CUDACC_RTC__
+#include "../../csrc/variants.h"
+#endif
 
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params p) {
@@ -45,19 +41,19 @@ __global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params p) {
     }
 
     float m_i[V1_RW], l_i[V1_RW], acc[V1_RW][DPL];
-    int64_t kend_r[V1_RW];
+    int64_t lo_r[V1_RW], hi_r[V1_RW]; /* keys [lo, hi) each of the warp's rows sees */
 #pragma unroll
     for (int rr = 0; rr < V1_RW; rr++) {
         m_i[rr] = -INFINITY;
         l_i[rr] = 0.f;
-        kend_r[rr] = fattn_row_kend(&p, i0 + warp * V1_RW + rr);
+        fattn_row_keys(&p.mask, p.sq, p.sk, i0 + warp * V1_RW + rr, &lo_r[rr], &hi_r[rr]);
 #pragma unroll
         for (int t = 0; t < DPL; t++) acc[rr][t] = 0.f;
     }
-    const int64_t i_last = (i0 + V1_BR < p.sq ? i0 + V1_BR : p.sq) - 1;
-    const int64_t kend = fattn_row_kend(&p, i_last); /* no row of the block sees past this key */
+    const fattn_span span = fattn_key_span(&p.mask, p.sq, p.sk, i0, V1_BR, V1_BC);
+    const int64_t kend = span.k_end; /* no row of the block sees key kend or later */
 
-    for (int64_t j0 = 0; j0 < kend; j0 += V1_BC) {
+    for (int64_t j0 = span.n_min * V1_BC; j0 < span.n_max * V1_BC; j0 += V1_BC) {
         __syncthreads(); /* previous tile fully consumed */
         for (int idx = tid; idx < V1_BC * DMAX; idx += V1_WARPS * 32) {
             const int c = idx / DMAX, e = idx % DMAX;
@@ -84,7 +80,7 @@ __global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params p) {
         /* online softmax, P into shared memory */
 #pragma unroll
         for (int rr = 0; rr < V1_RW; rr++) {
-            const float sv = (j0 + lane < kend_r[rr]) ? s[rr] : -INFINITY;
+            const float sv = (j0 + lane >= lo_r[rr] && j0 + lane < hi_r[rr]) ? s[rr] : -INFINITY;
             const float m_new = fmaxf(m_i[rr], warp_max(sv));
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             const float pv = exp2f(sv - m_use), alpha = exp2f(m_i[rr] - m_use);
@@ -135,28 +131,22 @@ typedef void (*v1_kernel)(const attn_params);
 #define V1_ROW(T) {v1_fwd<T, 64>, v1_fwd<T, 128>, v1_fwd<T, 256>}
 static const v1_kernel v1_kernels[3][3] = {V1_ROW(float), V1_ROW(__half), V1_ROW(__nv_bfloat16)}; /* [dtype][dmax] */
 static const int v1_dmax[3] = {64, 128, 256};
-static unsigned long long v1_smem_set[3][3]; /* bit per device: opt-in to > 48 KB of shared memory done */
 
-extern "C" fattn_status fattn_check_v1(const attn_params *p) { /* runs every dtype, alignment and shape */
-    (void)p;
+extern "C" fattn_status fattn_prepare_v1(int device) {
+    (void)device;
+    for (int t = 0; t < 3; t++)
+        for (int di = 0; di < 3; di++)
+            if (V1_SMEM_BYTES(v1_dmax[di]) > 48 * 1024)
+                FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)v1_kernels[t][di],
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      (int)V1_SMEM_BYTES(v1_dmax[di])));
     return FATTN_OK;
 }
 
-extern "C" fattn_status fattn_launch_v1(const attn_params *p, void *stream) {
-    const int64_t nqb = (p->sq + V1_BR - 1) / V1_BR, blocks = nqb * p->b * p->h;
-    if (blocks == 0) return FATTN_OK;
-    if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v1: grid of %lld blocks is too large", (long long)blocks);
+extern "C" fattn_status fattn_launch_v1(const attn_params *p, const fattn_plan *plan, void *stream) {
     const int di = p->d <= 64 ? 0 : p->d <= 128 ? 1 : 2;
-    const v1_kernel kern = v1_kernels[p->dtype][di];
-    const size_t smem = v1_smem_bytes(v1_dmax[di]);
-    int dev = 0;
-    FATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    if (smem > 48 * 1024 && !(v1_smem_set[p->dtype][di] >> dev & 1)) {
-        FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        v1_smem_set[p->dtype][di] |= 1ull << dev;
-    }
     void *args[] = {(void *)p};
-    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)kern, dim3((unsigned)blocks), dim3(V1_WARPS * 32), args, smem,
-                                (cudaStream_t)stream));
+    FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)v1_kernels[p->dtype][di], dim3(plan->grid_x), dim3(plan->threads),
+                                      args, plan->smem, (cudaStream_t)stream));
     return FATTN_OK;
 }

@@ -9,7 +9,7 @@
 #ifndef FATTN_HOPPER_CUH
 #define FATTN_HOPPER_CUH
 
-#include "common.cuh"
+#include "../common.cuh"
 
 DEV unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 

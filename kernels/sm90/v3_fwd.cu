@@ -1,4 +1,4 @@
-/* v3_wgmma_sm90a.cu -- version 3: Hopper (sm_90a) forward, the FlashAttention-3 structure.
+/* v3_fwd.cu -- version 3: Hopper (sm_90a) forward, the FlashAttention-3 structure.
  *
  * Adds over v2: wgmma instead of mma.sync, TMA instead of cp.async, and warp specialisation.
  * A block is one producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups of 64 query rows each:
@@ -7,7 +7,7 @@
  *     consumers arrive on), and gives its registers away (setmaxnreg.dec);
  *   the consumers (setmaxnreg.inc), per key block:
  *     S = Q K_j^T      wgmma m64nBck16, both operands in 128-byte-swizzled shared memory
- *     masked -> -inf   (only in diagonal / tail blocks: one compare + select per element)
+ *     masked -> -inf   (only in edge blocks of the mask: two compares + a select per element)
  *     m' = max(m, rowmax S) (quad shuffles),  P = exp2(S c - m' c) with c = scale log2 e in one FFMA,
  *                      l = alpha l + rowsum P
  *     O = alpha O + P V_j   wgmma m64nDk16 with P from registers (the S accumulators re-packed as A fragments)
@@ -18,14 +18,15 @@
  * O is written back through a shared-memory tile (its own where it fits, else the consumer's Q slot; swizzled like
  * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
  * with zeros, so no load reads past it.
- * Fully masked key blocks are never loaded.
+ * A tile visits only the key blocks its rows see (mask.h: fattn_key_span); the others are never loaded.
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
  * (Sq <= 64) go to v2's split-KV.
  * The grid is persistent (one block per SM, tiles in zig-zag rounds, head by head so the blocks in flight share
- * K/V in L2, or longest first over all heads where a causal schedule needs it for balance); the K/V ring and the
- * turns run on across tiles.  Configurations: kernels/v3_configs.h (bench/v3_sweep.py times them).
+ * K/V in L2, or longest first over all heads where a causal schedule needs it for balance; v3_schedule.h, chosen by
+ * v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations: v3_configs.h (bench/ab.py times them).
+ * Built for sm_90a only (kernels/sm90/gencode).
  * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_54c5b31.md): 195-731 TFLOP/s fp16, 0.75-1.08x torch
  * cudnn and 1.23-2.67x torch flash; D=128 S=16k 653 (non-causal) TFLOP/s.  Weakest: D=64 causal at S=512-2k
  * (0.75-0.82x cudnn) and D=64 non-causal at S=512-1k (0.85-0.87x).
@@ -33,17 +34,16 @@
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
 #include "hopper.cuh"
-#include "mma.cuh"
+#include "../mma.cuh"
 #include "wgmma_ops.cuh"
 
 #include <pthread.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <type_traits>
 
-#include "../csrc/gpu.h"
+#include "../../csrc/variants.h"
 #include "v3_configs.h"
+#include "v3_schedule.h"
 
 /* Register split per consumer count: the producer keeps PRODUCER_REGS, consumers get the rest (multiples of 8,
  * 128 * (producer + consumers * consumer) <= 65536). */
@@ -51,48 +51,9 @@ template <int CWG> struct v3_regs;
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
-/* Shared memory of one block: Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot), STAGES
- * slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte
- * swizzle's period). */
-#define V3_NBARS(STAGES) (2 + 4 * (STAGES))
-#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, SEP_O) \
-    ((size_t)(64 * (CWG) * ((SEP_O) ? 2 : 1) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
-/* A separate O tile when it fits in the 227 KB a block may have. */
-#define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= 227 * 1024)
-
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
-
-/* The work of one block of the persistent grid: tile `tile` of nqb * b * h.  Heads come in groups of `group`
- * (b, h) pairs; inside a group query blocks run in reverse order (longest first when causal) with the heads
- * fastest.  group = 1 walks one head's query blocks after another, so the blocks running at once share one or a
- * few heads' K and V (read from DRAM about once); group = b * h walks every head's last query block first, which
- * balances causal tiles of very different lengths but leaves K and V little reuse in L2.  The host picks
- * (v3_order). */
-typedef struct {
-    int64_t i0;  /* first query row */
-    int b, h;    /* batch, query head */
-    int nblocks; /* key blocks of BC keys any row of the tile sees */
-} v3_tile;
-
-/* The persistent grid's k-th tile for block x (of G): rounds of G tiles, walked forwards in even rounds and
- * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
-FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
-
-/* Host and device: the host replays the schedule to choose the order (v3_order). */
-FATTN_HD v3_tile v3_tile_of(const attn_params &p, int br, int bc, int64_t tile, int group) {
-    const int64_t nqb = (p.sq + br - 1) / br, nbh = p.b * p.h, first = tile / (group * nqb) * group;
-    const int64_t in_group = nbh - first < group ? nbh - first : group, r = tile - first * nqb;
-    const int64_t bh = first + r % in_group;
-    v3_tile w;
-    w.i0 = (nqb - 1 - r / in_group) * br;
-    w.b = (int)(bh / p.h);
-    w.h = (int)(bh % p.h);
-    const int64_t i_last = (w.i0 + br < p.sq ? w.i0 + br : p.sq) - 1;
-    w.nblocks = (int)((fattn_row_kend(&p, i_last) + bc - 1) / bc);
-    return w;
-}
 
 /* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
@@ -140,13 +101,13 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_v);
         int ring = 0, round = 0; /* K/V ring position and tiles done, across tiles */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            const v3_tile w = v3_tile_of(p, BR, BC, tile, head_group);
+            const v3_tile w = v3_tile_of(&p, BR, BC, tile, head_group);
             const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step;
             if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
             mbar_arrive_expect_tx(q_full, Q_TILE * 2);
 #pragma unroll
             for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)w.i0, w.h, w.b);
-            for (int j = 0; j < w.nblocks; j++, ring++) {
+            for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
                 /* key block j of K (or V) into slot s once the consumers have released it */
@@ -172,6 +133,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* m: raw row max of S */
     bool exact = false;             /* see softmax */
     int64_t row0, row1;             /* this thread's two query rows in the current tile */
+    int64_t k_first;                /* the first key of the tile's first key block */
     unsigned pa[KS][4];
 
     /* Descriptors: the start-address field (low word) of each tile's base, computed once; a k-step adds a
@@ -202,20 +164,16 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     auto softmax = [&](int j, float a[2], auto masked) {
         float mx[2] = {m[0], m[1]};
         if constexpr (decltype(masked)::value) {
-            const int64_t kbase = (int64_t)j * BC;
-            int lim[2];
+            const int64_t kbase = k_first + (int64_t)j * BC;
+            int lo[2], hi[2]; /* the keys of this block each of the thread's two rows sees */
+            const fattn_block_mask bm = fattn_block_mask_of(&p.mask, p.sq, p.sk, row0, kbase);
+            fattn_block_cols(&bm, 0, BC, &lo[0], &hi[0]);
+            fattn_block_cols(&bm, 8, BC, &lo[1], &hi[1]);
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int64_t e = p.sk - kbase;
-                if (p.causal) {
-                    const int64_t ec = (r ? row1 : row0) + p.causal_offset + 1 - kbase;
-                    e = ec < e ? ec : e;
-                }
-                lim[r] = e < 0 ? 0 : e > BC ? BC : (int)e;
+            for (int i = 0; i < NS; i++) {
+                const int col = 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
+                if (col < lo[r] || col >= hi[r]) s[i] = -INFINITY;
             }
-#pragma unroll
-            for (int i = 0; i < NS; i++)
-                if (8 * (i / 4) + 2 * t + (i & 1) >= lim[(i >> 1) & 1]) s[i] = -INFINITY;
         }
 #pragma unroll
         for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
@@ -281,22 +239,23 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     int ring = 0, round = 0;
     for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-        const v3_tile w = v3_tile_of(p, BR, BC, tile, head_group);
+        const v3_tile w = v3_tile_of(&p, BR, BC, tile, head_group);
         const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
         row0 = wg_row + warp * 16 + g;
         row1 = row0 + 8;
+        k_first = (int64_t)w.n_min * BC;
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         exact = false;
 #pragma unroll
         for (int i = 0; i < NO; i++) o[i] = 0.f;
-        /* Key blocks [0, nfree) need no mask for any row of this warpgroup: every key exists and is visible. */
-        int64_t nfree64 = p.sk / BC;
-        if (p.causal) {
-            const int64_t e = (wg_row + p.causal_offset + 1) / BC; /* wg_row sees keys < wg_row + off + 1 */
-            nfree64 = wg_row + p.causal_offset + 1 <= 0 ? 0 : e < nfree64 ? e : nfree64;
-        }
-        const int nfree = (int)(nfree64 < w.nblocks ? nfree64 : w.nblocks);
+        /* The tile's key blocks are n_min + [0, nblocks); of them, this warpgroup's rows all see [f0, f1) whole (no
+         * mask); the blocks before f0 and from f1 on are masked. */
+        const fattn_span wsp = fattn_key_span(&p.mask, p.sq, p.sk, wg_row, 64, BC);
+        const int f0 = (int)(wsp.n_full_min - w.n_min < 0 ? 0 : wsp.n_full_min - w.n_min > w.nblocks ? w.nblocks
+                                                                                                     : wsp.n_full_min - w.n_min);
+        const int f1 = (int)(wsp.n_full_max - w.n_min < f0 ? f0 : wsp.n_full_max - w.n_min > w.nblocks ? w.nblocks
+                                                                                                       : wsp.n_full_max - w.n_min);
         /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
          * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
         auto step = [&](int j, float a[2], auto masked) {
@@ -330,13 +289,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             wgmma_wait<0>();
             reg_fence(s);
             release(&k_empty[st0]);
-            if (nfree > 0)
+            if (f0 == 0 && f1 > 0)
                 softmax(0, a, std::false_type());
             else
                 softmax(0, a, std::true_type());
             pack_p();
             int j = 1;
-            for (; j < nfree; j++) step(j, a, std::false_type());
+            for (; j < f0; j++) step(j, a, std::true_type()); /* a window's left edge */
+            for (; j < f1; j++) step(j, a, std::false_type());
             for (; j < w.nblocks; j++) step(j, a, std::true_type());
             const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
             if (SEP_O) release(q_empty); /* the last S GEMM has read Q: the next tile's Q may land */
@@ -389,31 +349,30 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     if (tid == 0) tma_store_wait_read();
 }
 
-/* ---- host side ------------------------------------------------------------------------------------------- */
+/* ---- host side: the kernels compiled ahead of time and the launcher (v3_plan.c plans) ------------------------- */
 
 typedef struct {
-    v3_config cfg;
     const void *kern[2]; /* fp16, bf16 */
     size_t smem;
 } v3_entry;
 
 #define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
-    {{DP, BC, STAGES, CWG, PP},                                                                                 \
-     {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP>}, \
-     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_SEP_O(DP, BC, STAGES, CWG))},
-static const v3_entry v3_table[] = {V3_DEFAULT_CONFIGS(V3_ENTRY) V3_SWEEP_CONFIGS(V3_ENTRY)};
+    {{(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP>}, \
+     V3_SMEM(DP, BC, STAGES, CWG)},
+static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_TABLE(V3_ENTRY)};
 #undef V3_ENTRY
-#define V3_NCONFIGS ((int)(sizeof v3_table / sizeof v3_table[0]))
-#define V3_DEVICES 64
-static unsigned long long v3_smem_set[V3_NCONFIGS][2]; /* bit dev: the shared-memory limit is raised there */
-static int v3_last = -1;                               /* table index of the last launch, -1: it ran v2 */
 
-extern "C" int fattn_v3_config_count(void) { return V3_NCONFIGS; }
-extern "C" const v3_config *fattn_v3_config(int i) { return i >= 0 && i < V3_NCONFIGS ? &v3_table[i].cfg : NULL; }
-extern "C" int fattn_v3_last_config(void) { return v3_last; }
-extern "C" size_t fattn_v3_config_smem(int i) { return i >= 0 && i < V3_NCONFIGS ? v3_table[i].smem : 0; }
+/* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set). */
+extern "C" fattn_status fattn_prepare_v3(int device) {
+    (void)device;
+    for (int i = 0; i < V3_NCONFIGS; i++)
+        for (int t = 0; t < 2; t++)
+            FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_kernels[i].kern[t], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)v3_kernels[i].smem));
+    return FATTN_OK;
+}
 
-/* cuTensorMapEncodeTiled, reached through the runtime (fattn links no driver library). */
+/* cuTensorMapEncodeTiled, reached through the runtime (fattn links no driver library); looked up once. */
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -447,176 +406,35 @@ static fattn_status v3_map(CUtensorMap *map, const void *base, fattn_dtype dt, i
     return FATTN_OK;
 }
 
-static bool v3_stride_ok(int64_t stride, int64_t size) { return size == 1 || (stride > 0 && stride % 8 == 0 && stride < (1ll << 38)); }
-static bool v3_aligned(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
-/* K and V's head or batch dimension: TMA-addressable, or broadcast (stride 0 in both: expanded K/V, read as one). */
-static bool v3_kv_dim_ok(int64_t ks, int64_t vs, int64_t size) {
-    return (ks == 0 && vs == 0) || (v3_stride_ok(ks, size) && v3_stride_ok(vs, size));
-}
-
-/* 1 if TMA can address every tensor of p: 16-byte aligned bases, positive strides a multiple of 16 bytes (a size-1
- * dimension's stride does not matter; K/V may broadcast heads or batch), 32-bit coordinates. */
-static bool v3_tma_ok(const attn_params *p) {
-    return v3_aligned(p->q) && v3_aligned(p->k) && v3_aligned(p->v) && v3_aligned(p->o) &&
-           v3_stride_ok(p->q_stride_s, p->sq) && v3_stride_ok(p->q_stride_h, p->h) && v3_stride_ok(p->q_stride_b, p->b) &&
-           v3_stride_ok(p->k_stride_s, p->sk) && v3_stride_ok(p->v_stride_s, p->sk) &&
-           v3_kv_dim_ok(p->k_stride_h, p->v_stride_h, p->h_kv) && v3_kv_dim_ok(p->k_stride_b, p->v_stride_b, p->b) &&
-           v3_stride_ok(p->o_stride_s, p->sq) && v3_stride_ok(p->o_stride_h, p->h) && v3_stride_ok(p->o_stride_b, p->b) &&
-           p->sq <= 0x7fffffff && p->sk <= 0x7fffffff && p->h <= 0x7fffffff && p->b <= 0x7fffffff;
-}
-
-/* v3 accepts what v2 accepts: where TMA cannot address the tensors (odd strides, an output aligned to less than 16
- * bytes) or the scale is not positive, the launch runs v2 instead (fattn._C.last_config() then says v2). */
-extern "C" fattn_status fattn_check_v3(const attn_params *p) { return fattn_check_v2(p); }
-
-/* Where v3 is the default on sm_90: TMA-addressable tensors, a positive scale and more than 64 query rows
- * (decode-like calls go to v2's split-KV). */
-extern "C" int fattn_prefer_v3(const attn_params *p) { return p->sq > 64 && p->scale > 0.f && v3_tma_ok(p); }
-
-static int dp_of(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
-
-/* The busiest block's work over the mean when `grid` persistent blocks walk the tiles in order `group`
- * (v3_tile_index's zig-zag rounds; a tile costs its key blocks plus one for its prologue and epilogue). */
-static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int group, int64_t *load) {
-    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
-    int64_t total = 0, most = 0;
-    for (int64_t x = 0; x < grid; x++) load[x] = 0;
-    for (int64_t k = 0; k * grid < ntiles; k++)
-        for (int64_t x = 0; x < grid; x++) {
-            const int64_t t = v3_tile_index(k, x, grid);
-            if (t < ntiles) load[x] += v3_tile_of(*p, br, bc, t, group).nblocks + 1;
-        }
-    for (int64_t x = 0; x < grid; x++) {
-        total += load[x];
-        most = load[x] > most ? load[x] : most;
-    }
-    return total > 0 ? (double)most * grid / total : 1.0;
-}
-
-/* The tile order (v3_tile_of's head group): head by head (1), for K and V reuse in L2 -- measured on the H100 at
- * S = 512-2k: 1.1-1.5x faster than heads-fastest; unless the call is causal and the static schedule would then be
- * more than 5% less balanced than heads-fastest (b * h) (S = 16k, D = 128: a 1.54x busiest block by the replay,
- * 1.58x slower measured).  The replay runs once per shape (a few recent ones are remembered) and only for grids of
- * at most 2^20 tiles; larger causal calls take heads-fastest. */
-#define V3_ORDER_MEMO 8
-typedef struct {
-    int64_t sq, sk, bh, offset, grid;
-    int br, bc;
-    int64_t group;
-} v3_order_memo;
-static v3_order_memo v3_memo[V3_ORDER_MEMO];
-static int v3_memo_next;
-static pthread_mutex_t v3_memo_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
-    const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX; /* a group of >= b * h: one group */
-    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
-    if (!p->causal || nbh == 1) return 1;
-    if (ntiles > (1 << 20)) return nbh;
-    int64_t group = 0;
-    pthread_mutex_lock(&v3_memo_lock);
-    for (int i = 0; i < V3_ORDER_MEMO; i++) {
-        const v3_order_memo *m = &v3_memo[i];
-        if (m->group && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->offset == p->causal_offset &&
-            m->grid == grid && m->br == br && m->bc == bc)
-            group = m->group;
-    }
-    pthread_mutex_unlock(&v3_memo_lock);
-    if (group) return group;
-    int64_t *load = (int64_t *)malloc((size_t)grid * sizeof(int64_t));
-    if (!load) return nbh;
-    const double by_head = v3_imbalance(p, br, bc, grid, 1, load);
-    const double by_block = v3_imbalance(p, br, bc, grid, (int)nbh, load);
-    free(load);
-    group = by_head <= 1.05 * by_block ? 1 : nbh;
-    pthread_mutex_lock(&v3_memo_lock);
-    v3_memo[v3_memo_next] = (v3_order_memo){p->sq, p->sk, nbh, p->causal_offset, grid, br, bc, group};
-    v3_memo_next = (v3_memo_next + 1) % V3_ORDER_MEMO;
-    pthread_mutex_unlock(&v3_memo_lock);
-    return group;
-}
-
-/* The table entry for p: an explicit p->config (checked), else the first of v3_configs.h's V3_RULES that matches
- * the call, else the default of its head-dim bucket. */
-static fattn_status v3_choose(const attn_params *p, int *index) {
-    if (p->config >= 0) {
-        if (p->config >= V3_NCONFIGS)
-            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d out of range [0, %d)", p->config, V3_NCONFIGS);
-        if (v3_table[p->config].cfg.dp != dp_of(p->d))
-            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d is for head dims in the %d bucket", p->config,
-                              v3_table[p->config].cfg.dp);
-        *index = p->config;
-        return FATTN_OK;
-    }
-    typedef struct {
-        v3_config cfg;
-        int causal;
-        int64_t sk_min, sk_max;
-    } v3_rule;
-    static const v3_rule rules[] = {
-#define V3_RULE(DP, BC, STAGES, CWG, PP, CAUSAL, SK_MIN, SK_MAX) {{DP, BC, STAGES, CWG, PP}, CAUSAL, SK_MIN, SK_MAX},
-        V3_RULES(V3_RULE)
-#undef V3_RULE
+extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *plan, void *stream) {
+    static const v3_config cfgs[V3_NCONFIGS] = {
+#define CFG(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
+        V3_TABLE(CFG)
+#undef CFG
     };
-    const int dp = dp_of(p->d);
-    *index = -1;
-    for (int i = 0; i < V3_NCONFIGS && *index < 0; i++)
-        if (v3_table[i].cfg.dp == dp) *index = i; /* the defaults come first, one per bucket */
-    if (*index < 0) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 has no config for head dim %lld", (long long)p->d);
-    for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++) {
-        const v3_rule *u = &rules[r];
-        if (u->cfg.dp != dp || u->causal != (p->causal != 0) || p->sk < u->sk_min || p->sk > u->sk_max) continue;
-        for (int i = 0; i < V3_NCONFIGS; i++)
-            if (!memcmp(&v3_table[i].cfg, &u->cfg, sizeof(v3_config))) {
-                *index = i;
-                return FATTN_OK;
-            }
-    }
-    return FATTN_OK;
-}
-
-extern "C" fattn_status fattn_launch_v3(const attn_params *p, void *stream) {
-    fattn_status st = fattn_check_v3(p);
-    if (st) return st;
-    if (!v3_tma_ok(p) || !(p->scale > 0.f)) { /* the kernel folds a positive scale into one FFMA */
-        v3_last = -1;
-        attn_params p2 = *p;
-        p2.config = -1; /* v3's config index means nothing to v2 */
-        return fattn_launch_v2(&p2, stream);
-    }
-    int idx = 0;
-    if ((st = v3_choose(p, &idx))) return st;
-    const v3_entry *e = &v3_table[idx];
-    const int ti = p->dtype - FATTN_F16, br = 64 * e->cfg.consumers;
-    const int64_t nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
-    v3_last = idx;
-    if (blocks == 0) return FATTN_OK;
-    if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: grid of %lld blocks is too large", (long long)blocks);
+    const v3_config *c = &cfgs[plan->config];
     pthread_once(&v3_encode_once, v3_find_encode);
     if (!v3_encode) return FATTN_FAIL(FATTN_ERR_CUDA, "v3: the driver has no cuTensorMapEncodeTiled (CUDA 12+ needed)");
-    int dev = 0;
-    FATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= V3_DEVICES || !(v3_smem_set[idx][ti] >> dev & 1)) {
-        FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[ti], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
-        if (dev < V3_DEVICES) v3_smem_set[idx][ti] |= 1ull << dev;
-    }
     /* Broadcast K/V dimensions (stride 0) become size 1: every query head reads kv head 0 (h_per_kv = h), every
      * batch kv batch 0.  With Sk = 0 no key block is loaded, but the map still needs a non-empty shape. */
     attn_params pk = *p;
     const int64_t kv_heads = p->k_stride_h == 0 && p->h_kv > 1 ? 1 : p->h_kv;
     const int64_t kv_batch = p->k_stride_b == 0 && p->b > 1 ? 1 : p->b, sk = p->sk > 0 ? p->sk : 1;
     if (kv_heads == 1) pk.h_per_kv = p->h;
-    const int kv_batch_step = kv_batch == 1 ? 0 : 1;
+    const int kv_batch_step = kv_batch == 1 ? 0 : 1, head_group = (int)plan->head_group;
     CUtensorMap tq, tk, tv, to;
-    if ((st = v3_map(&tq, p->q, p->dtype, p->d, p->sq, p->h, p->b, p->q_stride_s, p->q_stride_h, p->q_stride_b, br, "q")) ||
-        (st = v3_map(&tk, p->k, p->dtype, p->d, sk, kv_heads, kv_batch, p->k_stride_s, p->k_stride_h, p->k_stride_b, e->cfg.bc, "k")) ||
-        (st = v3_map(&tv, p->v, p->dtype, p->d, sk, kv_heads, kv_batch, p->v_stride_s, p->v_stride_h, p->v_stride_b, e->cfg.bc, "v")) ||
-        (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64, "out")))
+    fattn_status st;
+    if ((st = v3_map(&tq, p->q, p->dtype, p->d, p->sq, p->h, p->b, p->q_stride_s, p->q_stride_h, p->q_stride_b,
+                     64 * c->consumers, "q")) ||
+        (st = v3_map(&tk, p->k, p->dtype, p->d, sk, kv_heads, kv_batch, p->k_stride_s, p->k_stride_h, p->k_stride_b,
+                     c->bc, "k")) ||
+        (st = v3_map(&tv, p->v, p->dtype, p->d, sk, kv_heads, kv_batch, p->v_stride_s, p->v_stride_h, p->v_stride_b,
+                     c->bc, "v")) ||
+        (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64,
+                     "out")))
         return st;
-    const int64_t grid = blocks < p->sm_count ? blocks : p->sm_count; /* persistent: one block per SM */
-    const int head_group = (int)v3_order(p, br, e->cfg.bc, grid);
     void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
-    FATTN_CUDA_CHECK(cudaLaunchKernel(e->kern[ti], dim3((unsigned)(grid > 0 ? grid : 1)), dim3(128 * (e->cfg.consumers + 1)),
-                                      args, e->smem, (cudaStream_t)stream));
+    FATTN_CUDA_CHECK(cudaLaunchKernel(v3_kernels[plan->config].kern[p->dtype - FATTN_F16], dim3(plan->grid_x),
+                                      dim3(plan->threads), args, plan->smem, (cudaStream_t)stream));
     return FATTN_OK;
 }

@@ -1,0 +1,47 @@
+/* args.h -- the extension's argument layer: keyword arguments of vectorcall methods, DLPack / torch tensors taken
+ * and checked into attn_params, and the user's words for devices and dtypes ("cuda:0", "float64").  Every check
+ * raises a TypeError / ValueError naming the argument. */
+#ifndef FATTN_ARGS_H
+#define FATTN_ARGS_H
+
+#include "tensor.h"
+
+/* Parses a METH_FASTCALL | METH_KEYWORDS call of `fname`: names[0..n) may come positionally (in order) or by
+ * keyword; the first `required` must be given.  out[i]: a borrowed reference, or NULL when absent.  0, or -1 with
+ * a TypeError set. */
+int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                     const char *const *names, int n, int required, PyObject **out);
+
+/* The user's words for a DLPack device ("cpu", "cuda:1") and dtype ("float64", "int32", "bfloat16"). */
+void fattn_device_str(DLDevice dev, char *buf, size_t n);
+void fattn_dtype_str(DLDataType dt, char *buf, size_t n);
+
+/* An int / float argument with range checks; `arg` names it in errors.  NULL obj: the default stays. */
+int fattn_arg_long(PyObject *obj, const char *arg, long lo, long hi, long *v);
+/* scale: None (NaN: 1/sqrt(d) later) or a number finite in float32. */
+int fattn_arg_scale(PyObject *obj, double *scale);
+/* window: None or a (left, right) pair of ints >= -1. */
+int fattn_arg_window(PyObject *obj, int64_t *left, int64_t *right);
+/* stream: None (0) or an int handle. */
+int fattn_arg_stream(PyObject *obj, void **stream);
+
+/* Takes argument `obj` into `out`: torch tensors through the lean path, anything else through DLPack, which is told
+ * `stream` only when the producer is on a CUDA device. */
+int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
+
+/* The forward call's tensors, taken and checked.  ts: q, k, v, out, lse (lse may be empty). */
+typedef struct {
+    int layout;              /* 0: (B, H, S, D); 1: (B, S, H, D) */
+    int causal;              /* fattn_causal */
+    int64_t window_left, window_right;
+    double scale;            /* NaN: 1/sqrt(d) */
+} fattn_call_opts;
+
+/* Fills p from the taken tensors (q, k, v, out, and lse when ts[4].t is set); every mismatch raises naming the
+ * argument. */
+int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p);
+
+/* 1 if the call's tensors live on a CUDA device (then *device is its id), 0 for the CPU. */
+int fattn_call_device(const fattn_tensor *q, int *device);
+
+#endif

@@ -1,0 +1,214 @@
+/* bind.c -- the forward call: parse, plan, launch, raise.
+ *
+ *   _C.forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None)
+ *   _C._dev.forward(..., config=None, splits=0, order=0) -> the plan that ran (a dict), or None for an empty call
+ *   _C._dev.plan(...)                                   -> the plan a call would run, without running it
+ *
+ * q, k, v, out (and lse) are DLPack arrays (or capsules) on one device; causal is 0 (none), 1 (top-left) or 2
+ * (bottom-right); layout 0 is (B, H, S, D), 1 is (B, S, H, D); window a (left, right) pair.  Overrides: config (a GPU
+ * variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's), order (block
+ * order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
+ * head_group, workspace. */
+#include "module.h"
+
+#include "cpu_attn.h"
+#include "variants.h"
+
+static const char *const ARG_NAMES[] = {"q", "k", "v", "out", "lse", "causal", "scale", "layout", "window",
+                                        "variant", "stream", "config", "splits", "order"};
+#define NARGS_PUBLIC 11
+#define NARGS_DEV 14
+enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_CONFIG, A_SPLITS,
+       A_ORDER };
+
+PyObject *fattn_raise_status(void) {
+    PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
+    return NULL;
+}
+
+PyObject *fattn_not_built(void) {
+    PyErr_SetString(PyExc_RuntimeError, "fattn was built without CUDA support (nvcc was not found at build time)");
+    return NULL;
+}
+
+/* One call's arguments, taken and checked. */
+typedef struct {
+    fattn_tensor ts[5];
+    attn_params p;
+    const char *variant;
+    fattn_overrides ov;
+    void *stream;
+    int gpu, device;
+} call;
+
+static void call_release(call *c) {
+    for (int i = 0; i < 5; i++) fattn_tensor_release(&c->ts[i]);
+}
+
+static int parse_overrides(PyObject **a, fattn_overrides *ov) {
+    const fattn_overrides none = FATTN_NO_OVERRIDES;
+    *ov = none;
+    long splits = 0, order = 0;
+    if (fattn_arg_long(a[A_SPLITS], "splits", 0, 128, &splits) ||
+        fattn_arg_long(a[A_ORDER], "order", 0, FATTN_ORDER_BLOCKS, &order))
+        return -1;
+    ov->splits = (int)splits;
+    ov->order = (int)order;
+    PyObject *cfg = a[A_CONFIG];
+    if (!cfg || cfg == Py_None) return 0;
+    if (PyTuple_Check(cfg)) {
+        if (!PyArg_ParseTuple(cfg, "iii", &ov->cpu.br, &ov->cpu.bc, &ov->cpu.threads)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "config: expected a (br, bc, threads) tuple of ints for the CPU backend");
+            return -1;
+        }
+        if (fattn_cpu_check_config(&ov->cpu)) {
+            PyErr_Format(PyExc_ValueError, "config: %s", fattn_last_error());
+            return -1;
+        }
+        return 0;
+    }
+    long idx = 0;
+    if (fattn_arg_long(cfg, "config", 0, 1 << 20, &idx)) return -1;
+    ov->config = (int)idx;
+    return 0;
+}
+
+static int call_take(module_state *st, PyObject **a, call *c) {
+    memset(c, 0, sizeof *c);
+    static const char *tensor_names[5] = {"q", "k", "v", "out", "lse"};
+    long causal = 0, layout = 0;
+    fattn_call_opts o = {0, 0, -1, -1, 0.0};
+    if (fattn_arg_long(a[A_CAUSAL], "causal", 0, 2, &causal) || fattn_arg_long(a[A_LAYOUT], "layout", 0, 1, &layout) ||
+        fattn_arg_scale(a[A_SCALE], &o.scale) || fattn_arg_window(a[A_WINDOW], &o.window_left, &o.window_right) ||
+        fattn_arg_stream(a[A_STREAM], &c->stream) || parse_overrides(a, &c->ov))
+        return -1;
+    o.causal = (int)causal;
+    o.layout = (int)layout;
+    if (a[A_VARIANT] && a[A_VARIANT] != Py_None) {
+        if (!PyUnicode_Check(a[A_VARIANT])) {
+            PyErr_Format(PyExc_TypeError, "variant: expected a str or None, got %.200s", Py_TYPE(a[A_VARIANT])->tp_name);
+            return -1;
+        }
+        if (!(c->variant = PyUnicode_AsUTF8(a[A_VARIANT]))) return -1;
+    }
+    PyObject *stream_obj = a[A_STREAM] ? a[A_STREAM] : Py_None;
+    for (int i = 0; i < 5; i++)
+        if (a[i] && a[i] != Py_None && fattn_take(&st->names, a[i], tensor_names[i], stream_obj, &c->ts[i]))
+            return -1;
+    if (fattn_build_params(c->ts, &o, &c->p)) return -1;
+    c->gpu = fattn_call_device(&c->ts[0], &c->device);
+    if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
+        PyErr_SetString(PyExc_TypeError, c->gpu ? "config: a GPU variant takes a config index"
+                                                : "config: the CPU backend takes a (br, bc, threads) tuple");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *plan_dict(const fattn_plan *plan) {
+    if (!plan->variant)
+        return Py_BuildValue("{sssssis(iii)sisisi}", "variant", "cpu", "family", "cpu", "device", 0, "config",
+                             plan->cpu.br, plan->cpu.bc, plan->cpu.threads, "splits", 1, "order", 0, "workspace", 0);
+    return Py_BuildValue("{sssssisis(II)sIsnsisisLsn}", "variant", plan->variant->name, "family",
+                         plan->variant->family, "device", plan->dev.id, "config", plan->config, "grid", plan->grid_x,
+                         plan->grid_y, "threads", plan->threads, "smem", (Py_ssize_t)plan->smem, "splits", plan->splits,
+                         "order", plan->order, "head_group", (long long)plan->head_group, "workspace",
+                         (Py_ssize_t)plan->workspace_bytes);
+}
+
+/* The GPU plan of a call; NULL variant: the default for the device.  -1 with the exception set. */
+static int plan_gpu(const module_state *st, const call *c, fattn_plan *plan) {
+    if (!fattn_gpu_compiled()) {
+        fattn_not_built();
+        return -1;
+    }
+    fattn_device dev;
+    if (fattn_gpu_device(c->device, &dev, NULL, 0)) {
+        fattn_raise_status();
+        return -1;
+    }
+    if (c->variant) {
+        const fattn_variant *v = fattn_find_variant(c->variant);
+        if (!v) {
+            PyErr_Format(PyExc_ValueError, "variant: unknown GPU variant '%s'; fattn.variants('cuda') lists them",
+                         c->variant);
+            return -1;
+        }
+        if (!(v->dtypes >> c->p.dtype & 1)) {
+            PyErr_Format(PyExc_TypeError, "variant: %s does not support %s", c->variant,
+                         c->p.dtype == FATTN_F32 ? "float32" : c->p.dtype == FATTN_F16 ? "float16" : "bfloat16");
+            return -1;
+        }
+    }
+    const fattn_status s = fattn_plan_gpu(&c->p, &dev, &st->tuned, c->variant, &c->ov, plan);
+    if (s == FATTN_ERR_UNSUPPORTED && c->variant) {
+        PyErr_Format(PyExc_ValueError, "variant: %s", fattn_last_error());
+        return -1;
+    }
+    if (s == FATTN_ERR_INVALID && c->ov.config >= 0) {
+        PyErr_Format(PyExc_ValueError, "config: %s", fattn_last_error());
+        return -1;
+    }
+    if (s) {
+        fattn_raise_status();
+        return -1;
+    }
+    return 0;
+}
+
+/* run: 0 plans only; 1 runs.  want_plan: return the plan dict (else None). */
+static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int nnames,
+                         int run, int want_plan) {
+    module_state *st = fattn_state(module);
+    PyObject *a[NARGS_DEV];
+    if (fattn_parse_args(run ? "forward" : "plan", args, nargs, kwnames, ARG_NAMES, nnames, 4, a)) return NULL;
+    for (int i = nnames; i < NARGS_DEV; i++) a[i] = NULL;
+    call c;
+    PyObject *result = NULL;
+    fattn_plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (call_take(st, a, &c)) goto done;
+    const attn_params *p = &c.p;
+    if (p->b * p->h * p->sq == 0) { /* nothing to compute */
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    fattn_status s = FATTN_OK;
+    if (c.gpu) {
+        if (plan_gpu(st, &c, &plan)) goto done;
+        if (run) s = fattn_run_gpu(p, &st->tuned, c.variant, &c.ov, &plan, c.stream);
+    } else {
+        if (c.variant && strcmp(c.variant, "cpu")) {
+            PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
+                         c.variant);
+            goto done;
+        }
+        fattn_cpu_plan(p, &st->tuned, &c.ov, &plan);
+        if (run) {
+            Py_BEGIN_ALLOW_THREADS
+            s = fattn_cpu_forward(p, &plan.cpu);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    if (s) {
+        fattn_raise_status();
+        goto done;
+    }
+    result = want_plan ? plan_dict(&plan) : Py_NewRef(Py_None);
+done:
+    call_release(&c);
+    return result;
+}
+
+PyObject *fattn_py_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return forward(module, args, nargs, kwnames, NARGS_PUBLIC, 1, 0);
+}
+
+PyObject *fattn_dev_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return forward(module, args, nargs, kwnames, NARGS_DEV, 1, 1);
+}
+
+PyObject *fattn_dev_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return forward(module, args, nargs, kwnames, NARGS_DEV, 0, 1);
+}

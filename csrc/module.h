@@ -1,0 +1,26 @@
+/* module.h -- fattn._C's module state and the pieces its binding files share. */
+#ifndef FATTN_MODULE_H
+#define FATTN_MODULE_H
+
+#include "args.h"
+#include "tuned.h"
+
+typedef struct {
+    fattn_names names; /* interned strings, torch's types once registered */
+    fattn_tuned tuned; /* the tuned-config table (fattn/_tuned.py registers its entries) */
+} module_state;
+
+static inline module_state *fattn_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
+
+/* Raises RuntimeError("fattn: <last C error>") and returns NULL. */
+PyObject *fattn_raise_status(void);
+/* Raises RuntimeError for a GPU call in a build without CUDA and returns NULL. */
+PyObject *fattn_not_built(void);
+
+/* The bindings of each file, for the method tables in module.c. */
+PyObject *fattn_py_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *fattn_dev_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *fattn_dev_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+extern PyMethodDef fattn_dev_methods[];
+
+#endif

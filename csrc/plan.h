@@ -1,0 +1,83 @@
+/* plan.h -- plan, then launch.
+ *
+ * A call flows api -> args -> plan -> launch -> kernel.  One host step turns (params, device, tuned configs,
+ * overrides) into a fattn_plan: which variant, which of its configs, the grid, the key splits, the block order and
+ * the workspace.  A launcher takes (params, plan, stream) and nothing else: it allocates nothing, synchronises
+ * nothing and keeps no state.  Overrides (tests, sweeps, the tuner) travel with the call; the plan that ran is what
+ * the caller gets back.
+ *
+ * The GPU variants are the table in variants.h; each has a planner (plain C, a *_plan.c file in its kernels/ folder) and a
+ * launcher (CUDA, a .cu file there).  The CPU backend plans in the same struct (plan.cpu).
+ */
+#ifndef FATTN_PLAN_H
+#define FATTN_PLAN_H
+
+#include <stddef.h>
+
+#include "fattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CPU backend's tunable configuration. */
+typedef struct {
+    int br;      /* query rows per task (Br) */
+    int bc;      /* keys per block (Bc), a multiple of 16 */
+    int threads; /* 0: OpenMP's default */
+} fattn_cpu_config;
+
+/* Block orders of a grid over (query block, head): */
+#define FATTN_ORDER_HEADS 1  /* one head's query blocks after another (K/V of the heads in flight shared in L2) */
+#define FATTN_ORDER_BLOCKS 2 /* every head's last (with causal masking: longest) query block first, heads fastest */
+
+/* What a caller may force (tests, sweeps, the tuner); zero / -1 fields leave the choice to the planner. */
+typedef struct {
+    int config;           /* -1: the planner's; else an index into the variant's config table */
+    fattn_cpu_config cpu; /* br = 0: the planner's */
+    int splits;           /* 0: the planner's; n >= 1: n key splits (1: none) */
+    int order;            /* 0: the planner's; FATTN_ORDER_HEADS or FATTN_ORDER_BLOCKS */
+} fattn_overrides;
+
+#define FATTN_NO_OVERRIDES {-1, {0, 0, 0}, 0, 0}
+
+/* A CUDA device as the planners see it. */
+typedef struct {
+    int id;
+    int sm;       /* compute capability, major * 10 + minor */
+    int sm_count; /* multiprocessors */
+} fattn_device;
+
+struct fattn_variant;
+struct fattn_tuned;
+
+typedef struct fattn_plan {
+    const struct fattn_variant *variant; /* NULL: the CPU backend */
+    fattn_device dev;
+    int config;             /* index into the variant's config table (-1: the variant has none) */
+    fattn_cpu_config cpu;   /* the CPU backend's configuration */
+    unsigned grid_x, grid_y, threads;
+    size_t smem;            /* dynamic shared memory per block, bytes */
+    int splits;             /* key splits (split-KV); 1: none */
+    int64_t split_blocks;   /* key blocks per split */
+    int order;              /* FATTN_ORDER_* */
+    int64_t head_group;     /* v3's tile order: (b, h) pairs per group (1: head by head) */
+    size_t workspace_bytes; /* device scratch the launch needs (split-KV partials) */
+    void *workspace;        /* filled in by the dispatch step before launching */
+} fattn_plan;
+
+/* A variant's planner: fills plan (plan->dev is set) for p, or returns FATTN_ERR_UNSUPPORTED with the reason. */
+typedef fattn_status (*fattn_plan_fn)(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov,
+                                      fattn_plan *plan);
+/* A variant's launcher: runs plan on `stream` (a cudaStream_t) on the current device. */
+typedef fattn_status (*fattn_launch_fn)(const attn_params *p, const fattn_plan *plan, void *stream);
+/* Once per device before the first launch there: raises the kernels' shared-memory limits and the like. */
+typedef fattn_status (*fattn_prepare_fn)(int device);
+
+/* The CPU backend's plan: the override, else the tuned config registered for p, else the built-in default. */
+void fattn_cpu_plan(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,108 @@
+"""The reference: which keys a query sees (the rule of csrc/mask.h, restated once here for Python) and attention in
+float64 from the same low-precision inputs, for NumPy arrays or torch tensors (computed where they live).
+
+    visible(sq, sk, causal=False, window=None)     -> bool array (sq, sk)
+    attention(q, k, v, causal=False, scale=None, window=None) -> (out, lse) in float64
+
+Tensors are (B, H, S, D) with H a multiple of H_kv (grouped-query attention).  A row that sees no key gives out 0
+and LSE -inf.
+"""
+import math
+
+REF_CHUNK = 2 ** 24  # elements of one float64 score block (bounds the reference's memory)
+
+
+def alignment(causal):
+    """True when the call is bottom-right aligned: 'bottom_right', or no causal mask (a window alone is
+    flash-attention's bottom-right); False for True / 'top_left' (torch SDPA's is_causal)."""
+    if causal not in (False, None, True, "top_left", "bottom_right"):
+        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    return causal not in (True, "top_left")
+
+
+def visible(sq, sk, causal=False, window=None, rows=None):
+    """Boolean NumPy array (rows, sk): query row i sees key j iff pos(i) - left <= j <= pos(i) + right, with
+    pos(i) = i + (sk - sq if bottom-right aligned else 0), left / right < 0 unbounded, right = 0 when causal.
+    rows: (first, end) query rows (default all)."""
+    import numpy as np
+
+    left, right = (-1, -1) if window is None else window
+    if causal:
+        right = 0
+    i0, i1 = rows or (0, sq)
+    pos = np.arange(i0, i1)[:, None] + (sk - sq if alignment(causal) else 0)
+    j = np.arange(sk)[None, :]
+    ok = np.ones((i1 - i0, sk), dtype=bool)
+    if left >= 0:
+        ok &= j >= pos - left
+    if right >= 0:
+        ok &= j <= pos + right
+    return ok
+
+
+class _Ops:
+    """The few array operations the reference needs, for NumPy or torch."""
+
+    def __init__(self, like):
+        self.torch = type(like).__module__.split(".")[0] == "torch"
+        if self.torch:
+            import torch
+
+            self.lib, self.device = torch, like.device
+        else:
+            import numpy as np
+
+            self.lib, self.device = np, None
+
+    def f64(self, x):
+        return x.double() if self.torch else self.lib.asarray(x, dtype=self.lib.float64)
+
+    def repeat_heads(self, x, n):
+        return x.repeat_interleave(n, dim=1) if self.torch else self.lib.repeat(x, n, axis=1)
+
+    def t(self, x):
+        return x.transpose(-1, -2) if self.torch else self.lib.swapaxes(x, -1, -2)
+
+    def mask(self, m):
+        return self.lib.from_numpy(m).to(self.device) if self.torch else m
+
+    def zeros(self, shape, fill=0.0):
+        if self.torch:
+            return self.lib.full(shape, fill, dtype=self.lib.float64, device=self.device)
+        return self.lib.full(shape, fill, dtype=self.lib.float64)
+
+    def amax(self, x):
+        return x.amax(dim=-1, keepdim=True) if self.torch else x.max(axis=-1, keepdims=True)
+
+    def sum(self, x):
+        return x.sum(dim=-1, keepdim=True) if self.torch else x.sum(axis=-1, keepdims=True)
+
+
+def attention(q, k, v, causal=False, scale=None, window=None, batches=None, heads=None):
+    """(out, lse) in float64 for batches [:batches] and heads [:heads] (default all), in blocks of query rows."""
+    ops = _Ops(q)
+    lib = ops.lib
+    b, h, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    nb, nh = batches or b, heads or h
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    q64 = ops.f64(q[:nb, :nh])
+    k64 = ops.repeat_heads(ops.f64(k[:nb]), h // hk)[:, :nh]
+    v64 = ops.repeat_heads(ops.f64(v[:nb]), h // hk)[:, :nh]
+    out = ops.zeros((nb, nh, sq, d))
+    lse = ops.zeros((nb, nh, sq), -math.inf)
+    step = max(1, REF_CHUNK // max(1, nb * nh * sk))
+    for i0 in range(0, sq, step):
+        i1 = min(sq, i0 + step)
+        if sk == 0:
+            continue
+        s = (q64[:, :, i0:i1] @ ops.t(k64)) * scale
+        s = lib.where(ops.mask(visible(sq, sk, causal, window, (i0, i1))), s, -math.inf)
+        m = ops.amax(s)
+        m = lib.where(m == -math.inf, 0.0, m)  # a row that sees nothing: exp(-inf) = 0, not NaN
+        p = lib.exp(s - m)
+        den = ops.sum(p)
+        live = den > 0
+        out[:, :, i0:i1] = lib.where(live, (p @ v64) / lib.where(live, den, 1.0), 0.0)
+        lse[:, :, i0:i1] = lib.where(live, m + lib.log(lib.where(live, den, 1.0)), -math.inf)[..., 0]
+    return out, lse

@@ -1,0 +1,256 @@
+"""Validate-then-time runs of fattn variants beside torch's SDPA backends (the engine of `python -m fattn.bench`).
+
+Every implementation is validated first at each point -- its output against the float64 reference on the same
+inputs (a slice of batch 0 and as many heads as fit for large points) under the accuracy rule, the plain same-dtype
+implementation being torch SDPA's math backend on that slice -- then timed with the one timer (timer.py).  Needs
+PyTorch (a benchmark dependency only).  Implementations: "fattn:<variant>", "torch:<backend>" (flash, efficient,
+cudnn, math; cpu on the CPU), "cublas:gemm" (the two products as unfused cuBLAS GEMMs, not validated).
+"""
+import contextlib
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import warnings
+
+import fattn
+import fattn._frameworks
+
+from . import accuracy, grids, reference, timer
+
+TORCH_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                  "math": "MATH"}
+DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+REF_LIMIT = 2 ** 28  # B*H*Sq*Sk above this: the reference covers batch 0 and as many heads as fit
+FIXED_TOL = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 5e-2}  # rows measured before the accuracy rule, or without torch math
+COLUMNS = ["grid", "B", "H", "H_kv", "Sq", "Sk", "D", "causal", "dtype", "impl", "p50_us", "p90_us", "tflops",
+           "max_abs_err", "tol", "ratio_vs_best_torch"]
+
+
+class Skip(Exception):
+    """An implementation that cannot run a point (reported as a note, never a row)."""
+
+
+def make_inputs(p, seed=0):
+    import torch
+
+    g = torch.Generator(device=p["device"]).manual_seed(seed)
+    dt = getattr(torch, DTYPES[p["dtype"]])
+
+    def randn(h, s):
+        return torch.randn((p["B"], h, s, p["D"]), generator=g, device=p["device"], dtype=torch.float32).to(dt)
+
+    return randn(p["H"], p["Sq"]), randn(p["H_kv"], p["Sk"]), randn(p["H_kv"], p["Sk"])
+
+
+def ref_slice(p):
+    """(batches, heads) the float64 reference covers."""
+    if p["B"] * p["H"] * p["Sq"] * p["Sk"] <= REF_LIMIT:
+        return p["B"], p["H"]
+    return 1, max(1, min(p["H"], REF_LIMIT // max(1, p["Sq"] * p["Sk"])))
+
+
+def _mask(sq, sk, causal, device):
+    import torch
+
+    return torch.from_numpy(reference.visible(sq, sk, causal)).to(device)
+
+
+def torch_sdpa(q, k, v, causal):
+    """torch SDPA with an explicit mask where its is_causal (top-left, square) does not say it; (fn, needs_mask)."""
+    import torch.nn.functional as F
+
+    sq, sk = q.shape[2], k.shape[2]
+    need_mask = bool(causal) and sq != sk  # square: both alignments are torch's is_causal
+    kw = {"attn_mask": _mask(sq, sk, causal, q.device) if need_mask else None,
+          "is_causal": bool(causal) and not need_mask}
+    if q.shape[1] != k.shape[1]:
+        kw["enable_gqa"] = True
+    return (lambda: F.scaled_dot_product_attention(q, k, v, **kw)), need_mask
+
+
+def make_impl(impl, q, k, v, causal):
+    """(fn, context) for one implementation: fn() computes the output; context() wraps its calls."""
+    kind, _, name = impl.partition(":")
+    if kind == "fattn":
+        return (lambda: fattn.attention(q, k, v, causal=causal, variant=name)), contextlib.nullcontext
+    if kind == "cublas":
+        return gemm_baseline(q, k, v), contextlib.nullcontext
+    fn, need_mask = torch_sdpa(q, k, v, causal)
+    if need_mask and name in ("flash", "cudnn"):
+        raise Skip(f"needs an explicit attn_mask (causal {causal}, Sq != Sk), which {name} does not take")
+    if name == "cpu":
+        return fn, contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, TORCH_BACKENDS[name], None)
+    if backend is None:
+        raise Skip(f"this torch has no SDPBackend.{TORCH_BACKENDS[name]}")
+    return fn, (lambda: sdpa_kernel([backend]))
+
+
+def cublas_path():
+    """The libcublas torch has loaded (after one matmul), read from this process's memory map."""
+    import torch
+
+    a = torch.ones(8, 8, device="cuda", dtype=torch.float16)
+    (a @ a).sum().item()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if "/libcublas.so" in path:
+                return path
+    raise Skip("no libcublas is loaded in this process")
+
+
+def gemm_baseline(q, k, v):
+    """fn() running S = Q K^T, O = S V as two cuBLAS batched GEMMs (no softmax): the production-GEMM baseline.
+    Its output is not attention, so the row is not validated; its FLOPs are always the full (non-causal) count."""
+    import torch
+
+    if q.dtype == torch.float32 or q.shape[1] != k.shape[1]:
+        raise Skip("the gemm baseline takes fp16/bf16 with as many kv heads as heads")
+    path = cublas_path()
+    s = q.new_empty(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    o = torch.empty_like(q)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    dev = q.get_device()
+    if fattn._frameworks._torch_raw_stream is None:  # torch tensors then take the lean path, as in attention()
+        fattn._frameworks.register_torch(fattn._C)
+
+    def fn():
+        fattn._C._dev.gemm_baseline(q, k, v, s, o, fattn._frameworks.current_stream("torch", dev), path)
+        return o
+    return fn
+
+
+def _sh(*cmd, cwd=None):
+    try:
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
+        return r.stdout.strip() if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def collect_meta(device, timer_name="events", command=None):
+    """The stamp of a run: GPU (or CPU model), driver, CUDA, torch, cuDNN, git SHA, date, host, command."""
+    import torch
+
+    if device == "cuda":
+        gpu = torch.cuda.get_device_name()
+    else:
+        model = platform.processor() or "unknown"
+        with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+        gpu = f"cpu: {model}"
+    driver = _sh("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(fattn.__file__))))
+    sha = _sh("git", "rev-parse", "HEAD", cwd=repo)
+    if sha and _sh("git", "status", "--porcelain", cwd=repo):
+        sha += "-dirty"
+    # A copy of the tree sent to the GPU machine is stamped by whoever sent it: its .git, if any, may be stale.
+    sha = os.environ.get("FATTN_GIT_SHA") or sha
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"gpu": gpu, "driver": driver.splitlines()[0] if driver else None, "cuda": torch.version.cuda,
+            "torch": torch.__version__, "cudnn": cudnn, "git_sha": sha,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "fattn": fattn.__version__, "command": command or " ".join(sys.argv),
+            "device": device, "timer": timer_name, "cpu_threads": torch.get_num_threads(), "notes": []}
+
+
+def validate(p, q, k, v, nb, nh):
+    """(ref, bound): the float64 reference on the slice, and the accuracy rule's bound there."""
+    import torch
+
+    ref, _ = reference.attention(q, k, v, p["causal"], batches=nb, heads=nh)
+    qs, ks, vs = q[:nb, :nh], k[:nb], v[:nb]
+    fn, _ = torch_sdpa(qs, ks, vs, p["causal"])
+    with contextlib.suppress(Exception):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.MATH]):
+            lowp = fn()
+        err_lowp = (lowp.double().nan_to_num(0.0) - ref).abs().max().item() if ref.numel() else 0.0
+        return ref, accuracy.bound(err_lowp, p["dtype"], ref.abs().max().item() if ref.numel() else 0.0, p["D"])
+    return ref, FIXED_TOL[p["dtype"]]  # no math backend here
+
+
+def bad(r):
+    """'!' for a row that failed validation (the GEMM baseline computes no attention: nothing to validate)."""
+    if r["impl"].startswith("cublas:"):
+        return ""
+    err, tol = r.get("max_abs_err"), r.get("tol") or FIXED_TOL[r["dtype"]]
+    return "" if err is not None and err <= tol else "!"
+
+
+def run(points, impls, *, reps=None, warmup=None, timer_name="events", seed=0, quiet=False, command=None):
+    """Validate and time each implementation at each point -> (meta, rows)."""
+    import torch
+
+    device = points[0]["device"] if points else "cpu"
+    cuda = device == "cuda"
+    reps = reps or (50 if cuda else 10)
+    warmup = (10 if cuda else 2) if warmup is None else warmup
+    meta = collect_meta(device, timer_name if cuda else "perf_counter", command)
+    meta.update(reps=reps, warmup=warmup)
+    time_fn = timer.cpu if not cuda else timer.cuda_batch if timer_name == "batch" else timer.cuda
+    rows = []
+
+    def note(msg):
+        meta["notes"].append(msg)
+        if not quiet:
+            print("note: " + msg, file=sys.stderr)
+
+    with torch.no_grad():
+        for n, p in enumerate(points, 1):
+            if not quiet:
+                print(f"[{n}/{len(points)}] {p['grid']} {grids.describe(p)} {p['dtype']} {p['causal'] or 'non-causal'}",
+                      file=sys.stderr, flush=True)
+            q, k, v = make_inputs(p, seed)
+            nb, nh = ref_slice(p)
+            if (nb, nh) != (p["B"], p["H"]):
+                note(f"{grids.describe(p)}: reference on batch 0, heads 0..{nh - 1} only")
+            ref, tol = validate(p, q, k, v, nb, nh)
+            point_rows = []
+            for impl in impls:
+                caught = []
+                try:
+                    fn, ctx = make_impl(impl, q, k, v, p["causal"])
+                    with ctx(), warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        out = fn()
+                        if cuda:
+                            torch.cuda.synchronize()
+                except Skip as e:
+                    note(f"{impl} skipped at {grids.describe(p)} causal={p['causal']}: {e}")
+                    continue
+                except Exception as e:     # unsupported shape / dtype / out of memory: no row, never a crash
+                    why = "; ".join(str(w.message).splitlines()[0] for w in caught[:2])
+                    note(f"{impl} unavailable at {grids.describe(p)} causal={p['causal']} {p['dtype']}: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}" + (f" ({why})" if why else ""))
+                    if cuda:
+                        torch.cuda.empty_cache()
+                    continue
+                gemm = impl.startswith("cublas:")
+                err = None if gemm else (out[:nb, :nh].double() - ref).abs().max().item() if ref.numel() else 0.0
+                del out
+                with ctx():
+                    p50, p90 = timer.summarize(time_fn(fn, reps, warmup))
+                row = {key: p[key] for key in grids.POINT_KEYS}
+                work = grids.flops(dict(p, causal=False) if gemm else p)
+                row.update(impl=impl, p50_us=p50, p90_us=p90, tflops=work / (p50 * 1e-6) / 1e12,
+                           max_abs_err=err, tol=tol, ratio_vs_best_torch=None)
+                if bad(row):
+                    print(f"WARNING: {impl} fails validation at {grids.describe(p)} causal={p['causal']} {p['dtype']}: "
+                          f"max_abs_err {err:.3g} > {tol:.3g}", file=sys.stderr)
+                point_rows.append(row)
+            torch_p50 = [r["p50_us"] for r in point_rows if r["impl"].startswith("torch:") and not bad(r)]
+            for r in point_rows:
+                if torch_p50 and r["impl"].startswith("fattn:"):
+                    r["ratio_vs_best_torch"] = min(torch_p50) / r["p50_us"]
+            rows += point_rows
+            del q, k, v, ref
+            if cuda:
+                torch.cuda.empty_cache()
+    return meta, rows

@@ -1,0 +1,94 @@
+"""The one timer.  On a GPU: CUDA events around each call with the L2 flushed before it (kernel time), or around
+back-to-back batches (end-to-end time, what the host path costs); on the CPU: the monotonic clock.  Returns the
+samples in microseconds; summarize() gives the median and p90.  CUDA timing uses torch's events and allocator.
+"""
+import time
+
+FLUSH_BYTES = 256 << 20  # larger than any GPU's L2 here (H100 50 MB, H200 60 MB)
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(samples):
+    """(p50, p90) of microsecond samples."""
+    return percentile(samples, 0.5), percentile(samples, 0.9)
+
+
+_flush = {}
+
+
+def flush_buffer(device=None):
+    """A FLUSH_BYTES buffer on the current (or given) CUDA device, made once."""
+    import torch
+
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    if dev not in _flush:
+        _flush[dev] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
+    return _flush[dev]
+
+
+def cuda(fn, reps=50, warmup=10):
+    """Microseconds of each of `reps` calls: CUDA events around each, the L2 flushed (outside the events) before it."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    flush = flush_buffer()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    torch.cuda.synchronize()
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+
+def cuda_batch(fn, reps=50, warmup=10, batch=20):
+    """Microseconds per call of back-to-back batches of `batch` calls (no flush): where the host path is slower than
+    the kernel the GPU idles between launches, and this shows it."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(max(3, reps // batch)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / batch)
+    return samples
+
+
+def cpu(fn, reps=10, warmup=2):
+    """Microseconds of wall time of each call."""
+    for _ in range(warmup):
+        fn()
+    us = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        us.append((time.perf_counter_ns() - t0) / 1e3)
+    return us
+
+
+def interleaved(fns, rounds, time_one):
+    """{name: [median of each round]} timing every fn of `fns` once per round, in turn, with time_one(fn) -> samples:
+    drift of clocks and temperature then hits every candidate alike."""
+    out = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out[name].append(percentile(time_one(fn), 0.5))
+    return out

@@ -1,0 +1,61 @@
+/* v3_configs.h -- the configurations of v3 compiled ahead of time, as data.
+ *
+ * X(DP, BC, STAGES, CONSUMERS, PINGPONG): head-dim bucket, keys per block, K/V ring slots, consumer warpgroups
+ * (Br = 64 * CONSUMERS query rows per block), and whether the consumers take turns issuing their GEMMs.
+ * V3_DEFAULT_CONFIGS: one per head-dim bucket, in bucket order (64, 128, 256); V3_SWEEP_CONFIGS: candidates that
+ * bench/ab.py times against them (fattn._C._dev.configs('v3') lists all; an explicit config index runs one).
+ * The defaults are the winners of bench/ab.py on the H200 and the H100 (evidence/bench/h100_v3_sweep_f31bbc2.json, h200_v3_sweep_46c3fdc.json).
+ * V3_RULES: where calls of one kind run better on another config than their bucket's default (the config must also
+ * be in the sweep list).  X(DP, BC, STAGES, CONSUMERS, PINGPONG, CAUSAL, SK_MIN, SK_MAX): calls in bucket DP,
+ * causal or not (CAUSAL 1 / 0), with SK_MIN <= Sk <= SK_MAX.  Measured on the H100 (evidence/bench/h100_v3_*.json):
+ *   D=64 causal, Sk <= 2k: Br = 128 without ping-pong, 0.58-0.78x -> 0.75-0.82x cudnn (less of each tile masked);
+ *   D=128 / D=256 non-causal, Sk >= 8k: Bc = 176 / 80 (bench/ab.py, interleaved medians: 16k 0.93 -> 0.97x,
+ *   8k 0.94 -> 0.97x at D=128; 16k 1.00 -> 1.06x at D=256).  The first matching rule wins.
+ */
+#ifndef FATTN_V3_CONFIGS_H
+#define FATTN_V3_CONFIGS_H
+
+#include "../../csrc/fattn.h"
+
+typedef struct {
+    int dp, bc, stages, consumers, pingpong;
+} v3_config;
+
+#define V3_DEFAULT_CONFIGS(X) \
+    X(64, 128, 4, 3, 1)       \
+    X(128, 128, 2, 2, 1)      \
+    X(256, 64, 2, 2, 1)
+
+#define V3_RULES(X)                                \
+    X(64, 128, 2, 2, 0, 1, 0, 2048)                \
+    X(128, 176, 2, 2, 1, 0, 8192, INT64_MAX)       \
+    X(256, 80, 2, 2, 1, 0, 8192, INT64_MAX)
+
+#define V3_SWEEP_CONFIGS(X) \
+    X(64, 64, 4, 3, 1)      \
+    X(64, 128, 2, 2, 1)     \
+    X(64, 128, 2, 2, 0)     \
+    X(64, 192, 2, 2, 1)     \
+    X(128, 128, 2, 2, 0)    \
+    X(128, 176, 2, 2, 1)    \
+    X(128, 128, 3, 2, 1)    \
+    X(256, 64, 2, 2, 0)     \
+    X(256, 80, 2, 2, 1)
+
+/* The table compiled ahead of time, in index order: the defaults (index = bucket), then the sweep candidates; a
+ * rule names one of these configs by value.  The kernel file and the planner expand this one list. */
+#define V3_TABLE(X) V3_DEFAULT_CONFIGS(X) V3_SWEEP_CONFIGS(X)
+#define V3_COUNT(...) +1
+enum { V3_NCONFIGS = 0 V3_TABLE(V3_COUNT), V3_NRULES = 0 V3_RULES(V3_COUNT) };
+
+/* Shared memory of one block: Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot), STAGES
+ * slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte
+ * swizzle's period). */
+#define V3_NBARS(STAGES) (2 + 4 * (STAGES))
+#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, SEP_O) \
+    ((size_t)(64 * (CWG) * ((SEP_O) ? 2 : 1) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
+/* A separate O tile when it fits in the 227 KB a block may have. */
+#define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= 227 * 1024)
+#define V3_SMEM(DP, BC, STAGES, CWG) V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_SEP_O(DP, BC, STAGES, CWG))
+
+#endif

@@ -1,0 +1,196 @@
+/* v3_plan.c -- v3's host side in plain C: whether v3 takes a call (TMA can address its tensors, positive scale),
+ * which config it runs, the persistent grid and the tile order. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../csrc/variants.h"
+#include "v3_configs.h"
+#include "v3_schedule.h"
+
+static const v3_config v3_table[V3_NCONFIGS] = {
+#define ROW(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
+    V3_TABLE(ROW)
+#undef ROW
+};
+
+typedef struct {
+    v3_config cfg;
+    int causal;
+    int64_t sk_min, sk_max;
+} v3_rule;
+static const v3_rule v3_rules[V3_NRULES + 1] = {
+#define RULE(dp, bc, st, cwg, pp, causal, sk_min, sk_max) {{dp, bc, st, cwg, pp}, causal, sk_min, sk_max},
+    V3_RULES(RULE)
+#undef RULE
+    {{0, 0, 0, 0, 0}, -1, 0, 0}};
+
+static int v3_index_of(const v3_config *c) {
+    for (int i = 0; i < V3_NCONFIGS; i++)
+        if (!memcmp(&v3_table[i], c, sizeof *c)) return i;
+    return -1;
+}
+
+int fattn_configs_v3(int i, fattn_config_info *out) {
+    static const char *names[] = {"dp", "bc", "stages", "consumers", "pingpong"};
+    if (i < 0 || i >= V3_NCONFIGS) return 0;
+    const v3_config *c = &v3_table[i];
+    memset(out, 0, sizeof *out);
+    int rule = 0;
+    for (int r = 0; r < V3_NRULES; r++) rule |= !memcmp(&v3_rules[r].cfg, c, sizeof *c);
+    out->role = i < 3 ? "default" : rule ? "rule" : "sweep";
+    out->dtypes = 1 << FATTN_F16 | 1 << FATTN_BF16;
+    out->smem = V3_SMEM(c->dp, c->bc, c->stages, c->consumers);
+    const int64_t values[] = {c->dp, c->bc, c->stages, c->consumers, c->pingpong};
+    out->n = 5;
+    for (int k = 0; k < 5; k++) {
+        out->names[k] = names[k];
+        out->values[k] = values[k];
+    }
+    return 1;
+}
+
+fattn_status fattn_check_config_v3(const int64_t *values, int n, int d, int dtype, size_t smem_limit) {
+    (void)values; (void)n; (void)d; (void)dtype; (void)smem_limit;
+    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 runs only its compiled configs (_C._dev.configs('v3'))");
+}
+
+/* ---- which calls v3 takes --------------------------------------------------------------------------------------- */
+
+static int stride_ok(int64_t stride, int64_t size) { return size == 1 || (stride > 0 && stride % 8 == 0 && stride < (1ll << 38)); }
+static int aligned16(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
+/* K and V's head or batch dimension: TMA-addressable, or broadcast (stride 0 in both: expanded K/V, read as one). */
+static int kv_dim_ok(int64_t ks, int64_t vs, int64_t size) {
+    return (ks == 0 && vs == 0) || (stride_ok(ks, size) && stride_ok(vs, size));
+}
+
+/* 1 if TMA can address every tensor of p: 16-byte aligned bases, positive strides a multiple of 16 bytes (a size-1
+ * dimension's stride does not matter; K/V may broadcast heads or batch), 32-bit coordinates. */
+static int tma_ok(const attn_params *p) {
+    return aligned16(p->q) && aligned16(p->k) && aligned16(p->v) && aligned16(p->o) && stride_ok(p->q_stride_s, p->sq) &&
+           stride_ok(p->q_stride_h, p->h) && stride_ok(p->q_stride_b, p->b) && stride_ok(p->k_stride_s, p->sk) &&
+           stride_ok(p->v_stride_s, p->sk) && kv_dim_ok(p->k_stride_h, p->v_stride_h, p->h_kv) &&
+           kv_dim_ok(p->k_stride_b, p->v_stride_b, p->b) && stride_ok(p->o_stride_s, p->sq) &&
+           stride_ok(p->o_stride_h, p->h) && stride_ok(p->o_stride_b, p->b) && p->sq <= 0x7fffffff &&
+           p->sk <= 0x7fffffff && p->h <= 0x7fffffff && p->b <= 0x7fffffff;
+}
+
+/* Where v3 is the default on sm_90: more than 64 query rows (decode-like calls go to v2's split-KV). */
+int fattn_prefer_v3(const attn_params *p) { return p->sq > 64; }
+
+/* An explicit config (checked), else the first of V3_RULES that matches the call, else its bucket's default. */
+static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, int *index) {
+    const int dp = fattn_head_dim_bucket(p->d);
+    if (ov->config >= 0) {
+        if (ov->config >= V3_NCONFIGS)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d out of range [0, %d)", ov->config, V3_NCONFIGS);
+        if (v3_table[ov->config].dp != dp)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d is for head dims in the %d bucket", ov->config,
+                              v3_table[ov->config].dp);
+        *index = ov->config;
+        return FATTN_OK;
+    }
+    *index = dp == 64 ? 0 : dp == 128 ? 1 : 2; /* the defaults come first, in bucket order */
+    for (int r = 0; r < V3_NRULES; r++) {
+        const v3_rule *u = &v3_rules[r];
+        if (u->cfg.dp == dp && u->causal == (p->mask.causal != 0) && p->sk >= u->sk_min && p->sk <= u->sk_max) {
+            *index = v3_index_of(&u->cfg);
+            break;
+        }
+    }
+    return *index >= 0 ? FATTN_OK : FATTN_FAIL(FATTN_ERR_INVALID, "a V3_RULES config is not in V3_TABLE");
+}
+
+/* ---- the tile order ------------------------------------------------------------------------------------------- */
+
+/* The busiest block's work over the mean when `grid` persistent blocks walk the tiles in order `group`
+ * (v3_tile_index's zig-zag rounds; a tile costs its key blocks plus one for its prologue and epilogue). */
+static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t group, int64_t *load) {
+    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
+    int64_t total = 0, most = 0;
+    for (int64_t x = 0; x < grid; x++) load[x] = 0;
+    for (int64_t k = 0; k * grid < ntiles; k++)
+        for (int64_t x = 0; x < grid; x++) {
+            const int64_t t = v3_tile_index(k, x, grid);
+            if (t < ntiles) load[x] += v3_tile_of(p, br, bc, t, group).nblocks + 1;
+        }
+    for (int64_t x = 0; x < grid; x++) {
+        total += load[x];
+        most = load[x] > most ? load[x] : most;
+    }
+    return total > 0 ? (double)most * grid / total : 1.0;
+}
+
+/* Head by head (1), for K and V reuse in L2 -- measured on the H100 at S = 512-2k: 1.1-1.5x faster than
+ * heads-fastest; unless the call is masked and the static schedule would then be more than 5% less balanced than
+ * heads-fastest (b * h) (S = 16k causal, D = 128: a 1.54x busiest block by the replay, 1.58x slower measured).  The
+ * replay runs once per shape (a few recent ones are remembered) and only for grids of at most 2^20 tiles; larger
+ * masked calls take heads-fastest. */
+#define V3_ORDER_MEMO 8
+typedef struct {
+    int64_t sq, sk, bh, grid, left, right;
+    int br, bc, bottom_right;
+    int64_t group;
+} v3_order_memo;
+static v3_order_memo v3_memo[V3_ORDER_MEMO];
+static int v3_memo_next;
+static pthread_mutex_t v3_memo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int memo_matches(const v3_order_memo *m, const attn_params *p, int64_t nbh, int br, int bc, int64_t grid) {
+    return m->group && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->grid == grid && m->br == br &&
+           m->bc == bc && m->left == p->mask.left && m->right == p->mask.right &&
+           m->bottom_right == p->mask.bottom_right;
+}
+
+static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
+    const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX; /* a group of >= b * h: one group */
+    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
+    const int masked = p->mask.left >= 0 || p->mask.right >= 0;
+    if (!masked || nbh == 1) return 1;
+    if (ntiles > (1 << 20)) return nbh;
+    int64_t group = 0;
+    pthread_mutex_lock(&v3_memo_lock);
+    for (int i = 0; i < V3_ORDER_MEMO && !group; i++)
+        if (memo_matches(&v3_memo[i], p, nbh, br, bc, grid)) group = v3_memo[i].group;
+    pthread_mutex_unlock(&v3_memo_lock);
+    if (group) return group;
+    int64_t *load = (int64_t *)malloc((size_t)grid * sizeof(int64_t));
+    if (!load) return nbh;
+    const double by_head = v3_imbalance(p, br, bc, grid, 1, load);
+    const double by_block = v3_imbalance(p, br, bc, grid, nbh, load);
+    free(load);
+    group = by_head <= 1.05 * by_block ? 1 : nbh;
+    const v3_order_memo m = {p->sq, p->sk, nbh, grid, p->mask.left, p->mask.right, br, bc, p->mask.bottom_right, group};
+    pthread_mutex_lock(&v3_memo_lock);
+    v3_memo[v3_memo_next] = m;
+    v3_memo_next = (v3_memo_next + 1) % V3_ORDER_MEMO;
+    pthread_mutex_unlock(&v3_memo_lock);
+    return group;
+}
+
+fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov,
+                           fattn_plan *plan) {
+    (void)tuned;
+    if (!tma_ok(p))
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 needs q, k, v and out 16-byte aligned with every stride a multiple "
+                          "of 8 elements (TMA)");
+    if (!(p->scale > 0.f)) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 folds a positive scale into one FFMA");
+    int idx = 0;
+    fattn_status st = v3_choose(p, ov, &idx);
+    if (st) return st;
+    const v3_config *c = &v3_table[idx];
+    const int br = 64 * c->consumers;
+    const int64_t blocks = (p->sq + br - 1) / br * p->b * p->h;
+    if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: %lld tiles are too many", (long long)blocks);
+    const int64_t grid = blocks < plan->dev.sm_count ? blocks : plan->dev.sm_count; /* persistent: a block per SM */
+    plan->config = idx;
+    plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
+    plan->grid_y = 1;
+    plan->threads = (unsigned)(128 * (c->consumers + 1));
+    plan->smem = V3_SMEM(c->dp, c->bc, c->stages, c->consumers);
+    const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX;
+    plan->head_group = ov->order == FATTN_ORDER_HEADS ? 1 : ov->order == FATTN_ORDER_BLOCKS ? nbh
+                                                                                          : v3_order(p, br, c->bc, grid);
+    plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
+    return FATTN_OK;
+}

@@ -1,0 +1,53 @@
+"""The mask block (csrc/mask.h): causal alignments and sliding windows, through every kernel, against the float64
+reference with fattn.testing.reference.visible -- the one Python statement of the rule.  Windows reach the kernels
+through fattn._C._dev.forward here; the public keyword is the serving issue's."""
+import numpy as np
+import pytest
+
+from conftest import check_close, dev_forward, randn, require, targets, torch
+
+from fattn.testing import reference
+
+WINDOWS = [None, (16, -1), (-1, 7), (5, 3), (0, 0), (300, 300), (-1, 0)]
+WIDS = ["none", "left16", "right7", "both5_3", "diag", "wider", "right0"]
+SHAPES = [(17, 113), (113, 17), (97, 97), (1, 257), (130, 65)]
+
+
+def brute_visible(sq, sk, causal, window):
+    left, right = window or (-1, -1)
+    right = 0 if causal else right
+    off = 0 if causal in (True, "top_left") else sk - sq
+    return np.array([[(left < 0 or j >= i + off - left) and (right < 0 or j <= i + off + right)
+                      for j in range(sk)] for i in range(sq)], dtype=bool).reshape(sq, sk)
+
+
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("window", WINDOWS, ids=WIDS)
+def test_visible_is_the_rule(causal, window):
+    for sq, sk in SHAPES + [(0, 5), (4, 0)]:
+        assert np.array_equal(reference.visible(sq, sk, causal, window), brute_visible(sq, sk, causal, window))
+
+
+@pytest.mark.parametrize("device,variant", targets())
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"], ids=["full", "tl", "br"])
+@pytest.mark.parametrize("window", WINDOWS, ids=WIDS)
+def test_windows_every_kernel(device, variant, causal, window, seed, request):
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    split = variant.endswith("-split")
+    for n, (sq, sk) in enumerate(SHAPES):
+        q = randn((1, 4, sq, 64), dt, device, seed + n)
+        k = randn((1, 2, sk, 64), dt, device, seed + n + 100)
+        v = randn((1, 2, sk, 64), dt, device, seed + n + 200)
+        lse = torch.empty(1, 4, sq, device=device, dtype=torch.float32)
+        kw = {"splits": 3} if split else {}
+        o, lse, plan = dev_forward(q, k, v, causal=causal, window=window, lse=lse,
+                                   variant=variant.removesuffix("-split"), **kw)
+        check_close(o, q, k, v, causal, None, lse=lse, request=request, window=window)
+
+
+def test_window_arguments_are_checked():
+    q = torch.randn(1, 1, 4, 8)
+    for bad, exc in [((-2, 0), ValueError), ((1,), TypeError), ("4", TypeError), ((1.5, 2), TypeError)]:
+        with pytest.raises(exc, match="window"):
+            dev_forward(q, q, q, window=bad)
