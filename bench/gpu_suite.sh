@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# gpu_suite.sh OUT_DIR [GRIDS] -- the whole GPU job in one call: build, GPU tests, benchmark grids.
+# gpu_suite.sh OUT_DIR [GRIDS] -- the whole GPU job in one call: build, GPU tests, benchmark grids, and what is asked.
 #
 #   bash bench/gpu_suite.sh "$OUT"                          # seeds + fa3 + decode
 #   bash bench/gpu_suite.sh "$OUT" "seeds fa3 fa3_bf16"     # a subset (fa3_bf16: the fa3 grid in bfloat16)
-#   FATTN_SWEEP=1 FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT"   # also the v2 config sweep, compute-sanitizer
-#   FATTN_V3_SWEEP=1 bash bench/gpu_suite.sh "$OUT" none   # the v3 config sweep (bench/v3_sweep.py), no grid
+#   FATTN_AB_OLD=.ab/old bash bench/gpu_suite.sh "$OUT" none    # this tree against an older one (bench/ab.py)
+#   FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT" none    # also compute-sanitizer
 #   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
 #   FATTN_VARIANTS=v2,v3 FATTN_TORCH_BACKENDS=flash,cudnn ...   # fewer columns
 #
 # Writes to OUT_DIR: suite.log (environment, build, pytest), <grid>.json per grid (stamped with GPU, driver, CUDA,
-# torch, cuDNN, git SHA), summary.md (every grid's Markdown table), v2_sweep.json and sanitize.log when asked,
-# and prints a short summary table last.  Variants per grid: the naive v0
-# only where it finishes in seconds (seeds); FATTN_VARIANTS overrides the tiled variants' list.  A tree copied
-# without .git is stamped through FATTN_GIT_SHA=$(git rev-parse HEAD), set by the caller.
+# torch, cuDNN, git SHA), summary.md (every grid's Markdown table), ab.json (FATTN_AB_OLD: bench/ab.py, this tree's
+# v2 / v3 against the older tree's, interleaved, over FATTN_AB_GRIDS, default "seeds fa3 decode"), kernel_report.md,
+# sanitize.log when asked; prints a short summary table last.  A tree copied without .git is stamped through
+# FATTN_GIT_SHA=$(git rev-parse HEAD), set by the caller.
 set -uo pipefail
 OUT=${1:?usage: gpu_suite.sh OUT_DIR [GRIDS]}
 GRIDS=${2:-seeds fa3 decode}
@@ -28,25 +28,31 @@ say() { echo "== $*" | tee -a "$LOG"; }
 say "environment"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nvcc --version | tail -2
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
-  git rev-parse HEAD 2>/dev/null; } >> "$LOG" 2>&1
+  echo "git ${FATTN_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; } >> "$LOG" 2>&1
 
 say "build"
 t0=$(date +%s)
+OLD_PID=
+if [ -n "${FATTN_AB_OLD:-}" ]; then  # the older tree builds beside this one
+  bash bench/old_tree.sh "$FATTN_AB_OLD" /tmp/fattn_old_tree > "$OUT/old_build.log" 2>&1 &
+  OLD_PID=$!
+fi
 if ! FATTN_CUDA_ARCHS="${FATTN_CUDA_ARCHS:-arch=compute_90,code=sm_90;arch=compute_80,code=sm_80}" \
      python3 setup.py build_ext --inplace >> "$LOG" 2>&1; then
   tail -30 "$LOG"; echo "BUILD FAILED"; exit 1
 fi
 say "build took $(( $(date +%s) - t0 )) s"
-grep -E "registers|spill" "$LOG" | tail -5 || true
+grep -E "spill" "$LOG" | grep -v " 0 bytes spill" | sed 's/.*function //' | head -40 >> "$OUT/spills.txt"
 # ptxas C7515-C7520: wgmma serialized or waits injected (a wgmma issued or awaited under a condition, an
 # accumulator written while a group is open, a group open across a loop's back edge)
 if grep -qE "C75(1[5-9]|20)" "$LOG"; then
   say "WARNING: ptxas serialized wgmma in: $(grep -E "C75(1[5-9]|20)" "$LOG" | sed 's/.*function //' | sort -u | tr '\n' ' ')"
 fi
+python3 bench/kernel_report.py > "$OUT/kernel_report.md" 2>>"$LOG"
 
 if [ -n "${FATTN_SMOKE:-}" ]; then  # e.g. FATTN_SMOKE=v3: a quick look at one variant; stop here if it fails
   say "smoke $FATTN_SMOKE"
-  if ! PYTHONPATH=. timeout 120 python3 bench/smoke.py --variant "$FATTN_SMOKE" 2>&1 | tee -a "$LOG"; then
+  if ! timeout 120 python3 bench/smoke.py --variant "$FATTN_SMOKE" 2>&1 | tee -a "$LOG"; then
     echo "SMOKE FAILED"; exit 1
   fi
 fi
@@ -73,13 +79,16 @@ for g in $GRIDS; do
   cat "$MD_DIR/$g.md" >> "$OUT/summary.md" 2>/dev/null
 done
 
-if [ "${FATTN_SWEEP:-0}" = 1 ]; then
-  say "v2 config sweep"
-  python3 bench/v2_sweep.py --json "$OUT/v2_sweep.json" 2>&1 | grep -v ": timed" | tee -a "$LOG"
-fi
-if [ "${FATTN_V3_SWEEP:-0}" = 1 ]; then
-  say "v3 config sweep"
-  python3 bench/v3_sweep.py --json "$OUT/v3_sweep.json" --points "${FATTN_V3_POINTS:-2048,16384}" 2>&1 | tee -a "$LOG"
+if [ -n "$OLD_PID" ]; then
+  say "A/B against the older tree ($FATTN_AB_OLD)"
+  if wait "$OLD_PID"; then
+    for g in ${FATTN_AB_GRIDS:-seeds fa3 decode}; do
+      python3 bench/ab.py --old /tmp/fattn_old_tree --candidates v2 old:v2 v3 old:v3 --grid "$g" --causal both \
+        --rounds "${FATTN_AB_ROUNDS:-3}" --json "$OUT/ab_$g.json" 2>&1 | tee -a "$LOG"
+    done
+  else
+    say "the older tree did not build: $(tail -5 "$OUT/old_build.log")"
+  fi
 fi
 if [ "${FATTN_SANITIZE:-0}" = 1 ]; then
   say "compute-sanitizer"
@@ -93,7 +102,7 @@ out, grids = sys.argv[1], sys.argv[2:]
 for g in grids:
     path = os.path.join(out, g + ".json")
     if not os.path.exists(path):
-        print(f"{g}: no results"); continue
+        continue
     rows = json.load(open(path))["rows"]
     for impl in sorted({r["impl"] for r in rows if r["impl"].startswith("fattn:")}):
         rs = [r for r in rows if r["impl"] == impl and r.get("ratio_vs_best_torch")]
@@ -102,6 +111,16 @@ for g in grids:
         best = max(rs, key=lambda r: r["tflops"] or 0)
         print(f"{g:7s} {impl:9s} points={len(rs):3d} ratio min={min(ratios):.3f} max={max(ratios):.3f} "
               f"peak {best['tflops']:.1f} TFLOP/s at B={best['B']} H={best['H']} S={best['Sq']} D={best['D']} causal={best['causal']}")
+for name in sorted(os.listdir(out)):
+    if not (name.startswith("ab_") and name.endswith(".json")):
+        continue
+    res = json.load(open(os.path.join(out, name)))["results"]
+    for v in ("v2", "v3"):
+        sp = [r["median_us"][f"old:{v}"] / r["median_us"][v] for r in res if v in r["median_us"] and f"old:{v}" in r["median_us"]]
+        eq = [r["bitwise_equal_to_old"].get(v) for r in res if v in r["bitwise_equal_to_old"]]
+        if sp:
+            print(f"{name[3:-5]:7s} {v} new/old speed min={min(sp):.3f} median={sorted(sp)[len(sp)//2]:.3f} max={max(sp):.3f} "
+                  f"points={len(sp)} bitwise equal {sum(1 for e in eq if e)}/{len(eq)}")
 PY
 echo "pytest exit code: $PYTEST_RC"
 exit $PYTEST_RC

@@ -70,7 +70,9 @@ def main():
         elif cur and "WARPGROUP.DEPBAR" in line:
             counts[cur]["waits"] += 1
     from fattn import _C
-    v3_smem = {tuple(c[1:6]): c[7] for c in _C.v3_configs()}
+    smem_of = {(v, tuple(c[f] for f in fields)): c["smem"] for v, fields in
+               (("v2", ("dp", "warps", "mt", "bc", "stages")), ("v3", ("dp", "bc", "stages", "consumers", "pingpong")))
+               for c in _C._dev.configs(v)}
     print(f"Kernel resources of `{os.path.basename(so)}` (cuobjdump --dump-resource-usage and -sass).\n")
     print("registers: the per-thread count at launch; v3's consumer warpgroups raise theirs with setmaxnreg "
           "(240 with 2 consumers, 160 with 3) and its producer lowers its own (24 / 32).  stack bytes: the "
@@ -88,11 +90,11 @@ def main():
         if variant == "v3":
             dp, bc, stages, cwg, pp = ints
             cfg = f"DP={dp} Bc={bc} stages={stages} consumers={cwg} pingpong={pp}"
-            smem = v3_smem.get((dp, bc, stages, cwg, pp))
+            smem = smem_of.get(("v3", (dp, bc, stages, cwg, pp)))
         else:
             dp, warps, mt, bc, stages = ints
             cfg = f"DP={dp} warps={warps} mt={mt} Bc={bc} stages={stages}"
-            smem = (16 * mt * warps + 2 * stages * bc) * dp * 2
+            smem = smem_of.get(("v2", (dp, warps, mt, bc, stages)))
         c = counts.get(name, {"HGMMA": 0, "HMMA": 0, "waits": 0})
         rows.append((variant, dp, cfg, dtype, arch, reg, stack, smem, c["HGMMA"], c["waits"], c["HMMA"]))
     for variant, _dp, cfg, dtype, arch, reg, stack, smem, hg, waits, hm in sorted(rows):

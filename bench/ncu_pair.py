@@ -34,14 +34,14 @@ def child(args):
 
     b, h, s, d = (int(x) for x in args.shape.split(","))
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
-    idx = None
+    kw = {}
     if args.config:
         cfg = dict(zip(("dp", "warps", "mt", "bc", "stages"), (int(x) for x in args.config.split(":"))))
-        idx = _rtc.v2_index(cfg, "fp16", _C.device_info(0)[1])
+        kw["config"] = _rtc.v2_index(cfg, "fp16", _C.device_info(0)[1])
     out = torch.empty_like(q)
     st = torch.cuda.current_stream().cuda_stream or 1
     for _ in range(2):  # the first launch of each is skipped by the filter below (warm caches, lazy loading)
-        _C.forward(q, k, v, out, None, 1 if args.causal else 0, None, 0, "v2", st, idx)
+        _C._dev.forward(q, k, v, out, causal=1 if args.causal else 0, variant="v2", stream=st, **kw)
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
     torch.cuda.synchronize()

@@ -1,6 +1,5 @@
 """smoke.py -- a fast first look at one GPU variant before the full suite: a handful of shapes, each checked by the
-tests' accuracy rule (tests/conftest.py: check_close, output and LSE against float64), then one timing per fa3 head
-dim.
+accuracy rule (fattn.testing.accuracy: output and LSE against float64), then one timing per fa3 head dim.
 
     timeout 120 python3 bench/smoke.py --variant v3
 
@@ -13,10 +12,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from conftest import check_close  # noqa: E402
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fattn  # noqa: E402
+from fattn.testing import accuracy, timer  # noqa: E402
 
 SHAPES = [  # (B, H, H_kv, Sq, Sk, D, causal)
     (1, 2, 2, 128, 128, 128, False),
@@ -42,27 +40,18 @@ def main():
         k = torch.randn(B, HK, SK, D, device="cuda", dtype=dt)
         v = torch.randn(B, HK, SK, D, device="cuda", dtype=dt)
         o, lse = fattn.attention(q, k, v, causal=causal, variant=args.variant, return_lse=True)
-        try:
-            err, err_low = check_close(o, q, k, v, causal, None, lse=lse)
+        why, err, err_low = accuracy.check_attention(o, q, k, v, causal, None, lse=lse)
+        if why is None:
             verdict = f"ok   max err {err:.3e} (torch in {args.dtype}: {err_low:.3e})"
-        except AssertionError as e:
+        else:
             bad += 1
-            verdict = f"FAIL {e}"
+            verdict = f"FAIL {why}"
         print(f"{verdict}  B={B} H={H}/{HK} Sq={SQ} Sk={SK} D={D} causal={causal}", flush=True)
     for D in (64, 128, 256):
         S = 4096
         q = torch.randn(16384 // S, 2048 // D, S, D, device="cuda", dtype=dt)
-        fn = lambda: fattn.attention(q, q, q, variant=args.variant)  # noqa: E731
-        for _ in range(3):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / 10
-        print(f"time D={D} S={S}: {ms * 1e3:.0f} us, {4 * q.numel() * S / ms / 1e9:.0f} TFLOP/s (no L2 flush)", flush=True)
+        us = timer.percentile(timer.cuda_batch(lambda: fattn.attention(q, q, q, variant=args.variant), 20, 3, 10), 0.5)
+        print(f"time D={D} S={S}: {us:.0f} us, {4 * q.numel() * S / us / 1e6:.0f} TFLOP/s (no L2 flush)", flush=True)
     return 1 if bad else 0
 
 

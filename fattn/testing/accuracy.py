@@ -36,3 +36,50 @@ def verdict(err, err_lowp, dtype, ref_max, head_dim, factor=2.0, what="out"):
         return None
     return (f"max|{what} - ref| = {err:.3g} > {factor:g} * max|{what}_lowp - ref| ({err_lowp:.3g}) + "
             f"{eps(dtype, ref_max, head_dim):.3g}")
+
+
+def sdpa_lowp(q, k, v, causal=False, scale=None, window=None):
+    """The plain same-dtype implementation for torch tensors: torch SDPA in q's dtype with reference.visible's mask
+    (an explicit mask: torch's is_causal is top-left only); rows that see no key give 0."""
+    import torch
+    import torch.nn.functional as F
+
+    from . import reference
+
+    h, hk, sq, sk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    if sk == 0:
+        return torch.zeros_like(q)
+    if hk != h:
+        k = k.repeat_interleave(h // hk, dim=1)
+        v = v.repeat_interleave(h // hk, dim=1)
+    mask = torch.from_numpy(reference.visible(sq, sk, causal, window)).to(q.device)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.masked_fill(~mask.any(dim=1)[None, None, :, None], 0.0)
+
+
+def check_attention(out, q, k, v, causal=False, scale=None, lse=None, window=None):
+    """None if out (B, H, Sq, D) -- and lse (B, H, Sq) when given -- pass the rule for attention of torch tensors
+    q, k, v, else the message saying what failed.  Returns (message, err, err_lowp)."""
+    import torch
+
+    from . import reference
+
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    ref, ref_lse = reference.attention(q, k, v, causal, scale, window)
+    if torch.isnan(out).any():
+        return "NaN in the output", float("nan"), None
+    low = sdpa_lowp(q, k, v, causal, scale, window)
+    err = (out.double() - ref).abs().max().item() if out.numel() else 0.0
+    err_low = (low.double() - ref).abs().max().item() if out.numel() else 0.0
+    ref_max = ref.abs().max().item() if out.numel() else 1.0
+    why = verdict(err, err_low, dtype_name(q.dtype), ref_max, q.shape[-1])
+    if why is None and lse is not None:
+        lse, ref_lse = lse.cpu(), ref_lse.cpu()
+        dead = torch.isinf(ref_lse)
+        if not torch.equal(torch.isinf(lse) & (lse < 0), dead):
+            why = "the rows with LSE -inf differ from the reference's (rows that see no key)"
+        elif (~dead).any():
+            d = (lse.double()[~dead] - ref_lse[~dead]).abs()
+            if not (d <= 1e-4 + 2e-5 * ref_lse[~dead].abs()).all():
+                why = f"LSE error {d.max().item():.3g} over tolerance"
+    return why, err, err_low
