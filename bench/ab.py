@@ -9,8 +9,9 @@ wrong.
     python3 bench/ab.py --candidates v2:order=1 v2:order=2 --grid fa3 --causal top_left
     python3 bench/ab.py --old .ab/old --candidates v3 old:v3 --grid fa3      # this tree against an older one
 
-Candidates: VARIANT[:config=I][:splits=N][:order=O] (overrides through fattn._C._dev.forward), old:VARIANT (the
-package `fattn_old` built from another tree by bench/old_tree.sh, imported from --old), torch:BACKEND.  Shapes are
+Candidates: VARIANT[:config=I][:splits=N][:order=O] (overrides through fattn._C._dev.forward), api:VARIANT (the
+public fattn.attention, for end-to-end timing with --timer batch), old:VARIANT (the package `fattn_old` built from
+another tree by bench/old_tree.sh, imported from --old), torch:BACKEND.  Shapes are
 B,H,S,D[,SK[,HKV]].  For old:X beside X the table adds X's speed over old:X and whether their outputs are bitwise
 equal.  --json writes every sample.
 """
@@ -32,7 +33,7 @@ from fattn.testing import grids, suite, timer  # noqa: E402
 def parse_candidate(text):
     """'v2:config=3:splits=2' -> ('fattn', 'v2', {'config': 3, 'splits': 2}); 'old:v3'; 'torch:cudnn'."""
     head, *opts = text.split(":")
-    if head in ("old", "torch"):
+    if head in ("old", "torch", "api"):
         return head, opts[0], {}
     kw = {}
     for o in opts:
@@ -54,6 +55,8 @@ def make_fn(cand, q, k, v, causal, old):
         return run
     if kind == "old":
         return lambda: old.attention(q, k, v, causal=causal, variant=name)
+    if kind == "api":
+        return lambda: fattn.attention(q, k, v, causal=causal, variant=name)
     out = torch.empty_like(q)
     stream = torch.cuda.current_stream().cuda_stream or 1
 
@@ -100,6 +103,8 @@ def main():
     ap.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--timer", choices=("events", "batch"), default="events",
+                    help="events: each call, L2 flushed (kernel time); batch: back-to-back calls (end to end)")
     ap.add_argument("--old", help="folder holding the package fattn_old (bench/old_tree.sh builds it)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -136,7 +141,8 @@ def main():
                 print(f"{grids.describe(p)} {t}: WRONG (max err {errs[t]:.3g} > {tol:.3g}), not timed")
                 continue
             fns[t], outs[t] = fn, o
-        med = timer.interleaved(fns, args.rounds, lambda fn: timer.cuda(fn, args.reps, 2))
+        time_one = timer.cuda if args.timer == "events" else timer.cuda_batch
+        med = timer.interleaved(fns, args.rounds, lambda fn: time_one(fn, args.reps, 2))
         us = {t: timer.percentile(m, 0.5) for t, m in med.items()}
         best_torch = min((u for t, u in us.items() if t.startswith("torch:")), default=None)
         fl = grids.flops(p)
@@ -144,14 +150,14 @@ def main():
         for t, u in us.items():
             line += f" | {t} {fl / u / 1e6:5.0f} TF/s" + (f" {best_torch / u:.3f}x" if best_torch else "")
         print(line, flush=True)
-        for t, c in cands.items():
-            if c[0] == "old" and t in us and c[1] in us:
-                same = torch.equal(outs[c[1]], outs[t])
-                print(f"    {c[1]} / {t}: {us[t] / us[c[1]]:.3f}x speed, outputs bitwise {'equal' if same else 'DIFFERENT'}")
+        pairs = [(new, t) for t, c in cands.items() if c[0] == "old" for new in (c[1], "api:" + c[1])
+                 if t in us and new in us]
+        for new, t in pairs:
+            same = torch.equal(outs[new], outs[t])
+            print(f"    {new} / {t}: {us[t] / us[new]:.3f}x speed, outputs bitwise {'equal' if same else 'DIFFERENT'}")
         results.append({"point": {k_: p[k_] for k_ in grids.POINT_KEYS}, "median_us": us, "rounds_us": med,
                         "max_err": errs, "tol": tol, "best_torch_us": best_torch,
-                        "bitwise_equal_to_old": {c[1]: torch.equal(outs[c[1]], outs[t]) for t, c in cands.items()
-                                                 if c[0] == "old" and t in outs and c[1] in outs}})
+                        "bitwise_equal_to_old": {new: torch.equal(outs[new], outs[t]) for new, t in pairs}})
         del q, k, v, ref, outs
         torch.cuda.empty_cache()
     if args.json:

@@ -10,7 +10,8 @@
 #
 # Writes to OUT_DIR: suite.log (environment, build, pytest), <grid>.json per grid (stamped with GPU, driver, CUDA,
 # torch, cuDNN, git SHA), summary.md (every grid's Markdown table), ab.json (FATTN_AB_OLD: bench/ab.py, this tree's
-# v2 / v3 against the older tree's, interleaved, over FATTN_AB_GRIDS, default "seeds fa3 decode"), kernel_report.md,
+# v2 / v3 against the older tree's, interleaved, over FATTN_AB_GRIDS, default "seeds seeds_e2e fa3 decode"),
+# kernel_report.md,
 # sanitize.log when asked; prints a short summary table last.  A tree copied without .git is stamped through
 # FATTN_GIT_SHA=$(git rev-parse HEAD), set by the caller.
 set -uo pipefail
@@ -82,9 +83,13 @@ done
 if [ -n "$OLD_PID" ]; then
   say "A/B against the older tree ($FATTN_AB_OLD)"
   if wait "$OLD_PID"; then
-    for g in ${FATTN_AB_GRIDS:-seeds fa3 decode}; do
-      python3 bench/ab.py --old /tmp/fattn_old_tree --candidates v2 old:v2 v3 old:v3 --grid "$g" --causal both \
-        --rounds "${FATTN_AB_ROUNDS:-3}" --json "$OUT/ab_$g.json" 2>&1 | tee -a "$LOG"
+    for g in ${FATTN_AB_GRIDS:-seeds seeds_e2e fa3 decode}; do
+      case $g in  # seeds_e2e: the public call path end to end (back-to-back calls), beside the older tree's
+        seeds_e2e) ab=(--candidates api:v2 old:v2 api:v3 old:v3 --grid seeds --timer batch --reps 200) ;;
+        *)         ab=(--candidates v2 old:v2 v3 old:v3 --grid "$g") ;;
+      esac
+      python3 bench/ab.py --old /tmp/fattn_old_tree "${ab[@]}" --causal both --rounds "${FATTN_AB_ROUNDS:-5}" \
+        --json "$OUT/ab_$g.json" 2>&1 | tee -a "$LOG"
     done
   else
     say "the older tree did not build: $(tail -5 "$OUT/old_build.log")"
@@ -115,8 +120,9 @@ for name in sorted(os.listdir(out)):
     if not (name.startswith("ab_") and name.endswith(".json")):
         continue
     res = json.load(open(os.path.join(out, name)))["results"]
-    for v in ("v2", "v3"):
-        sp = [r["median_us"][f"old:{v}"] / r["median_us"][v] for r in res if v in r["median_us"] and f"old:{v}" in r["median_us"]]
+    for v in ("v2", "v3", "api:v2", "api:v3"):
+        o = "old:" + v.split(":")[-1]
+        sp = [r["median_us"][o] / r["median_us"][v] for r in res if v in r["median_us"] and o in r["median_us"]]
         eq = [r["bitwise_equal_to_old"].get(v) for r in res if v in r["bitwise_equal_to_old"]]
         if sp:
             print(f"{name[3:-5]:7s} {v} new/old speed min={min(sp):.3f} median={sorted(sp)[len(sp)//2]:.3f} max={max(sp):.3f} "

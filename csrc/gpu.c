@@ -203,7 +203,8 @@ static fattn_status run_on_device(const attn_params *p, const fattn_tuned *tuned
         if (!plan->workspace) { /* capture, or no memory: the same call without key splits needs none */
             fattn_overrides unsplit = *ov;
             unsplit.splits = 1;
-            if ((st = fattn_plan_gpu(p, &plan->dev, tuned, forced ? forced : plan->variant->name, &unsplit, plan)))
+            const fattn_device dev = plan->dev; /* planning starts from a cleared plan */
+            if ((st = fattn_plan_gpu(p, &dev, tuned, forced ? forced : plan->variant->name, &unsplit, plan)))
                 return st;
             if (plan->workspace_bytes) return FATTN_FAIL(FATTN_ERR_NOMEM, "no workspace for %s", plan->variant->name);
             if ((st = prepare_once(plan))) return st;

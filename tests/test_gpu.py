@@ -59,7 +59,7 @@ def test_errors_leave_no_cuda_error_pending():
     q = randn((1, 2, 16, 64), torch.float16, "cuda", 4)
     with pytest.raises(ValueError, match="variant: unknown GPU variant"):
         fattn.attention(q, q, q, variant="v99")
-    with pytest.raises(ValueError, match="k: on device"):
+    with pytest.raises(ValueError, match="k: on cpu but q is on cuda:0"):
         fattn.attention(q, q.cpu(), q)
     with pytest.raises(ValueError, match="out: shape"):
         fattn.attention(q, q, q, out=torch.empty(1, 2, 15, 64, device="cuda", dtype=torch.float16))

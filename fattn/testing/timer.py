@@ -85,10 +85,12 @@ def cpu(fn, reps=10, warmup=2):
 
 
 def interleaved(fns, rounds, time_one):
-    """{name: [median of each round]} timing every fn of `fns` once per round, in turn, with time_one(fn) -> samples:
-    drift of clocks and temperature then hits every candidate alike."""
+    """{name: [median of each round]} timing every fn of `fns` once per round with time_one(fn) -> samples, in turn,
+    the order reversed every other round (A B C, C B A, ...): drift of clocks and temperature, and whatever the one
+    before leaves behind (heat, power draw), then hit every candidate alike."""
     out = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            out[name].append(percentile(time_one(fn), 0.5))
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            out[name].append(percentile(time_one(fns[name]), 0.5))
     return out

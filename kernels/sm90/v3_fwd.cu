@@ -294,10 +294,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             else
                 softmax(0, a, std::true_type());
             pack_p();
-            int j = 1;
-            for (; j < f0; j++) step(j, a, std::true_type()); /* a window's left edge */
-            for (; j < f1; j++) step(j, a, std::false_type());
-            for (; j < w.nblocks; j++) step(j, a, std::true_type());
+            /* blocks [f0, f1) unmasked, the others masked (a window's left edge, the diagonal and the tail): one
+             * copy of each kind of step, so the kernel's code stays the size it was before windows */
+            for (int j = 1; j < w.nblocks; j++) {
+                if (j >= f0 && j < f1)
+                    step(j, a, std::false_type());
+                else
+                    step(j, a, std::true_type());
+            }
             const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
             if (SEP_O) release(q_empty); /* the last S GEMM has read Q: the next tile's Q may land */
             mbar_wait(&v_full[sp], (rl / STAGES) & 1);
