@@ -7,7 +7,7 @@
 /* ---- keyword arguments ------------------------------------------------------------------------------------- */
 
 int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                     const char *const *names, int n, int required, PyObject **out) {
+                     const char *const *names, PyObject *const *interned, int n, int required, PyObject **out) {
     for (int i = 0; i < n; i++) out[i] = NULL;
     if (nargs > n) {
         PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, n, nargs);
@@ -18,7 +18,10 @@ int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
     for (Py_ssize_t j = 0; j < nkw; j++) {
         PyObject *key = PyTuple_GET_ITEM(kwnames, j);
         int i = 0;
-        while (i < n && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) i++;
+        if (interned)
+            while (i < n && key != interned[i]) i++;
+        if (i == n || !interned)
+            for (i = 0; i < n && PyUnicode_CompareWithASCIIString(key, names[i]) != 0;) i++;
         if (i == n) {
             PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname, key);
             return -1;

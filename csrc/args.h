@@ -7,10 +7,11 @@
 #include "tensor.h"
 
 /* Parses a METH_FASTCALL | METH_KEYWORDS call of `fname`: names[0..n) may come positionally (in order) or by
- * keyword; the first `required` must be given.  out[i]: a borrowed reference, or NULL when absent.  0, or -1 with
- * a TypeError set. */
+ * keyword; the first `required` must be given.  interned: the names as interned strings (keywords from Python
+ * code match them by pointer), or NULL.  out[i]: a borrowed reference, or NULL when absent.  0, or -1 with a
+ * TypeError set. */
 int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                     const char *const *names, int n, int required, PyObject **out);
+                     const char *const *names, PyObject *const *interned, int n, int required, PyObject **out);
 
 /* The user's words for a DLPack device ("cpu", "cuda:1") and dtype ("float64", "int32", "bfloat16"). */
 void fattn_device_str(DLDevice dev, char *buf, size_t n);

@@ -14,10 +14,10 @@
 #include "cpu_attn.h"
 #include "variants.h"
 
-static const char *const ARG_NAMES[] = {"q", "k", "v", "out", "lse", "causal", "scale", "layout", "window",
-                                        "variant", "stream", "config", "splits", "order"};
+const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS] = {
+    "q", "k", "v", "out", "lse", "causal", "scale", "layout", "window", "variant", "stream", "config", "splits", "order"};
 #define NARGS_PUBLIC 11
-#define NARGS_DEV 14
+#define NARGS_DEV FATTN_FORWARD_ARGS
 enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_CONFIG, A_SPLITS,
        A_ORDER };
 
@@ -162,7 +162,10 @@ static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nar
                          int run, int want_plan) {
     module_state *st = fattn_state(module);
     PyObject *a[NARGS_DEV];
-    if (fattn_parse_args(run ? "forward" : "plan", args, nargs, kwnames, ARG_NAMES, nnames, 4, a)) return NULL;
+    if (fattn_parse_args(run ? "forward" : "plan", args, nargs, kwnames, fattn_forward_arg_names, st->forward_args,
+                         nnames, 4, a) ||
+        fattn_find_torch(&st->names))
+        return NULL;
     for (int i = nnames; i < NARGS_DEV; i++) a[i] = NULL;
     call c;
     PyObject *result = NULL;

@@ -262,6 +262,7 @@ static PyObject *dev_gemm_baseline(PyObject *module, PyObject *const *args, Py_s
     memset(ts, 0, sizeof ts);
     PyObject *result = NULL;
     void *stream = NULL;
+    if (fattn_find_torch(&st->names)) goto done;
     for (int i = 0; i < 5; i++)
         if (fattn_take(&st->names, args[i], names[i], args[5], &ts[i])) goto done;
     fattn_tensor qkvo[5] = {ts[0], ts[1], ts[2], ts[4], {0}};

@@ -188,6 +188,7 @@ static void *workspace_get(int device, void *stream, size_t bytes) {
 static fattn_status prepare_once(const fattn_plan *plan) {
     const int vi = (int)(plan->variant - fattn_gpu_variants), d = plan->dev.id;
     fattn_status st = FATTN_OK;
+    if (prepared[d][vi]) return FATTN_OK; /* set once, under the lock, never cleared */
     pthread_mutex_lock(&dev_lock);
     if (!prepared[d][vi] && !(st = plan->variant->prepare(d))) prepared[d][vi] = 1;
     pthread_mutex_unlock(&dev_lock);

@@ -69,12 +69,8 @@ static PyObject *py_variants(PyObject *module, PyObject *const *args, Py_ssize_t
 /* register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16): enables the lean torch path. */
 static PyObject *py_register_torch(PyObject *module, PyObject *args) {
     PyObject *type, *f32, *f16, *bf16;
-    if (!PyArg_ParseTuple(args, "O!OOO:register_torch", &PyType_Type, &type, &f32, &f16, &bf16)) return NULL;
-    fattn_names *n = &fattn_state(module)->names;
-    Py_XSETREF(n->torch_type, Py_NewRef(type));
-    Py_XSETREF(n->torch_dtypes[FATTN_F32], Py_NewRef(f32));
-    Py_XSETREF(n->torch_dtypes[FATTN_F16], Py_NewRef(f16));
-    Py_XSETREF(n->torch_dtypes[FATTN_BF16], Py_NewRef(bf16));
+    if (!PyArg_ParseTuple(args, "OOOO:register_torch", &type, &f32, &f16, &bf16)) return NULL;
+    if (fattn_register_torch(&fattn_state(module)->names, type, f32, f16, bf16)) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -122,9 +118,12 @@ static int module_exec(PyObject *module) {
     n->s_stride = PyUnicode_InternFromString("stride");
     n->s_dtype = PyUnicode_InternFromString("dtype");
     n->s_get_device = PyUnicode_InternFromString("get_device");
+    n->s_torch = PyUnicode_InternFromString("torch");
     if (!n->s_dlpack || !n->s_dlpack_device || !n->s_stream || !n->s_max_version || !n->max_version ||
-        !n->s_data_ptr || !n->s_shape || !n->s_stride || !n->s_dtype || !n->s_get_device)
+        !n->s_data_ptr || !n->s_shape || !n->s_stride || !n->s_dtype || !n->s_get_device || !n->s_torch)
         return -1;
+    for (int i = 0; i < FATTN_FORWARD_ARGS; i++)
+        if (!(st->forward_args[i] = PyUnicode_InternFromString(fattn_forward_arg_names[i]))) return -1;
     st->tuned.n = 0;
     if (PyModule_AddIntConstant(module, "cuda_compiled", fattn_gpu_compiled()) < 0) return -1;
     return add_dev_namespace(module);
@@ -151,6 +150,8 @@ static int module_clear(PyObject *module) {
     Py_CLEAR(n->s_stride);
     Py_CLEAR(n->s_dtype);
     Py_CLEAR(n->s_get_device);
+    Py_CLEAR(n->s_torch);
+    for (int i = 0; i < FATTN_FORWARD_ARGS; i++) Py_CLEAR(st->forward_args[i]);
     Py_CLEAR(n->torch_type);
     for (int i = 0; i < 3; i++) Py_CLEAR(n->torch_dtypes[i]);
     return 0;

@@ -5,9 +5,14 @@
 #include "args.h"
 #include "tuned.h"
 
+/* The forward call's argument names (bind.c), interned so that keywords match by pointer. */
+#define FATTN_FORWARD_ARGS 14
+extern const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS];
+
 typedef struct {
-    fattn_names names; /* interned strings, torch's types once registered */
-    fattn_tuned tuned; /* the tuned-config table (fattn/_tuned.py registers its entries) */
+    fattn_names names;                            /* interned strings, torch's types once seen */
+    PyObject *forward_args[FATTN_FORWARD_ARGS];   /* interned fattn_forward_arg_names */
+    fattn_tuned tuned;                            /* the tuned-config table (fattn/_tuned.py registers it) */
 } module_state;
 
 static inline module_state *fattn_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }

@@ -118,6 +118,35 @@ int fattn_tensor_take(const fattn_names *n, PyObject *obj, const char *arg, PyOb
     return 0;
 }
 
+int fattn_register_torch(fattn_names *n, PyObject *tensor_type, PyObject *f32, PyObject *f16, PyObject *bf16) {
+    if (!PyType_Check(tensor_type)) {
+        PyErr_SetString(PyExc_TypeError, "register_torch: expected torch.Tensor");
+        return -1;
+    }
+    Py_XSETREF(n->torch_type, Py_NewRef(tensor_type));
+    Py_XSETREF(n->torch_dtypes[FATTN_F32], Py_NewRef(f32));
+    Py_XSETREF(n->torch_dtypes[FATTN_F16], Py_NewRef(f16));
+    Py_XSETREF(n->torch_dtypes[FATTN_BF16], Py_NewRef(bf16));
+    return 0;
+}
+
+int fattn_find_torch(fattn_names *n) {
+    if (n->torch_type) return 0;
+    PyObject *torch = PyImport_GetModule(n->s_torch); /* new reference, or NULL: not imported */
+    if (!torch) return PyErr_Occurred() ? -1 : 0;
+    PyObject *t = PyObject_GetAttrString(torch, "Tensor"), *f32 = PyObject_GetAttrString(torch, "float32");
+    PyObject *f16 = PyObject_GetAttrString(torch, "float16"), *bf16 = PyObject_GetAttrString(torch, "bfloat16");
+    Py_DECREF(torch);
+    int rc = 0;
+    if (t && f32 && f16 && bf16) rc = fattn_register_torch(n, t, f32, f16, bf16);
+    else PyErr_Clear(); /* a partly imported or foreign "torch": the DLPack path still works */
+    Py_XDECREF(t);
+    Py_XDECREF(f32);
+    Py_XDECREF(f16);
+    Py_XDECREF(bf16);
+    return rc;
+}
+
 int fattn_is_torch(const fattn_names *n, PyObject *obj) {
     return n->torch_type && PyObject_TypeCheck(obj, (PyTypeObject *)n->torch_type);
 }

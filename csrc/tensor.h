@@ -21,11 +21,11 @@ typedef struct {
     int64_t local_shape[FATTN_MAX_NDIM], local_strides[FATTN_MAX_NDIM];
 } fattn_tensor;
 
-/* Interned names and constants the intake needs (module state).  torch_type and the torch dtypes are set by
- * register_torch() the first time fattn sees a torch tensor (fattn never imports torch itself). */
+/* Interned names and constants the intake needs (module state).  torch_type and the torch dtypes are set the first
+ * time a call happens while torch is imported (fattn_find_torch; fattn never imports torch itself). */
 typedef struct {
     PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *max_version;
-    PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device;
+    PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device, *s_torch;
     PyObject *torch_type, *torch_dtypes[3]; /* torch.Tensor; torch.float32, float16, bfloat16 (fattn_dtype order) */
 } fattn_names;
 
@@ -36,6 +36,11 @@ int fattn_dlpack_device(const fattn_names *n, PyObject *obj, const char *arg, in
 /* Takes `obj` (an object with __dlpack__, or a DLPack capsule) into `out`; `stream` (a Python int or None) is
  * passed to __dlpack__.  Returns 0, or -1 with an exception naming `arg`. */
 int fattn_tensor_take(const fattn_names *n, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
+
+/* Registers torch's tensor type and dtypes once torch is in sys.modules (never imports it).  0, or -1 with an
+ * exception set. */
+int fattn_find_torch(fattn_names *n);
+int fattn_register_torch(fattn_names *n, PyObject *tensor_type, PyObject *f32, PyObject *f16, PyObject *bf16);
 
 /* 1 if `obj` is a torch tensor (torch registered), read through the fast path. */
 int fattn_is_torch(const fattn_names *n, PyObject *obj);

@@ -63,15 +63,15 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
     if fw == "torch":
         if _frameworks._torch_raw_stream is None:
             _frameworks.register_torch(_C)
-        _torch_checks(q, k, v)
+        if (type(q) is not _frameworks.torch_tensor or _frameworks.is_tracing() or q.requires_grad
+                or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
+            _torch_checks(q, k, v)
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
     else:
         dev_type, dev_id = _C.dlpack_device(q)
-    for name, arr in (("out", out), ("lse", lse)):
-        if arr is not None and framework_of(arr) == "jax":
-            raise TypeError(f"{name}: JAX arrays are immutable, so fattn cannot write into one; pass a writable "
-                            "torch / CuPy / NumPy array")
+    if out is not None or lse is not None:
+        _refuse_jax(out, lse)
 
     if out is None or ((return_lse or lse is not None) and lse is None):
         shape = tuple(q.shape)
@@ -98,11 +98,19 @@ def _as_float(scale):
     return float(scale)
 
 
+def _refuse_jax(out, lse):
+    for name, arr in (("out", out), ("lse", lse)):
+        if arr is not None and framework_of(arr) == "jax":
+            raise TypeError(f"{name}: JAX arrays are immutable, so fattn cannot write into one; pass a writable "
+                            "torch / CuPy / NumPy array")
+
+
 def _torch_checks(q, k, v):
-    """What torch-specific callers need to hear before fattn reads the tensors."""
+    """What torch-specific callers need to hear before fattn reads the tensors (the lean path skips this for plain
+    tensors that need no grad outside a trace)."""
     import torch
 
-    if torch.jit.is_tracing():
+    if _frameworks.is_tracing():
         raise RuntimeError("fattn.attention cannot be traced by torch.jit.trace (the trace would replay an empty "
                            "tensor); use torch.compile or call it eagerly")
     for name, t in (("q", q), ("k", k), ("v", v)):

@@ -52,13 +52,18 @@ EMPTY = {"torch": _torch_empty, "numpy": _numpy_empty, "cupy": _cupy_empty, "jax
 
 
 _torch_raw_stream = None
+torch_tensor = None  # torch.Tensor once registered
+is_tracing = None    # torch.jit's "is a trace being recorded", once registered
 
 
 def register_torch(C):
-    """Tell the C extension about torch's tensor type and dtypes (the lean path), once, on first torch use."""
-    global _torch_raw_stream
+    """Tell the C extension about torch's tensor type and dtypes (the lean path), once, on first torch use, and keep
+    the few torch functions the call path asks each time (without attribute lookups through torch's modules)."""
+    global _torch_raw_stream, torch_tensor, is_tracing
     torch = sys.modules["torch"]
     C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16)
+    torch_tensor = torch.Tensor
+    is_tracing = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, without building a Stream object
     _torch_raw_stream = raw or (lambda idx: torch.cuda.current_stream(idx).cuda_stream)
 

@@ -7,7 +7,8 @@
  *     consumers arrive on), and gives its registers away (setmaxnreg.dec);
  *   the consumers (setmaxnreg.inc), per key block:
  *     S = Q K_j^T      wgmma m64nBck16, both operands in 128-byte-swizzled shared memory
- *     masked -> -inf   (only in edge blocks of the mask: two compares + a select per element)
+ *     masked -> -inf   (only in edge blocks of the mask, a uniform branch around it: two compares + a select per
+ *                      element; one copy of the step serves both kinds of block, which keeps the kernel small)
  *     m' = max(m, rowmax S) (quad shuffles),  P = exp2(S c - m' c) with c = scale log2 e in one FFMA,
  *                      l = alpha l + rowsum P
  *     O = alpha O + P V_j   wgmma m64nDk16 with P from registers (the S accumulators re-packed as A fragments)
@@ -38,8 +39,6 @@
 #include "wgmma_ops.cuh"
 
 #include <pthread.h>
-
-#include <type_traits>
 
 #include "../../csrc/variants.h"
 #include "v3_configs.h"
@@ -158,12 +157,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         wgmma_commit();
     };
     /* Online softmax of key block j in s (raw S -> P, float), with c = scale * log2 e > 0 folded into one FFMA:
-     * P = exp2(S c - round(m c)).  MASKED (diagonal and tail blocks only): keys a row must not see count as -inf;
-     * each row's limit is computed once per block, so the test is one compare and one select per element.  a[]:
-     * alpha of the thread's two rows. */
-    auto softmax = [&](int j, float a[2], auto masked) {
+     * P = exp2(S c - round(m c)).  masked (the mask's edge blocks only): keys a row must not see count as -inf;
+     * each row's visible columns are computed once per block, so the test is two compares and one select per
+     * element.  a[]: alpha of the thread's two rows. */
+    auto softmax = [&](int j, float a[2], bool masked) {
         float mx[2] = {m[0], m[1]};
-        if constexpr (decltype(masked)::value) {
+        if (masked) {
             const int64_t kbase = k_first + (int64_t)j * BC;
             int lo[2], hi[2]; /* the keys of this block each of the thread's two rows sees */
             const fattn_block_mask bm = fattn_block_mask_of(&p.mask, p.sq, p.sk, row0, kbase);
@@ -258,7 +257,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                                                                                                        : wsp.n_full_max - w.n_min);
         /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
          * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
-        auto step = [&](int j, float a[2], auto masked) {
+        auto step = [&](int j, float a[2], bool masked) {
             const int rs = ring + j, st = rs % STAGES, sp = (rs - 1) % STAGES;
             mbar_wait(&k_full[st], (rs / STAGES) & 1);
             mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
@@ -289,19 +288,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             wgmma_wait<0>();
             reg_fence(s);
             release(&k_empty[st0]);
-            if (f0 == 0 && f1 > 0)
-                softmax(0, a, std::false_type());
-            else
-                softmax(0, a, std::true_type());
+            softmax(0, a, !(f0 == 0 && f1 > 0));
             pack_p();
-            /* blocks [f0, f1) unmasked, the others masked (a window's left edge, the diagonal and the tail): one
-             * copy of each kind of step, so the kernel's code stays the size it was before windows */
-            for (int j = 1; j < w.nblocks; j++) {
-                if (j >= f0 && j < f1)
-                    step(j, a, std::false_type());
-                else
-                    step(j, a, std::true_type());
-            }
+            /* blocks [f0, f1) unmasked, the others masked (a window's left edge, the diagonal and the tail) */
+            for (int j = 1; j < w.nblocks; j++) step(j, a, j < f0 || j >= f1);
             const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
             if (SEP_O) release(q_empty); /* the last S GEMM has read Q: the next tile's Q may land */
             mbar_wait(&v_full[sp], (rl / STAGES) & 1);
