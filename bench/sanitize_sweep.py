@@ -1,5 +1,6 @@
 """A small sweep of every GPU variant for compute-sanitizer: odd sequence lengths, Sq != Sk both ways, both
-causal alignments, GQA, decode with split-KV, head dims 64/128/136/256, fp16/bf16 (fp32 for the scalar variants).
+causal alignments, sliding windows, GQA, decode with split-KV, head dims 64/128/136/256, fp16/bf16 (fp32 for the
+scalar variants).
 
     compute-sanitizer --tool memcheck python3 bench/sanitize_sweep.py
     FATTN_SANITIZE_VARIANTS=v3 ...   # only the variants named
@@ -10,6 +11,7 @@ import sys
 import torch
 
 import fattn
+from fattn._api import CAUSAL
 
 CASES = [(1, 1), (17, 113), (130, 65), (1, 700)]  # (1, 700): decode, split-KV
 
@@ -27,6 +29,10 @@ def main():
                         k = torch.randn(1, 2, sk, d, device="cuda", dtype=dt)
                         o, lse = fattn.attention(q, k, k, causal=causal, variant=variant, return_lse=True)
                         bad += int(torch.isnan(o).any().item())
+                        for window in ((5, 3), (40, -1)):  # the mask block's window, through the dev hook
+                            fattn._C._dev.forward(q, k, k, o, lse, causal=CAUSAL[causal], window=window,
+                                                  variant=variant, stream=torch.cuda.current_stream().cuda_stream or 1)
+                            bad += int(torch.isnan(o).any().item())
         print(f"{variant}: swept", flush=True)
     torch.cuda.synchronize()
     print("sweep done, NaN results:", bad)

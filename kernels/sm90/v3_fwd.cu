@@ -251,10 +251,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         /* The tile's key blocks are n_min + [0, nblocks); of them, this warpgroup's rows all see [f0, f1) whole (no
          * mask); the blocks before f0 and from f1 on are masked. */
         const fattn_span wsp = fattn_key_span(&p.mask, p.sq, p.sk, wg_row, 64, BC);
-        const int f0 = (int)(wsp.n_full_min - w.n_min < 0 ? 0 : wsp.n_full_min - w.n_min > w.nblocks ? w.nblocks
-                                                                                                     : wsp.n_full_min - w.n_min);
-        const int f1 = (int)(wsp.n_full_max - w.n_min < f0 ? f0 : wsp.n_full_max - w.n_min > w.nblocks ? w.nblocks
-                                                                                                       : wsp.n_full_max - w.n_min);
+        int f0 = (int)(wsp.n_full_min - w.n_min < 0 ? 0 : wsp.n_full_min - w.n_min > w.nblocks ? w.nblocks
+                                                                                               : wsp.n_full_min - w.n_min);
+        int f1 = (int)(wsp.n_full_max - w.n_min < f0 ? f0 : wsp.n_full_max - w.n_min > w.nblocks ? w.nblocks
+                                                                                                 : wsp.n_full_max - w.n_min);
+        if (wg_row >= p.sq) { /* rows past the sequence (a last, partial tile): never stored, so spare them the mask */
+            f0 = 0;
+            f1 = w.nblocks;
+        }
         /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
          * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
         auto step = [&](int j, float a[2], bool masked) {
