@@ -43,7 +43,7 @@ if ! FATTN_CUDA_ARCHS="${FATTN_CUDA_ARCHS:-arch=compute_90,code=sm_90;arch=compu
   tail -30 "$LOG"; echo "BUILD FAILED"; exit 1
 fi
 say "build took $(( $(date +%s) - t0 )) s"
-grep -E "spill" "$LOG" | grep -v " 0 bytes spill" | sed 's/.*function //' | head -40 >> "$OUT/spills.txt"
+grep "spilled" "$LOG" | grep -v " 0 bytes spill" | sed 's/.*function //' | head -40 >> "$OUT/spills.txt"
 # ptxas C7515-C7520: wgmma serialized or waits injected (a wgmma issued or awaited under a condition, an
 # accumulator written while a group is open, a group open across a loop's back edge)
 if grep -qE "C75(1[5-9]|20)" "$LOG"; then
