@@ -250,8 +250,8 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
         w->l[r] = 0.f;
     }
     const fattn_span sp = fattn_key_span(&p->mask, p->sq, p->sk, i0, br, bc);
-    for (int64_t n = sp.n_min; n < sp.n_max; n++) {
-        const int64_t j0 = n * bc, rel = j0 - k0, len = p->sk - j0 < bc ? p->sk - j0 : bc;
+    for (int64_t n = sp.n_min; n < sp.n_max; n++) { /* keys past k_end, which no row sees, are not computed */
+        const int64_t j0 = n * bc, rel = j0 - k0, len = sp.k_end - j0 < bc ? sp.k_end - j0 : bc;
         block_step(p, cfg, w, br, i0, j0, len, w->kt + (rel / bc) * dp * bc, w->v + rel * dp,
                    n >= sp.n_full_min && n < sp.n_full_max);
     }
