@@ -45,6 +45,7 @@ def parse_args(argv=None):
     ap.add_argument("--plot", metavar="PATH", help="PNG: TFLOP/s vs sequence length, or latency bars (needs matplotlib)")
     ap.add_argument("--reps", type=int, help="timed repeats (default 50 on cuda, 10 on cpu)")
     ap.add_argument("--warmup", type=int, help="untimed calls first (default 10 on cuda, 2 on cpu)")
+    ap.add_argument("--rounds", type=int, help="interleaved timing rounds per point (default 1 on cuda, 3 on cpu)")
     ap.add_argument("--timer", choices=("events", "batch"), default="events",
                     help="cuda timer: events around each call with the L2 flushed (default), or batch: events "
                          "around back-to-back calls (end-to-end latency)")
@@ -60,6 +61,8 @@ def parse_args(argv=None):
         ap.error(f"--hkv {args.hkv} must divide H = {args.shape[1]}")
     if args.reps is not None and args.reps < 1:
         ap.error("--reps must be >= 1")
+    if args.rounds is not None and args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     args.device = "cpu" if args.grid == "cpu" else args.device or ("cuda" if fattn.cuda_available() else "cpu")
     args.error = ap.error
     return args
@@ -111,7 +114,8 @@ def main(argv=None):
         print("fattn.bench needs PyTorch (a benchmark dependency only): pip install torch", file=sys.stderr)
         return 2
     points, impls = build_points(args), build_impls(args)
-    meta, rows = suite.run(points, impls, reps=args.reps, warmup=args.warmup, timer_name=args.timer, seed=args.seed,
+    meta, rows = suite.run(points, impls, reps=args.reps, warmup=args.warmup, rounds=args.rounds,
+                           timer_name=args.timer, seed=args.seed,
                            quiet=args.quiet,
                            command=" ".join(["python", "-m", "fattn.bench"] + list(sys.argv[1:] if argv is None else argv)))
     if rows:

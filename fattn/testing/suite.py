@@ -184,16 +184,60 @@ def bad(r):
     return "" if err is not None and err <= tol else "!"
 
 
-def run(points, impls, *, reps=None, warmup=None, timer_name="events", seed=0, quiet=False, command=None):
-    """Validate and time each implementation at each point -> (meta, rows)."""
+def _prepare(impl, p, q, k, v, nb, nh, ref, cuda, note):
+    """(fn, context, max error on the reference slice) of impl at point p after one call, or None when it cannot run
+    there (noted, never a crash)."""
+    import torch
+
+    caught = []
+    try:
+        fn, ctx = make_impl(impl, q, k, v, p["causal"])
+        with ctx(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = fn()
+            if cuda:
+                torch.cuda.synchronize()
+    except Skip as e:
+        note(f"{impl} skipped at {grids.describe(p)} causal={p['causal']}: {e}")
+        return None
+    except Exception as e:     # unsupported shape / dtype / out of memory
+        why = "; ".join(str(w.message).splitlines()[0] for w in caught[:2])
+        note(f"{impl} unavailable at {grids.describe(p)} causal={p['causal']} {p['dtype']}: "
+             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}" + (f" ({why})" if why else ""))
+        if cuda:
+            torch.cuda.empty_cache()
+        return None
+    err = None if impl.startswith("cublas:") else (out[:nb, :nh].double() - ref).abs().max().item() if ref.numel() else 0.0
+    return fn, ctx, err
+
+
+def _samples(prepared, time_fn, rounds, reps, warmup):
+    """{impl: microsecond samples}: `rounds` rounds of `reps` calls each, every impl once per round, the order
+    reversed every other round, so that drift and what the one before leaves behind hit them alike."""
+    out = {i: [] for i in prepared}
+    names = list(prepared)
+    for r in range(rounds):
+        for i in names if r % 2 == 0 else names[::-1]:
+            fn, ctx, _ = prepared[i]
+            with ctx():
+                out[i] += time_fn(fn, reps, warmup if r == 0 else min(warmup, 1))
+    return out
+
+
+def run(points, impls, *, reps=None, warmup=None, rounds=None, timer_name="events", seed=0, quiet=False,
+        command=None):
+    """Validate and time each implementation at each point -> (meta, rows).  Each point's implementations are timed
+    in `rounds` interleaved rounds of `reps` calls (default 1 round on a GPU, 3 on the CPU, whose 2-core timings
+    swing by tens of percent from one second to the next); p50 and p90 are over all samples."""
     import torch
 
     device = points[0]["device"] if points else "cpu"
     cuda = device == "cuda"
     reps = reps or (50 if cuda else 10)
+    rounds = rounds or (1 if cuda else 3)
     warmup = (10 if cuda else 2) if warmup is None else warmup
     meta = collect_meta(device, timer_name if cuda else "perf_counter", command)
-    meta.update(reps=reps, warmup=warmup)
+    meta.update(reps=reps, warmup=warmup, rounds=rounds)
     time_fn = timer.cpu if not cuda else timer.cuda_batch if timer_name == "batch" else timer.cuda
     rows = []
 
@@ -212,33 +256,17 @@ def run(points, impls, *, reps=None, warmup=None, timer_name="events", seed=0, q
             if (nb, nh) != (p["B"], p["H"]):
                 note(f"{grids.describe(p)}: reference on batch 0, heads 0..{nh - 1} only")
             ref, tol = validate(p, q, k, v, nb, nh)
-            point_rows = []
+            prepared = {}
             for impl in impls:
-                caught = []
-                try:
-                    fn, ctx = make_impl(impl, q, k, v, p["causal"])
-                    with ctx(), warnings.catch_warnings(record=True) as caught:
-                        warnings.simplefilter("always")
-                        out = fn()
-                        if cuda:
-                            torch.cuda.synchronize()
-                except Skip as e:
-                    note(f"{impl} skipped at {grids.describe(p)} causal={p['causal']}: {e}")
-                    continue
-                except Exception as e:     # unsupported shape / dtype / out of memory: no row, never a crash
-                    why = "; ".join(str(w.message).splitlines()[0] for w in caught[:2])
-                    note(f"{impl} unavailable at {grids.describe(p)} causal={p['causal']} {p['dtype']}: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}" + (f" ({why})" if why else ""))
-                    if cuda:
-                        torch.cuda.empty_cache()
-                    continue
-                gemm = impl.startswith("cublas:")
-                err = None if gemm else (out[:nb, :nh].double() - ref).abs().max().item() if ref.numel() else 0.0
-                del out
-                with ctx():
-                    p50, p90 = timer.summarize(time_fn(fn, reps, warmup))
+                got = _prepare(impl, p, q, k, v, nb, nh, ref, cuda, note)
+                if got:
+                    prepared[impl] = got
+            point_rows = []
+            for impl, samples in _samples(prepared, time_fn, rounds, reps, warmup).items():
+                p50, p90 = timer.summarize(samples)
+                err = prepared[impl][2]
                 row = {key: p[key] for key in grids.POINT_KEYS}
-                work = grids.flops(dict(p, causal=False) if gemm else p)
+                work = grids.flops(dict(p, causal=False) if impl.startswith("cublas:") else p)
                 row.update(impl=impl, p50_us=p50, p90_us=p90, tflops=work / (p50 * 1e-6) / 1e12,
                            max_abs_err=err, tol=tol, ratio_vs_best_torch=None)
                 if bad(row):
@@ -250,7 +278,7 @@ def run(points, impls, *, reps=None, warmup=None, timer_name="events", seed=0, q
                 if torch_p50 and r["impl"].startswith("fattn:"):
                     r["ratio_vs_best_torch"] = min(torch_p50) / r["p50_us"]
             rows += point_rows
-            del q, k, v, ref
+            del q, k, v, ref, prepared
             if cuda:
                 torch.cuda.empty_cache()
     return meta, rows
