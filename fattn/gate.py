@@ -8,7 +8,9 @@ process move together.  Steps: (1) `pytest -k parity` here (skipped with --no-te
 baseline measured in --rounds interleaved rounds (each round times every implementation once per point, so drift
 hits them alike), giving one ratio per round; (3) per point the median ratio and its noise (the interquartile range
 of the rounds over the median): a point is "slower" only when its median fell below the baseline by more than
-threshold + noise, "wrong" when any round failed validation; (4) a table; exit 1 if anything failed.
+threshold + its noise + the baseline's own noise (its rows' ratio_noise, recorded by a bench run of several rounds;
+taken equal to today's where the baseline has none), "wrong" when any round failed validation; (4) a table; exit 1
+if anything failed.
 """
 import argparse
 import glob
@@ -49,6 +51,8 @@ def compare(base_rows, rounds, threshold=0.03):
         else:
             med = timer.percentile(ratios, 0.5)
             noise = (timer.percentile(ratios, 0.75) - timer.percentile(ratios, 0.25)) / med
+            base_noise = b.get("ratio_noise")
+            noise += noise if base_noise is None else base_noise
             res.update(now=med, noise=noise, change=med / res["base"] - 1)
             res["status"] = "slower" if res["change"] < -(threshold + noise) else "ok"
         out.append(res)
@@ -57,7 +61,7 @@ def compare(base_rows, rounds, threshold=0.03):
 
 def format_results(results, threshold):
     lines = [f"{'point':44s} {'impl':10s} {'base':>6s} {'now':>6s} {'noise':>6s} {'change':>8s}  "
-             f"status (slower: below -({threshold:.0%} + noise))"]
+             f"status (slower: below -({threshold:.0%} + noise of both runs))"]
     for r in results:
         now = f"{r['now']:.3f}" if r["now"] is not None else "-"
         noise = f"{r['noise']:.1%}" if r["noise"] is not None else "-"

@@ -28,14 +28,19 @@ def test_compare_statuses():
               rnd(0.98, 0.91, 1.05), rnd(0.98, 0.89, 0.70)]
     res = {r["point"].split()[2]: r for r in gate.compare(base, rounds, threshold=0.03)}
     assert res["S=512"]["status"] == "ok" and res["S=512"]["change"] == pytest.approx(-0.02)
-    assert res["S=1024"]["status"] == "slower"  # -10% with 2% noise
-    assert res["S=1024"]["noise"] == pytest.approx(0.02 / 0.90)
+    assert res["S=1024"]["status"] == "slower"  # -10% with 2% noise, the baseline's taken the same
+    assert res["S=1024"]["noise"] == pytest.approx(2 * 0.02 / 0.90)
     assert res["S=2048"]["status"] == "wrong"    # NaN error in one round: wrong, however fast
     assert res["S=4096"]["status"] == "missing"
     assert res["S=8192"]["status"] == "ok"       # median -10%, but the rounds swing by 39%: noise, not a verdict
     assert len(res) == 5  # torch rows and fattn rows without a ratio are not gated
     text = gate.format_results(list(res.values()), 0.03)
     assert "2 ok, 3 failed" in text and "slower" in text
+    # a baseline that recorded its own noise: -7% passes within 3% + 1% + 4%, fails within 3% + 1% + 1%
+    for base_noise, status in ((0.04, "ok"), (0.01, "slower")):
+        b = dict(row("fattn:v2", 1.00, S=512), ratio_noise=base_noise)
+        now = [[row("fattn:v2", x, S=512)] for x in (0.925, 0.93, 0.935, 0.93, 0.93)]
+        assert gate.compare([b], now)[0]["status"] == status
 
 
 def test_points_of_dedupes():

@@ -58,11 +58,12 @@ def write_json(path, meta, rows):
 
 
 def read_json(path):
-    """(meta, rows) of a write_json file; rows of files from before the accuracy rule get tol = None."""
+    """(meta, rows) of a write_json file; rows of older files get tol = None and ratio_noise = None."""
     with open(path) as f:
         doc = json.load(f)
     for r in doc["rows"]:
         r.setdefault("tol", None)
+        r.setdefault("ratio_noise", None)
     return doc["meta"], doc["rows"]
 
 

@@ -25,7 +25,7 @@ DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 REF_LIMIT = 2 ** 28  # B*H*Sq*Sk above this: the reference covers batch 0 and as many heads as fit
 FIXED_TOL = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 5e-2}  # rows measured before the accuracy rule, or without torch math
 COLUMNS = ["grid", "B", "H", "H_kv", "Sq", "Sk", "D", "causal", "dtype", "impl", "p50_us", "p90_us", "tflops",
-           "max_abs_err", "tol", "ratio_vs_best_torch"]
+           "max_abs_err", "tol", "ratio_vs_best_torch", "ratio_noise"]
 
 
 class Skip(Exception):
@@ -212,16 +212,26 @@ def _prepare(impl, p, q, k, v, nb, nh, ref, cuda, note):
 
 
 def _samples(prepared, time_fn, rounds, reps, warmup):
-    """{impl: microsecond samples}: `rounds` rounds of `reps` calls each, every impl once per round, the order
-    reversed every other round, so that drift and what the one before leaves behind hit them alike."""
+    """{impl: [microsecond samples of each round]}: `rounds` rounds of `reps` calls each, every impl once per round,
+    the order reversed every other round, so that drift and what the one before leaves behind hit them alike."""
     out = {i: [] for i in prepared}
     names = list(prepared)
     for r in range(rounds):
         for i in names if r % 2 == 0 else names[::-1]:
             fn, ctx, _ = prepared[i]
             with ctx():
-                out[i] += time_fn(fn, reps, warmup if r == 0 else min(warmup, 1))
+                out[i].append(time_fn(fn, reps, warmup if r == 0 else min(warmup, 1)))
     return out
+
+
+def _ratio_noise(fattn_rounds, torch_rounds):
+    """The spread of fattn's ratio to the best torch backend over rounds (interquartile range over the median), or
+    None with fewer than 3 rounds: what a later comparison with these rows must allow for."""
+    if len(fattn_rounds) < 3 or not torch_rounds:
+        return None
+    med = lambda xs: timer.percentile(xs, 0.5)  # noqa: E731
+    ratios = [min(med(t[r]) for t in torch_rounds) / med(f) for r, f in enumerate(fattn_rounds)]
+    return (timer.percentile(ratios, 0.75) - timer.percentile(ratios, 0.25)) / med(ratios)
 
 
 def run(points, impls, *, reps=None, warmup=None, rounds=None, timer_name="events", seed=0, quiet=False,
@@ -261,22 +271,24 @@ def run(points, impls, *, reps=None, warmup=None, rounds=None, timer_name="event
                 got = _prepare(impl, p, q, k, v, nb, nh, ref, cuda, note)
                 if got:
                     prepared[impl] = got
-            point_rows = []
-            for impl, samples in _samples(prepared, time_fn, rounds, reps, warmup).items():
-                p50, p90 = timer.summarize(samples)
+            point_rows, by_round = [], _samples(prepared, time_fn, rounds, reps, warmup)
+            for impl, per_round in by_round.items():
+                p50, p90 = timer.summarize([x for xs in per_round for x in xs])
                 err = prepared[impl][2]
                 row = {key: p[key] for key in grids.POINT_KEYS}
                 work = grids.flops(dict(p, causal=False) if impl.startswith("cublas:") else p)
                 row.update(impl=impl, p50_us=p50, p90_us=p90, tflops=work / (p50 * 1e-6) / 1e12,
-                           max_abs_err=err, tol=tol, ratio_vs_best_torch=None)
+                           max_abs_err=err, tol=tol, ratio_vs_best_torch=None, ratio_noise=None)
                 if bad(row):
                     print(f"WARNING: {impl} fails validation at {grids.describe(p)} causal={p['causal']} {p['dtype']}: "
                           f"max_abs_err {err:.3g} > {tol:.3g}", file=sys.stderr)
                 point_rows.append(row)
-            torch_p50 = [r["p50_us"] for r in point_rows if r["impl"].startswith("torch:") and not bad(r)]
+            good_torch = [r["impl"] for r in point_rows if r["impl"].startswith("torch:") and not bad(r)]
+            torch_p50 = [r["p50_us"] for r in point_rows if r["impl"] in good_torch]
             for r in point_rows:
                 if torch_p50 and r["impl"].startswith("fattn:"):
                     r["ratio_vs_best_torch"] = min(torch_p50) / r["p50_us"]
+                    r["ratio_noise"] = _ratio_noise(by_round[r["impl"]], [by_round[t] for t in good_torch])
             rows += point_rows
             del q, k, v, ref, prepared
             if cuda:
