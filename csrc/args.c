@@ -234,14 +234,14 @@ static int same_dtype(const bhsd_view *x, const bhsd_view *q, const char *arg) {
     return 0;
 }
 
-static int take_lse(const fattn_tensor *l, const bhsd_view *q, attn_params *p) {
+static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
     REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
             "lse: dtype must be float32");
     REQUIRE(x->shape[0] == q->b && x->shape[1] == q->h && x->shape[2] == q->s, PyExc_ValueError,
             "lse: shape must be (B=%lld, H=%lld, Sq=%lld)", (long long)q->b, (long long)q->h, (long long)q->s);
-    REQUIRE(!l->readonly, PyExc_ValueError, "lse: the array is read-only");
+    REQUIRE(!l->readonly || read_only, PyExc_ValueError, "lse: the array is read-only");
     int64_t st[3];
     strides_of(x, st);
     REQUIRE(st[2] == 1 || q->s <= 1 || q->b * q->h == 0, PyExc_ValueError, "lse: the last dimension must be contiguous");
@@ -276,7 +276,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     REQUIRE(out.b == q.b && out.h == q.h && out.s == q.s && out.d == q.d, PyExc_ValueError,
             "out: shape differs from q's (B=%lld, H=%lld, Sq=%lld, D=%lld in layout %s)", (long long)q.b,
             (long long)q.h, (long long)q.s, (long long)q.d, o->layout ? "bshd" : "bhsd");
-    REQUIRE(!ts[3].readonly, PyExc_ValueError, "out: the array is read-only");
+    REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
 
     memset(p, 0, sizeof *p);
     p->q = q.data; p->k = k.data; p->v = v.data; p->o = out.data;
@@ -287,7 +287,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     p->b = q.b; p->h = q.h; p->h_kv = k.h; p->sq = q.s; p->sk = k.s; p->d = q.d;
     p->h_per_kv = k.h ? q.h / k.h : 1;
     p->dtype = q.dtype;
-    if (has_lse && take_lse(&ts[4], &q, p)) return -1;
+    if (has_lse && take_lse(&ts[4], &q, o->read_only, p)) return -1;
     const double scale = isnan(o->scale) ? 1.0 / sqrt((double)q.d) : o->scale;
     p->scale = (float)scale;
     p->scale_log2 = (float)(scale * 1.4426950408889634);
@@ -297,6 +297,37 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     p->mask.bottom_right = o->causal != FATTN_CAUSAL_TOP_LEFT;
     p->mask.left = o->window_left;
     p->mask.right = o->causal ? 0 : o->window_right;
+    return 0;
+}
+
+/* A gradient-side array: same device and dtype as q, the shape of `like` (q's or k's), writable unless `read`. */
+static int grad_view(const fattn_tensor *t, const fattn_tensor *q, int layout, const attn_params *p, int of_k, int read,
+                     bhsd_view *v) {
+    if (view_4d(t, layout, v) || same_device(t, q)) return -1;
+    REQUIRE(v->dtype == p->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s", t->arg, dtype_name(v->dtype),
+            dtype_name(p->dtype));
+    const int64_t h = of_k ? p->h_kv : p->h, s = of_k ? p->sk : p->sq;
+    REQUIRE(v->b == p->b && v->h == h && v->s == s && v->d == p->d, PyExc_ValueError,
+            "%s: shape must be %s's (B=%lld, H=%lld, S=%lld, D=%lld in layout %s)", t->arg, of_k ? "k" : "q",
+            (long long)p->b, (long long)h, (long long)s, (long long)p->d, layout ? "bshd" : "bhsd");
+    REQUIRE(read || !t->readonly, PyExc_ValueError, "%s: the array is read-only", t->arg);
+    return 0;
+}
+
+int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
+                           attn_bwd_params *bp) {
+    bhsd_view g, dq, dk, dv;
+    if (grad_view(&ts[0], q, layout, p, 0, 1, &g) || grad_view(&ts[1], q, layout, p, 0, 0, &dq) ||
+        grad_view(&ts[2], q, layout, p, 1, 0, &dk) || grad_view(&ts[3], q, layout, p, 1, 0, &dv))
+        return -1;
+    REQUIRE(p->lse, PyExc_ValueError, "lse: the backward needs the forward's LSE (attention(..., return_lse=True))");
+    memset(bp, 0, sizeof *bp);
+    bp->fwd = *p;
+    bp->dout = g.data; bp->dq = dq.data; bp->dk = dk.data; bp->dv = dv.data;
+    bp->do_stride_b = g.sb; bp->do_stride_h = g.sh; bp->do_stride_s = g.ss;
+    bp->dq_stride_b = dq.sb; bp->dq_stride_h = dq.sh; bp->dq_stride_s = dq.ss;
+    bp->dk_stride_b = dk.sb; bp->dk_stride_h = dk.sh; bp->dk_stride_s = dk.ss;
+    bp->dv_stride_b = dv.sb; bp->dv_stride_h = dv.sh; bp->dv_stride_s = dv.ss;
     return 0;
 }
 

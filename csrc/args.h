@@ -36,11 +36,17 @@ typedef struct {
     int causal;              /* fattn_causal */
     int64_t window_left, window_right;
     double scale;            /* NaN: 1/sqrt(d) */
+    int read_only;           /* 1: out and lse are only read (the backward): read-only arrays are fine */
 } fattn_call_opts;
 
 /* Fills p from the taken tensors (q, k, v, out, and lse when ts[4].t is set); every mismatch raises naming the
  * argument. */
 int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p);
+
+/* The backward's gradient tensors, taken and checked against the forward's params p (built by fattn_build_params
+ * from q, k, v, out, lse; lse required): ts = dout, dq, dk, dv.  Fills bp (its workspace pointers stay NULL). */
+int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
+                           attn_bwd_params *bp);
 
 /* 1 if the call's tensors live on a CUDA device (then *device is its id), 0 for the CPU. */
 int fattn_call_device(const fattn_tensor *q, int *device);

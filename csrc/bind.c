@@ -31,6 +31,31 @@ PyObject *fattn_not_built(void) {
     return NULL;
 }
 
+int fattn_arg_variant(PyObject *obj, const char **variant) {
+    *variant = NULL;
+    if (!obj || obj == Py_None) return 0;
+    if (!PyUnicode_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "variant: expected a str or None, got %.200s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return (*variant = PyUnicode_AsUTF8(obj)) ? 0 : -1;
+}
+
+/* The variant a call names, checked against the table and the call's dtype (ValueError / TypeError). */
+int fattn_check_variant(const char *name, fattn_dtype dtype) {
+    const fattn_variant *v = fattn_find_variant(name);
+    if (!v) {
+        PyErr_Format(PyExc_ValueError, "variant: unknown GPU variant '%s'; fattn.variants('cuda') lists them", name);
+        return -1;
+    }
+    if (!(v->dtypes >> dtype & 1)) {
+        PyErr_Format(PyExc_TypeError, "variant: %s does not support %s", name,
+                     dtype == FATTN_F32 ? "float32" : dtype == FATTN_F16 ? "float16" : "bfloat16");
+        return -1;
+    }
+    return 0;
+}
+
 /* One call's arguments, taken and checked. */
 typedef struct {
     fattn_tensor ts[5];
@@ -45,16 +70,15 @@ static void call_release(call *c) {
     for (int i = 0; i < 5; i++) fattn_tensor_release(&c->ts[i]);
 }
 
-static int parse_overrides(PyObject **a, fattn_overrides *ov) {
+int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_obj, fattn_overrides *ov) {
     const fattn_overrides none = FATTN_NO_OVERRIDES;
     *ov = none;
     long splits = 0, order = 0;
-    if (fattn_arg_long(a[A_SPLITS], "splits", 0, 128, &splits) ||
-        fattn_arg_long(a[A_ORDER], "order", 0, FATTN_ORDER_BLOCKS, &order))
+    if (fattn_arg_long(splits_obj, "splits", 0, 128, &splits) ||
+        fattn_arg_long(order_obj, "order", 0, FATTN_ORDER_BLOCKS, &order))
         return -1;
     ov->splits = (int)splits;
     ov->order = (int)order;
-    PyObject *cfg = a[A_CONFIG];
     if (!cfg || cfg == Py_None) return 0;
     if (PyTuple_Check(cfg)) {
         if (!PyArg_ParseTuple(cfg, "iii", &ov->cpu.br, &ov->cpu.bc, &ov->cpu.threads)) {
@@ -81,17 +105,12 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     fattn_call_opts o = {0, 0, -1, -1, 0.0};
     if (fattn_arg_long(a[A_CAUSAL], "causal", 0, 2, &causal) || fattn_arg_long(a[A_LAYOUT], "layout", 0, 1, &layout) ||
         fattn_arg_scale(a[A_SCALE], &o.scale) || fattn_arg_window(a[A_WINDOW], &o.window_left, &o.window_right) ||
-        fattn_arg_stream(a[A_STREAM], &c->stream) || parse_overrides(a, &c->ov))
+        fattn_arg_stream(a[A_STREAM], &c->stream) ||
+        fattn_parse_overrides(a[A_CONFIG], a[A_SPLITS], a[A_ORDER], &c->ov))
         return -1;
     o.causal = (int)causal;
     o.layout = (int)layout;
-    if (a[A_VARIANT] && a[A_VARIANT] != Py_None) {
-        if (!PyUnicode_Check(a[A_VARIANT])) {
-            PyErr_Format(PyExc_TypeError, "variant: expected a str or None, got %.200s", Py_TYPE(a[A_VARIANT])->tp_name);
-            return -1;
-        }
-        if (!(c->variant = PyUnicode_AsUTF8(a[A_VARIANT]))) return -1;
-    }
+    if (fattn_arg_variant(a[A_VARIANT], &c->variant)) return -1;
     PyObject *stream_obj = a[A_STREAM] ? a[A_STREAM] : Py_None;
     for (int i = 0; i < 5; i++)
         if (a[i] && a[i] != Py_None && fattn_take(&st->names, a[i], tensor_names[i], stream_obj, &c->ts[i]))
@@ -128,25 +147,17 @@ static int plan_gpu(const module_state *st, const call *c, fattn_plan *plan) {
         fattn_raise_status();
         return -1;
     }
-    if (c->variant) {
-        const fattn_variant *v = fattn_find_variant(c->variant);
-        if (!v) {
-            PyErr_Format(PyExc_ValueError, "variant: unknown GPU variant '%s'; fattn.variants('cuda') lists them",
-                         c->variant);
-            return -1;
-        }
-        if (!(v->dtypes >> c->p.dtype & 1)) {
-            PyErr_Format(PyExc_TypeError, "variant: %s does not support %s", c->variant,
-                         c->p.dtype == FATTN_F32 ? "float32" : c->p.dtype == FATTN_F16 ? "float16" : "bfloat16");
-            return -1;
-        }
-    }
-    const fattn_status s = fattn_plan_gpu(&c->p, &dev, &st->tuned, c->variant, &c->ov, plan);
-    if (s == FATTN_ERR_UNSUPPORTED && c->variant) {
+    if (c->variant && fattn_check_variant(c->variant, c->p.dtype)) return -1;
+    return fattn_raise_plan_status(fattn_plan_gpu(&c->p, &dev, &st->tuned, c->variant, &c->ov, plan), c->variant,
+                                   &c->ov);
+}
+
+int fattn_raise_plan_status(fattn_status s, const char *variant, const fattn_overrides *ov) {
+    if (s == FATTN_ERR_UNSUPPORTED && variant) {
         PyErr_Format(PyExc_ValueError, "variant: %s", fattn_last_error());
         return -1;
     }
-    if (s == FATTN_ERR_INVALID && c->ov.config >= 0) {
+    if (s == FATTN_ERR_INVALID && ov->config >= 0) {
         PyErr_Format(PyExc_ValueError, "config: %s", fattn_last_error());
         return -1;
     }

@@ -59,8 +59,18 @@ typedef struct attn_params {
     fattn_mask mask;                  /* which keys each query sees */
 } attn_params;
 
-/* The backward pass: dQ, dK, dV from dO, the forward's inputs, its output O and its LSE (fwd.lse, required).
- * D_i = rowsum(dO_i * O_i) goes to dpsum; dQ is accumulated in float32 in dq_accum, then converted. */
+/* The backward pass (FlashAttention-2's, Dao 2023): dQ, dK, dV from dO, the forward's inputs, its output O and its LSE
+ * (fwd.lse, required, natural log).  With P recomputed from Q, K and the LSE:
+ *
+ *   D_i = rowsum(dO_i * O_i)      dV = P^T dO      dP = dO V^T      dS = P * (dP - D)
+ *   dQ  = scale * dS K            dK = scale * dS^T Q
+ *
+ * GQA: dK and dV of a kv head are summed over its group's query heads.  Rows that see no key (LSE = -inf) have
+ * P = 0: zero gradients.  dq, dk, dv have q's and k's shapes and strides of their own (last dimension contiguous).
+ *
+ * GPU kernels keep two float32 arrays in the plan's workspace (fattn_bwd_workspace_bytes): dpsum, D_i per row, and
+ * dq_accum, dQ accumulated across key blocks before it is scaled and converted; both are laid out per (b, h) with
+ * ws_rows rows (sq rounded up) of ws_cols columns (the head-dim bucket). */
 typedef struct attn_bwd_params {
     attn_params fwd;                  /* q, k, v, o, lse (read), mask, scale */
     const void *dout;
@@ -69,13 +79,24 @@ typedef struct attn_bwd_params {
     int64_t dq_stride_b, dq_stride_h, dq_stride_s;
     int64_t dk_stride_b, dk_stride_h, dk_stride_s;
     int64_t dv_stride_b, dv_stride_h, dv_stride_s;
-    float *dpsum;                     /* (b, h, sq) workspace: D_i */
-    float *dq_accum;                  /* (b, h, sq, d) float32 workspace */
+    float *dpsum;                     /* [(b * h + h) * ws_rows + i]: D_i */
+    float *dq_accum;                  /* [((b * h + h) * ws_rows + i) * ws_cols + e] */
+    int64_t ws_rows, ws_cols;
     int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
 } attn_bwd_params;
 
+/* The GPU backward's workspace: ws_rows = sq rounded up to 128, ws_cols = the head-dim bucket; dq_accum first, then
+ * dpsum.  One rule for every GPU variant (the Python side sizes a framework-allocated workspace with it). */
+#define FATTN_BWD_ROW_ALIGN 128
+FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
+    return (sq + FATTN_BWD_ROW_ALIGN - 1) / FATTN_BWD_ROW_ALIGN * FATTN_BWD_ROW_ALIGN;
+}
 /* The head-dim bucket kernels are compiled for: 64, 128 or 256 (columns past d are zero-filled). */
 FATTN_HD int fattn_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
+FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d) {
+    return 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 1);
+}
 
 /* Status codes; a non-zero status comes with a message from fattn_last_error(). */
 typedef enum {

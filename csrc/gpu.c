@@ -14,20 +14,38 @@
 #ifdef FATTN_WITH_CUDA
 #define LAUNCH(name) fattn_launch_##name
 #define PREPARE(name) fattn_prepare_##name
+#define LAUNCH_BWD(name) fattn_launch_bwd_##name
+#define PREPARE_BWD(name) fattn_prepare_bwd_##name
 #else
 #define LAUNCH(name) NULL
 #define PREPARE(name) NULL
+#define LAUNCH_BWD(name) NULL
+#define PREPARE_BWD(name) NULL
 #endif
-#define FATTN_VARIANT_ROW(name, family, file, summary, min_sm, max_sm, dtypes, fallback, prefer)                \
+#define FATTN_VARIANT_ROW(name, family, file, summary, min_sm, max_sm, dtypes, fallback, prefer, bwd)           \
     {#name, #family, file, summary, min_sm, max_sm, dtypes, fallback, fattn_plan_##name, LAUNCH(name),           \
-     PREPARE(name), fattn_configs_##name, fattn_check_config_##name, prefer},
+     PREPARE(name), fattn_configs_##name, fattn_check_config_##name, prefer, #bwd},
 const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW){0}};
 #undef FATTN_VARIANT_ROW
 #define NVARIANTS ((int)(sizeof fattn_gpu_variants / sizeof fattn_gpu_variants[0]) - 1)
 
+#define FATTN_BWD_VARIANT_ROW(name, family, file, summary, min_sm, max_sm, dtypes)                               \
+    {#name, #family, file, summary, min_sm, max_sm, dtypes, fattn_plan_bwd_##name, LAUNCH_BWD(name),             \
+     PREPARE_BWD(name)},
+const fattn_bwd_variant fattn_gpu_bwd_variants[] = {FATTN_GPU_BWD_VARIANTS(FATTN_BWD_VARIANT_ROW){0}};
+#undef FATTN_BWD_VARIANT_ROW
+#define NBWD ((int)(sizeof fattn_gpu_bwd_variants / sizeof fattn_gpu_bwd_variants[0]) - 1)
+
 const fattn_variant *fattn_find_variant(const char *name) {
     for (const fattn_variant *v = fattn_gpu_variants; v->name; v++)
         if (!strcmp(v->name, name)) return v;
+    return NULL;
+}
+
+const fattn_bwd_variant *fattn_find_bwd_variant(const char *name) {
+    const fattn_variant *f = fattn_find_variant(name);
+    for (const fattn_bwd_variant *v = fattn_gpu_bwd_variants; f && v->name; v++)
+        if (!strcmp(v->name, f->bwd)) return v;
     return NULL;
 }
 
@@ -55,6 +73,7 @@ fattn_status fattn_gpu_device_count(int *count) {
 #define MAX_DEVICES 64
 static fattn_device dev_cache[MAX_DEVICES];
 static unsigned char prepared[MAX_DEVICES][NVARIANTS]; /* [device][variant]: its prepare hook ran there */
+static unsigned char prepared_bwd[MAX_DEVICES][NBWD];
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 
 fattn_status fattn_gpu_device(int device, fattn_device *dev, char *name, int name_len) {
@@ -185,14 +204,19 @@ static void *workspace_get(int device, void *stream, size_t bytes) {
 
 /* ---- running a plan -------------------------------------------------------------------------------------------- */
 
-static fattn_status prepare_once(const fattn_plan *plan) {
-    const int vi = (int)(plan->variant - fattn_gpu_variants), d = plan->dev.id;
+static fattn_status prepare_flag(unsigned char *flag, fattn_prepare_fn prepare, int device) {
     fattn_status st = FATTN_OK;
-    if (prepared[d][vi]) return FATTN_OK; /* set once, under the lock, never cleared */
+    if (*flag) return FATTN_OK; /* set once, under the lock, never cleared */
     pthread_mutex_lock(&dev_lock);
-    if (!prepared[d][vi] && !(st = plan->variant->prepare(d))) prepared[d][vi] = 1;
+    if (!*flag && !(st = prepare(device))) *flag = 1;
     pthread_mutex_unlock(&dev_lock);
     return st;
+}
+
+static fattn_status prepare_once(const fattn_plan *plan) {
+    const int d = plan->dev.id;
+    if (plan->bwd) return prepare_flag(&prepared_bwd[d][plan->bwd - fattn_gpu_bwd_variants], plan->bwd->prepare, d);
+    return prepare_flag(&prepared[d][plan->variant - fattn_gpu_variants], plan->variant->prepare, d);
 }
 
 static fattn_status run_on_device(const attn_params *p, const fattn_tuned *tuned, const char *forced,
@@ -230,6 +254,73 @@ fattn_status fattn_run_gpu(const attn_params *p, const fattn_tuned *tuned, const
     return st;
 }
 
+/* ---- the backward ------------------------------------------------------------------------------------------ */
+
+static fattn_status bwd_runs(const fattn_bwd_variant *v, const attn_bwd_params *p, const fattn_device *dev) {
+    if (dev->sm < v->min_sm || (v->max_sm && dev->sm > v->max_sm))
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "backward %s needs compute capability %d.%d; cuda:%d has %d.%d", v->name,
+                          v->min_sm / 10, v->min_sm % 10, dev->id, dev->sm / 10, dev->sm % 10);
+    if (!(v->dtypes >> p->fwd.dtype & 1))
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "backward %s does not take this dtype", v->name);
+    return FATTN_OK;
+}
+
+static fattn_status plan_bwd_one(const fattn_bwd_variant *v, const attn_bwd_params *p, const fattn_device *dev,
+                                 const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
+    memset(plan, 0, sizeof *plan);
+    plan->bwd = v;
+    plan->dev = *dev;
+    plan->config = -1;
+    plan->splits = 1;
+    plan->head_group = 1;
+    fattn_status st = bwd_runs(v, p, dev);
+    return st ? st : v->plan(p, tuned, ov, plan);
+}
+
+fattn_status fattn_plan_gpu_bwd(const attn_bwd_params *p, const fattn_device *dev, const fattn_tuned *tuned,
+                                const char *forced, const fattn_overrides *ov, fattn_plan *plan) {
+    if (forced) {
+        const fattn_bwd_variant *v = fattn_find_bwd_variant(forced);
+        if (!v) return FATTN_FAIL(FATTN_ERR_INVALID, "unknown GPU variant '%s'", forced);
+        return plan_bwd_one(v, p, dev, tuned, ov, plan);
+    }
+    for (int i = NBWD - 1; i >= 0; i--)
+        if (plan_bwd_one(&fattn_gpu_bwd_variants[i], p, dev, tuned, ov, plan) == FATTN_OK) return FATTN_OK;
+    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "no GPU backward variant runs these arguments on cuda:%d", dev->id);
+}
+
+static fattn_status run_bwd_on_device(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {
+    fattn_status st = prepare_once(plan);
+    if (st) return st;
+    attn_bwd_params q = *p;
+    q.ws_rows = fattn_bwd_ws_rows(p->fwd.sq);
+    q.ws_cols = fattn_head_dim_bucket(p->fwd.d);
+    if (!q.dq_accum) {
+        float *ws = workspace_get(plan->dev.id, stream, plan->workspace_bytes);
+        if (!ws)
+            return FATTN_FAIL(FATTN_ERR_NOMEM, "no workspace for the backward (%zu bytes): under CUDA graph capture, or "
+                              "out of memory; pass one (fattn.attention_backward does)", plan->workspace_bytes);
+        q.dq_accum = ws;
+        q.dpsum = ws + p->fwd.b * p->fwd.h * q.ws_rows * q.ws_cols;
+    }
+    return plan->bwd->launch(&q, plan, stream);
+}
+
+fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {
+    int current = -1;
+    const int device = plan->dev.id;
+    FATTN_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
+    fattn_status st = run_bwd_on_device(p, plan, stream);
+    if (st) cudaGetLastError();
+    if (current != device) {
+        const cudaError_t e = cudaSetDevice(current);
+        if (!st && e != cudaSuccess)
+            st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaSetDevice(%d): %s", current, cudaGetErrorString(e));
+    }
+    return st;
+}
+
 #else /* built without CUDA */
 
 int fattn_gpu_compiled(void) { return 0; }
@@ -253,6 +344,15 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
 fattn_status fattn_run_gpu(const attn_params *p, const fattn_tuned *tuned, const char *forced,
                            const fattn_overrides *ov, fattn_plan *plan, void *stream) {
     (void)p; (void)tuned; (void)forced; (void)ov; (void)plan; (void)stream;
+    return not_built();
+}
+fattn_status fattn_plan_gpu_bwd(const attn_bwd_params *p, const fattn_device *dev, const fattn_tuned *tuned,
+                                const char *forced, const fattn_overrides *ov, fattn_plan *plan) {
+    (void)p; (void)dev; (void)tuned; (void)forced; (void)ov; (void)plan;
+    return not_built();
+}
+fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {
+    (void)p; (void)plan; (void)stream;
     return not_built();
 }
 #endif

@@ -2,6 +2,9 @@
  *
  * Public (fattn/_api.py calls these):
  *   forward(q, k, v, out, lse=None, *, causal, scale, layout, window, variant, stream)   bind.c
+ *   backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal, scale, layout, window, variant, stream,
+ *            deterministic, workspace)                                                  bind_bwd.c
+ *   backward_workspace_bytes(b, h, sq, d) -> bytes a GPU backward's workspace needs    bind_bwd.c
  *   dlpack_device(x) -> (device_type, device_id) of an array or a DLPack capsule
  *   variants(device_type, device_id) -> [(name, summary), ...]   the variants that run there
  *   cuda_device_count() -> int          RuntimeError when no driver / device can be used
@@ -78,6 +81,11 @@ static PyMethodDef module_methods[] = {
     {"forward", (PyCFunction)(void (*)(void))fattn_py_forward, METH_FASTCALL | METH_KEYWORDS,
      "forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None): "
      "attention into out (and lse)."},
+    {"backward", (PyCFunction)(void (*)(void))fattn_py_backward, METH_FASTCALL | METH_KEYWORDS,
+     "backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None, "
+     "stream=None, deterministic=False, workspace=None): dq, dk, dv of the forward call that gave out and lse."},
+    {"backward_workspace_bytes", (PyCFunction)(void (*)(void))fattn_py_backward_workspace_bytes, METH_FASTCALL,
+     "backward_workspace_bytes(b, h, sq, d) -> bytes of workspace a GPU backward needs."},
     {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},
     {"variants", (PyCFunction)(void (*)(void))py_variants, METH_FASTCALL,
      "variants(device_type, device_id): [(name, summary)] of the variants that run there."},
@@ -124,6 +132,8 @@ static int module_exec(PyObject *module) {
         return -1;
     for (int i = 0; i < FATTN_FORWARD_ARGS; i++)
         if (!(st->forward_args[i] = PyUnicode_InternFromString(fattn_forward_arg_names[i]))) return -1;
+    for (int i = 0; i < FATTN_BACKWARD_ARGS; i++)
+        if (!(st->backward_args[i] = PyUnicode_InternFromString(fattn_backward_arg_names[i]))) return -1;
     st->tuned.n = 0;
     if (PyModule_AddIntConstant(module, "cuda_compiled", fattn_gpu_compiled()) < 0) return -1;
     return add_dev_namespace(module);
@@ -152,6 +162,7 @@ static int module_clear(PyObject *module) {
     Py_CLEAR(n->s_get_device);
     Py_CLEAR(n->s_torch);
     for (int i = 0; i < FATTN_FORWARD_ARGS; i++) Py_CLEAR(st->forward_args[i]);
+    for (int i = 0; i < FATTN_BACKWARD_ARGS; i++) Py_CLEAR(st->backward_args[i]);
     Py_CLEAR(n->torch_type);
     for (int i = 0; i < 3; i++) Py_CLEAR(n->torch_dtypes[i]);
     return 0;

@@ -3,15 +3,20 @@
 #define FATTN_MODULE_H
 
 #include "args.h"
+#include "plan.h"
 #include "tuned.h"
 
 /* The forward call's argument names (bind.c), interned so that keywords match by pointer. */
 #define FATTN_FORWARD_ARGS 14
 extern const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS];
+/* The backward call's (bind_bwd.c). */
+#define FATTN_BACKWARD_ARGS 18
+extern const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS];
 
 typedef struct {
     fattn_names names;                            /* interned strings, torch's types once seen */
     PyObject *forward_args[FATTN_FORWARD_ARGS];   /* interned fattn_forward_arg_names */
+    PyObject *backward_args[FATTN_BACKWARD_ARGS]; /* interned fattn_backward_arg_names */
     fattn_tuned tuned;                            /* the tuned-config table (fattn/_tuned.py registers it) */
 } module_state;
 
@@ -22,10 +27,22 @@ PyObject *fattn_raise_status(void);
 /* Raises RuntimeError for a GPU call in a build without CUDA and returns NULL. */
 PyObject *fattn_not_built(void);
 
+/* Shared by the forward's and the backward's bindings (bind.c): the variant argument (a str or None), the named
+ * variant checked against the table and a dtype, the overrides (config, splits, order), and a planner's status
+ * raised in the caller's words.  Each returns 0, or -1 with an exception set. */
+int fattn_arg_variant(PyObject *obj, const char **variant);
+int fattn_check_variant(const char *name, fattn_dtype dtype);
+int fattn_parse_overrides(PyObject *config, PyObject *splits, PyObject *order, fattn_overrides *ov);
+int fattn_raise_plan_status(fattn_status s, const char *variant, const fattn_overrides *ov);
+
 /* The bindings of each file, for the method tables in module.c. */
 PyObject *fattn_py_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *fattn_dev_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *fattn_dev_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *fattn_py_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *fattn_dev_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *fattn_dev_plan_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern PyMethodDef fattn_dev_methods[];
 
 #endif

@@ -49,10 +49,12 @@ typedef struct {
 } fattn_device;
 
 struct fattn_variant;
+struct fattn_bwd_variant;
 struct fattn_tuned;
 
 typedef struct fattn_plan {
-    const struct fattn_variant *variant; /* NULL: the CPU backend */
+    const struct fattn_variant *variant; /* the forward's; NULL: the CPU backend or a backward plan */
+    const struct fattn_bwd_variant *bwd; /* a backward plan's; NULL: the CPU backend or a forward plan */
     fattn_device dev;
     int config;             /* index into the variant's config table (-1: the variant has none) */
     fattn_cpu_config cpu;   /* the CPU backend's configuration */
@@ -71,6 +73,10 @@ typedef fattn_status (*fattn_plan_fn)(const attn_params *p, const struct fattn_t
                                       fattn_plan *plan);
 /* A variant's launcher: runs plan on `stream` (a cudaStream_t) on the current device. */
 typedef fattn_status (*fattn_launch_fn)(const attn_params *p, const fattn_plan *plan, void *stream);
+/* The backward's planner and launcher, the same contract for attn_bwd_params. */
+typedef fattn_status (*fattn_plan_bwd_fn)(const attn_bwd_params *p, const struct fattn_tuned *tuned,
+                                          const fattn_overrides *ov, fattn_plan *plan);
+typedef fattn_status (*fattn_launch_bwd_fn)(const attn_bwd_params *p, const fattn_plan *plan, void *stream);
 /* Once per device before the first launch there: raises the kernels' shared-memory limits and the like. */
 typedef fattn_status (*fattn_prepare_fn)(int device);
 

@@ -44,21 +44,23 @@ typedef struct fattn_variant {
     fattn_configs_fn configs;
     fattn_check_config_fn check_config;
     int (*prefer)(const attn_params *p); /* the default where it plans (NULL: always) */
+    const char *bwd;      /* the backward variant that differentiates its results */
 } fattn_variant;
 
-/* Every GPU variant, in version order.
- * X(name, family, file, summary, min_sm, max_sm, dtype mask, fallback, prefer) */
+/* Every GPU variant, in version order.  bwd: the backward variant (FATTN_GPU_BWD_VARIANTS) that differentiates it.
+ * X(name, family, file, summary, min_sm, max_sm, dtype mask, fallback, prefer, bwd) */
 #define FATTN_GPU_VARIANTS(X)                                                                                     \
     X(v0, simt, "kernels/simt/v0_fwd.cu", "naive: one thread per query row, online softmax in registers", 50, 0, 7, \
-      NULL, NULL)                                                                                                 \
+      NULL, NULL, v1)                                                                                             \
     X(v1, simt, "kernels/simt/v1_fwd.cu", "tiled scalar: K/V tiles in shared memory, online softmax, warp reductions", \
-      50, 0, 7, NULL, NULL)                                                                                       \
+      50, 0, 7, NULL, NULL, v1)                                                                                   \
     X(v2, sm80, "kernels/sm80/v2_fwd.cu",                                                                          \
-      "tensor cores (mma.sync m16n8k16), ldmatrix from swizzled smem, cp.async K/V pipeline", 80, 0, 6, NULL, NULL)\
+      "tensor cores (mma.sync m16n8k16), ldmatrix from swizzled smem, cp.async K/V pipeline", 80, 0, 6, NULL, NULL,  \
+      v2)                                                                                                         \
     X(v3, sm90, "kernels/sm90/v3_fwd.cu", "Hopper: wgmma, TMA K/V ring with mbarriers, producer/consumer warpgroups", \
-      90, 90, 6, "v2", fattn_prefer_v3)
+      90, 90, 6, "v2", fattn_prefer_v3, v2)
 
-#define FATTN_DECLARE_VARIANT(name, family, file, summary, min_sm, max_sm, dtypes, fallback, prefer)             \
+#define FATTN_DECLARE_VARIANT(name, family, file, summary, min_sm, max_sm, dtypes, fallback, prefer, bwd)        \
     fattn_status fattn_plan_##name(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov, \
                                    fattn_plan *plan);                                                            \
     fattn_status fattn_launch_##name(const attn_params *p, const fattn_plan *plan, void *stream);                 \
@@ -69,15 +71,41 @@ FATTN_GPU_VARIANTS(FATTN_DECLARE_VARIANT)
 #undef FATTN_DECLARE_VARIANT
 int fattn_prefer_v3(const attn_params *p);
 
+/* Every GPU backward variant, in version order: the kernels that compute dQ, dK, dV (attn_bwd_params).
+ * X(name, family, file, summary, min_sm, max_sm, dtype mask) */
+#define FATTN_GPU_BWD_VARIANTS(X)                                                                                 \
+    X(v1, simt, "kernels/simt/v1_bwd.cu", "scalar: a warp per query row for dQ, per key row for dK and dV", 50, 0, 7) \
+    X(v2, sm80, "kernels/sm80/v2_bwd.cu",                                                                          \
+      "tensor cores (mma.sync): a block per key block walks the query blocks, dQ in float32 by atomics", 80, 0, 6)
+
+typedef struct fattn_bwd_variant {
+    const char *name, *family, *file, *summary;
+    int min_sm, max_sm, dtypes;
+    fattn_plan_bwd_fn plan;
+    fattn_launch_bwd_fn launch;
+    fattn_prepare_fn prepare;
+} fattn_bwd_variant;
+
+#define FATTN_DECLARE_BWD_VARIANT(name, family, file, summary, min_sm, max_sm, dtypes)                           \
+    fattn_status fattn_plan_bwd_##name(const attn_bwd_params *p, const struct fattn_tuned *tuned,                \
+                                       const fattn_overrides *ov, fattn_plan *plan);                             \
+    fattn_status fattn_launch_bwd_##name(const attn_bwd_params *p, const fattn_plan *plan, void *stream);         \
+    fattn_status fattn_prepare_bwd_##name(int device);
+FATTN_GPU_BWD_VARIANTS(FATTN_DECLARE_BWD_VARIANT)
+#undef FATTN_DECLARE_BWD_VARIANT
+
 /* NULL-terminated table built from FATTN_GPU_VARIANTS.  Without CUDA launch and prepare are NULL (the planners and
  * config tables still answer). */
 extern const fattn_variant fattn_gpu_variants[];
+extern const fattn_bwd_variant fattn_gpu_bwd_variants[];
 
 /* 1 if `v` runs on a device of compute capability sm. */
 static inline int fattn_variant_runs_on(const fattn_variant *v, int sm) {
     return sm >= v->min_sm && (!v->max_sm || sm <= v->max_sm);
 }
 const fattn_variant *fattn_find_variant(const char *name);
+/* The backward variant that differentiates forward variant `name` (the names are the forward's). */
+const fattn_bwd_variant *fattn_find_bwd_variant(const char *name);
 
 /* 1 if fattn was built with CUDA support. */
 int fattn_gpu_compiled(void);
@@ -97,6 +125,14 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
  * p again with one key split -- and launches.  The plan that ran is left in *plan. */
 fattn_status fattn_run_gpu(const attn_params *p, const struct fattn_tuned *tuned, const char *forced,
                            const fattn_overrides *ov, fattn_plan *plan, void *stream);
+
+/* The backward's dispatch: plans p (the backward variant of forced variant `forced`, else the highest that runs on
+ * dev, takes p's dtype and plans p) and runs it on `stream`.  p->dq_accum / p->dpsum set: a workspace the caller
+ * gave (at least fattn_bwd_workspace_bytes); NULL: one from the (device, stream) cache, refused under graph capture.
+ * The plan that ran is left in *plan. */
+fattn_status fattn_plan_gpu_bwd(const attn_bwd_params *p, const fattn_device *dev, const struct fattn_tuned *tuned,
+                                const char *forced, const fattn_overrides *ov, fattn_plan *plan);
+fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream);
 
 #ifdef __cplusplus
 }

@@ -36,3 +36,24 @@ fattn_status fattn_check_config_v1(const int64_t *values, int n, int d, int dtyp
     (void)values; (void)n; (void)d; (void)dtype; (void)smem_limit;
     return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v1 has no configurations");
 }
+
+/* The scalar backward (v1_bwd.cu): three grids of its own, sized by the launcher; every dtype, alignment and stride.
+ * Its rows of the workspace hold D_i (dpsum); dq_accum goes unused. */
+fattn_status fattn_plan_bwd_v1(const attn_bwd_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov,
+                               fattn_plan *plan) {
+    (void)tuned;
+    const attn_params *f = &p->fwd;
+    if (ov->config >= 0) return FATTN_FAIL(FATTN_ERR_INVALID, "the v1 backward has no configurations");
+    const int64_t rows = f->b * f->h * f->sq;
+    const int64_t blocks = (rows + V1B_WARPS - 1) / V1B_WARPS;
+    const int64_t ktiles = (f->sk + V1B_T - 1) / V1B_T * f->b * f->h_kv;
+    if (blocks > 0x7fffffff || ktiles > 0x7fffffff)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v1 backward: grid of %lld blocks is too large",
+                          (long long)(blocks > ktiles ? blocks : ktiles));
+    plan->threads = 32 * V1B_WARPS;
+    plan->smem = V1B_SMEM_BYTES(fattn_head_dim_bucket(f->d));
+    plan->grid_x = (unsigned)((f->sq + V1B_T - 1) / V1B_T * f->b * f->h);
+    plan->grid_y = 1;
+    plan->workspace_bytes = (size_t)fattn_bwd_workspace_bytes(f->b, f->h, f->sq, f->d);
+    return FATTN_OK;
+}

@@ -1,0 +1,217 @@
+/* bind_bwd.c -- the backward call: parse, plan, launch, raise.
+ *
+ *   _C.backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None,
+ *               stream=None, deterministic=False, workspace=None)
+ *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
+ *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
+ *   _C.backward_workspace_bytes(b, h, sq, d) -> the bytes a GPU backward's workspace needs
+ *
+ * The forward's arguments mean what they mean in forward() (bind.c) and must be those of the call that produced
+ * out and lse; dq, dk, dv (q's, k's and v's shapes and dtype, any strides with a contiguous last dimension) are
+ * written.  variant names the forward variant whose backward runs (its table row's bwd); config overrides a GPU
+ * backward's config index or the CPU's (br, bc, threads).  workspace: a writable array on the call's device of at
+ * least backward_workspace_bytes(b, h, sq, d) bytes (GPU only; None: one cached per device and stream, which cannot
+ * be had while the stream is being captured into a CUDA graph). */
+#include "module.h"
+
+#include "cpu_attn.h"
+#include "variants.h"
+
+const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS] = {
+    "dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "causal", "scale", "layout", "window", "variant", "stream",
+    "deterministic", "workspace", "config"};
+enum { B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_DQ, B_DK, B_DV, B_CAUSAL, B_SCALE, B_LAYOUT, B_WINDOW, B_VARIANT,
+       B_STREAM, B_DETERMINISTIC, B_WORKSPACE, B_CONFIG };
+#define NARGS_PUBLIC (FATTN_BACKWARD_ARGS - 1)
+#define NTENSORS 10 /* dout .. dv, workspace */
+
+typedef struct {
+    fattn_tensor ts[NTENSORS]; /* q, k, v, out, lse (fattn_build_params' order), dout, dq, dk, dv, workspace */
+    attn_bwd_params p;
+    const char *variant;
+    fattn_overrides ov;
+    void *stream;
+    int gpu, device;
+    size_t ws_bytes; /* the workspace given (0: none) */
+} call;
+
+static void call_release(call *c) {
+    for (int i = 0; i < NTENSORS; i++) fattn_tensor_release(&c->ts[i]);
+}
+
+/* The caller's workspace: a writable array on q's device, its bytes counted from its shape and dtype. */
+static int take_workspace(call *c) {
+    const fattn_tensor *w = &c->ts[9];
+    const DLTensor *x = w->t;
+    if (!x) return 0;
+    if (x->device.device_type != c->ts[0].t->device.device_type || x->device.device_id != c->ts[0].t->device.device_id) {
+        char dw[48], dq[48];
+        fattn_device_str(x->device, dw, sizeof dw);
+        fattn_device_str(c->ts[0].t->device, dq, sizeof dq);
+        PyErr_Format(PyExc_ValueError, "workspace: on %s but q is on %s", dw, dq);
+        return -1;
+    }
+    int64_t n = 1, expect = 1;
+    for (int i = x->ndim - 1; i >= 0; i--) {
+        if (x->strides && x->shape[i] > 1 && x->strides[i] != expect) {
+            PyErr_SetString(PyExc_ValueError, "workspace: must be contiguous");
+            return -1;
+        }
+        expect *= x->shape[i];
+        n *= x->shape[i];
+    }
+    if (w->readonly) {
+        PyErr_SetString(PyExc_ValueError, "workspace: the array is read-only");
+        return -1;
+    }
+    c->ws_bytes = (size_t)n * ((x->dtype.bits * x->dtype.lanes + 7) / 8);
+    const size_t need = (size_t)fattn_bwd_workspace_bytes(c->p.fwd.b, c->p.fwd.h, c->p.fwd.sq, c->p.fwd.d);
+    if (c->gpu && c->ws_bytes < need) {
+        PyErr_Format(PyExc_ValueError, "workspace: %zu bytes, need %zu (backward_workspace_bytes)", c->ws_bytes, need);
+        return -1;
+    }
+    char *base = (char *)x->data + x->byte_offset;
+    if ((uintptr_t)base % 16) {
+        PyErr_SetString(PyExc_ValueError, "workspace: data pointer is not 16-byte aligned");
+        return -1;
+    }
+    c->p.dq_accum = (float *)base;
+    c->p.dpsum = c->p.dq_accum + c->p.fwd.b * c->p.fwd.h * fattn_bwd_ws_rows(c->p.fwd.sq) *
+                                     fattn_head_dim_bucket(c->p.fwd.d);
+    return 0;
+}
+
+static int call_take(module_state *st, PyObject **a, call *c) {
+    memset(c, 0, sizeof *c);
+    /* a[] index of each entry of c->ts */
+    static const int order[NTENSORS] = {B_Q, B_K, B_V, B_OUT, B_LSE, B_DOUT, B_DQ, B_DK, B_DV, B_WORKSPACE};
+    long causal = 0, layout = 0;
+    fattn_call_opts o = {0, 0, -1, -1, 0.0, 1};
+    int deterministic = 0;
+    if (fattn_arg_long(a[B_CAUSAL], "causal", 0, 2, &causal) || fattn_arg_long(a[B_LAYOUT], "layout", 0, 1, &layout) ||
+        fattn_arg_scale(a[B_SCALE], &o.scale) || fattn_arg_window(a[B_WINDOW], &o.window_left, &o.window_right) ||
+        fattn_arg_stream(a[B_STREAM], &c->stream) || fattn_parse_overrides(a[B_CONFIG], NULL, NULL, &c->ov) ||
+        fattn_arg_variant(a[B_VARIANT], &c->variant))
+        return -1;
+    if (a[B_DETERMINISTIC] && (deterministic = PyObject_IsTrue(a[B_DETERMINISTIC])) < 0) return -1;
+    o.causal = (int)causal;
+    o.layout = (int)layout;
+    if (!a[B_LSE] || a[B_LSE] == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "lse: the backward needs the forward's LSE (attention(..., return_lse=True))");
+        return -1;
+    }
+    PyObject *stream_obj = a[B_STREAM] ? a[B_STREAM] : Py_None;
+    for (int i = 0; i < NTENSORS; i++) {
+        PyObject *x = a[order[i]];
+        if (x && x != Py_None && fattn_take(&st->names, x, fattn_backward_arg_names[order[i]], stream_obj, &c->ts[i]))
+            return -1;
+    }
+    attn_params fwd;
+    if (fattn_build_params(c->ts, &o, &fwd) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, &fwd, &c->p))
+        return -1;
+    c->p.deterministic = deterministic;
+    c->gpu = fattn_call_device(&c->ts[0], &c->device);
+    if (take_workspace(c)) return -1;
+    if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
+        PyErr_SetString(PyExc_TypeError, c->gpu ? "config: a GPU variant takes a config index"
+                                                : "config: the CPU backend takes a (br, bc, threads) tuple");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *plan_dict(const fattn_plan *plan, int deterministic) {
+    if (!plan->bwd)
+        return Py_BuildValue("{sssssis(iii)sisi}", "variant", "cpu", "family", "cpu", "device", 0, "config",
+                             plan->cpu.br, plan->cpu.bc, plan->cpu.threads, "workspace", 0, "deterministic", 1);
+    return Py_BuildValue("{sssssisis(II)sIsnsnsi}", "variant", plan->bwd->name, "family", plan->bwd->family, "device",
+                         plan->dev.id, "config", plan->config, "grid", plan->grid_x, plan->grid_y, "threads",
+                         plan->threads, "smem", (Py_ssize_t)plan->smem, "workspace", (Py_ssize_t)plan->workspace_bytes,
+                         "deterministic", deterministic);
+}
+
+static int plan_gpu(const module_state *st, const call *c, fattn_plan *plan) {
+    if (!fattn_gpu_compiled()) {
+        fattn_not_built();
+        return -1;
+    }
+    fattn_device dev;
+    if (fattn_gpu_device(c->device, &dev, NULL, 0)) {
+        fattn_raise_status();
+        return -1;
+    }
+    if (c->variant && fattn_check_variant(c->variant, c->p.fwd.dtype)) return -1;
+    return fattn_raise_plan_status(fattn_plan_gpu_bwd(&c->p, &dev, &st->tuned, c->variant, &c->ov, plan), c->variant,
+                                   &c->ov);
+}
+
+static PyObject *backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int nnames,
+                          int run, int want_plan) {
+    module_state *st = fattn_state(module);
+    PyObject *a[FATTN_BACKWARD_ARGS];
+    if (fattn_parse_args(run ? "backward" : "plan_backward", args, nargs, kwnames, fattn_backward_arg_names,
+                         st->backward_args, nnames, 9, a) ||
+        fattn_find_torch(&st->names))
+        return NULL;
+    for (int i = nnames; i < FATTN_BACKWARD_ARGS; i++) a[i] = NULL;
+    call c;
+    PyObject *result = NULL;
+    fattn_plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (call_take(st, a, &c)) goto done;
+    const attn_params *f = &c.p.fwd;
+    if (f->b * f->h * f->sq == 0 && f->b * f->h_kv * f->sk == 0) { /* nothing to compute */
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    fattn_status s = FATTN_OK;
+    if (c.gpu) {
+        if (plan_gpu(st, &c, &plan)) goto done;
+        if (run) s = fattn_run_gpu_bwd(&c.p, &plan, c.stream);
+    } else {
+        if (c.variant && strcmp(c.variant, "cpu")) {
+            PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
+                         c.variant);
+            goto done;
+        }
+        fattn_cpu_plan_bwd(&c.p, &c.ov, &plan);
+        if (run) {
+            Py_BEGIN_ALLOW_THREADS
+            s = fattn_cpu_backward(&c.p, &plan.cpu);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    if (s) {
+        fattn_raise_status();
+        goto done;
+    }
+    result = want_plan ? plan_dict(&plan, c.p.deterministic) : Py_NewRef(Py_None);
+done:
+    call_release(&c);
+    return result;
+}
+
+PyObject *fattn_py_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return backward(module, args, nargs, kwnames, NARGS_PUBLIC, 1, 0);
+}
+
+PyObject *fattn_dev_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return backward(module, args, nargs, kwnames, FATTN_BACKWARD_ARGS, 1, 1);
+}
+
+PyObject *fattn_dev_plan_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return backward(module, args, nargs, kwnames, FATTN_BACKWARD_ARGS, 0, 1);
+}
+
+PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    static const char *names[4] = {"b", "h", "sq", "d"};
+    long v[4];
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "backward_workspace_bytes(b, h, sq, d)");
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++)
+        if (fattn_arg_long(args[i], names[i], 0, 1L << 40, &v[i])) return NULL;
+    return PyLong_FromLongLong(fattn_bwd_workspace_bytes(v[0], v[1], v[2], v[3]));
+}
