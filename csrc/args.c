@@ -320,7 +320,6 @@ int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, 
     if (grad_view(&ts[0], q, layout, p, 0, 1, &g) || grad_view(&ts[1], q, layout, p, 0, 0, &dq) ||
         grad_view(&ts[2], q, layout, p, 1, 0, &dk) || grad_view(&ts[3], q, layout, p, 1, 0, &dv))
         return -1;
-    REQUIRE(p->lse, PyExc_ValueError, "lse: the backward needs the forward's LSE (attention(..., return_lse=True))");
     memset(bp, 0, sizeof *bp);
     bp->fwd = *p;
     bp->dout = g.data; bp->dq = dq.data; bp->dk = dk.data; bp->dv = dv.data;

@@ -44,7 +44,7 @@ typedef struct {
 int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p);
 
 /* The backward's gradient tensors, taken and checked against the forward's params p (built by fattn_build_params
- * from q, k, v, out, lse; lse required): ts = dout, dq, dk, dv.  Fills bp (its workspace pointers stay NULL). */
+ * from q, k, v, out, lse; the caller checks lse is given): ts = dout, dq, dk, dv.  Fills bp (its workspace pointers stay NULL). */
 int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
                            attn_bwd_params *bp);
 

@@ -3,11 +3,12 @@
     import fattn
     o = fattn.attention(q, k, v, causal=True)          # q, k, v: (B, H, S, D)
     o, lse = fattn.attention(q, k, v, return_lse=True)
+    dq, dk, dv = fattn.attention_backward(do, q, k, v, o, lse)   # any framework; torch autograd calls it itself
     fattn.variants("cuda")                              # ['v0', 'v1', ...]
 
 See help(fattn.attention) for every argument.
 """
-from ._api import attention, cuda_available, describe_variants, variants
+from ._api import attention, attention_backward, cuda_available, describe_variants, variants
 
 __version__ = "0.1.0"
-__all__ = ["attention", "variants", "describe_variants", "cuda_available", "__version__"]
+__all__ = ["attention", "attention_backward", "variants", "describe_variants", "cuda_available", "__version__"]

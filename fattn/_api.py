@@ -1,4 +1,4 @@
-"""fattn's public API: attention() and variants()."""
+"""fattn's public API: attention(), attention_backward() and variants()."""
 from . import _C
 from . import _frameworks, _tuned
 from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
@@ -7,7 +7,8 @@ CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
 LAYOUT = {"bhsd": 0, "bshd": 1}
 
 
-def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, return_lse=False, variant=None, lse=None):
+def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, return_lse=False, variant=None, lse=None,
+              deterministic=False):
     r"""Scaled dot-product attention, ``softmax(q k^T * scale) v``, computed by fattn's kernels.
 
     Arguments are any DLPack arrays (torch, CuPy, NumPy, ...), all on one device (CPU or one CUDA GPU), in any
@@ -37,6 +38,13 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
         variant: which implementation; ``fattn.variants(device)`` lists them.  Default: the fastest for the
             device (``"cpu"`` on the CPU).
         lse: optional writable float32 ``(B, H, Sq)`` array for the LSE (implies return_lse).
+        deterministic: torch autograd only: the backward gives bitwise-repeatable gradients (no order-dependent
+            atomics; slower on the GPU).  Also on when ``torch.use_deterministic_algorithms(True)``.
+
+    Gradients: with torch tensors that require grad, the call goes through the registered op
+    ``torch.ops.fattn.attention`` (autograd, torch.compile, torch.export, FakeTensor and meta tensors all see it);
+    the backward is :func:`attention_backward`.  The LSE is not differentiable.  Other frameworks call
+    :func:`attention_backward` themselves (JAX: ``fattn.jax.attention``).
 
     Returns:
         ``out``, or ``(out, lse)`` with return_lse.  Computation runs on the caller's current CUDA stream
@@ -61,11 +69,12 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
 
     fw = framework_of(q)
     if fw == "torch":
-        if _frameworks._torch_raw_stream is None:
-            _frameworks.register_torch(_C)
-        if (type(q) is not _frameworks.torch_tensor or _frameworks.is_tracing() or q.requires_grad
-                or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
-            _torch_checks(q, k, v)
+        if not _frameworks.torch_ready:
+            from . import _torch  # noqa: F401  registers torch's types and the ops (a real import under torch.compile too)
+        if (_frameworks.is_compiling() or type(q) is not _frameworks.torch_tensor or q.is_meta
+                or _frameworks.is_tracing() or (_frameworks.grad_enabled() and (
+                    q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))):
+            return _torch_op(q, k, v, causal_code, scale, layout_code, variant, deterministic, out, lse, return_lse)
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
     else:
@@ -98,29 +107,95 @@ def _as_float(scale):
     return float(scale)
 
 
-def _refuse_jax(out, lse):
-    for name, arr in (("out", out), ("lse", lse)):
+def _refuse_jax(out, lse, out_name="out"):
+    for name, arr in ((out_name, out), ("lse", lse)):
         if arr is not None and framework_of(arr) == "jax":
             raise TypeError(f"{name}: JAX arrays are immutable, so fattn cannot write into one; pass a writable "
                             "torch / CuPy / NumPy array")
 
 
-def _torch_checks(q, k, v):
-    """What torch-specific callers need to hear before fattn reads the tensors (the lean path skips this for plain
-    tensors that need no grad outside a trace)."""
-    import torch
+def _torch_op(q, k, v, causal, scale, layout, variant, deterministic, out, lse, return_lse):
+    """The call through torch.ops.fattn.attention: what autograd, torch.compile, torch.export, torch.jit.trace,
+    FakeTensor and meta tensors need (registered on first use)."""
+    from . import _torch
 
-    if _frameworks.is_tracing():
-        raise RuntimeError("fattn.attention cannot be traced by torch.jit.trace (the trace would replay an empty "
-                           "tensor); use torch.compile or call it eagerly")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if type(t).__name__ == "FakeTensor":
-            raise ValueError(f"{name}: a FakeTensor (torch.compile tracing or FakeTensorMode) has no data for fattn to "
-                             "read; call fattn outside the fake mode")
-    if q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False):
-        if torch.is_grad_enabled():
-            raise NotImplementedError(
-                "fattn has no backward pass yet: call it under torch.no_grad() or pass detached tensors")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
+    o, lse_out = _torch.attention(q, k, v, causal, scale, layout, -1, -1, variant, bool(deterministic))
+    if out is not None:
+        out.copy_(o)
+        o = out
+    if lse is not None:
+        lse.copy_(lse_out)
+        lse_out = lse
+    return (o, lse_out) if (return_lse or lse is not None) else o
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bhsd", dq=None, dk=None,
+                       dv=None, deterministic=False, variant=None):
+    r"""Gradients of :func:`attention`: ``(dq, dk, dv)`` from the gradient ``dout`` of its output.
+
+    Arguments are DLPack arrays on one device, as for :func:`attention`; q, k, v, causal, scale, layout and variant
+    must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
+    FlashAttention-2's backward: P is recomputed from q, k and lse, never stored.
+
+    Args:
+        dout: the gradient of out, out's shape and dtype.
+        dq, dk, dv: optional writable arrays of q's, k's and v's shapes and dtype to write into; otherwise allocated
+            by the caller's framework.  With grouped-query attention dk and dv are the sums over each group's query
+            heads.
+        deterministic: bitwise-repeatable gradients (on the GPU: no order-dependent atomics, a separate dQ pass;
+            slower).  The CPU backend is always deterministic.
+
+    Rows that see no key get zero gradients.  Runs on the caller's current CUDA stream; a GPU call's float32
+    workspace is allocated by the caller's framework (so it is safe under CUDA graph capture).
+    """
+    try:
+        causal_code = CAUSAL[causal]
+    except (KeyError, TypeError):
+        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+    try:
+        layout_code = LAYOUT[layout]
+    except (KeyError, TypeError):
+        raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}") from None
+    if scale is not None and not isinstance(scale, float):
+        scale = _as_float(scale)
+    fw = framework_of(q)
+    if fw == "torch":
+        if not _frameworks.torch_ready:
+            from . import _torch  # noqa: F401
+        if _frameworks.is_compiling() or type(q) is not _frameworks.torch_tensor or q.is_meta:
+            from . import _torch
+
+            if dq is not None or dk is not None or dv is not None:
+                raise ValueError("dq: cannot write into given arrays under torch.compile or with fake tensors")
+            return _torch.attention_backward(dout, q, k, v, out, lse, causal_code, scale, layout_code, -1, -1,
+                                             variant, bool(deterministic))
+        dev = q.get_device()
+        dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
+    else:
+        dev_type, dev_id = _C.dlpack_device(q)
+    for name, arr in (("dq", dq), ("dk", dk), ("dv", dv)):
+        if arr is not None and framework_of(arr) == "jax":
+            _refuse_jax(arr, None, name)
+    shapes = {}
+    for name, like, given in (("dq", q, dq), ("dk", k, dk), ("dv", v, dv)):
+        if given is None:
+            if len(like.shape) != 4:
+                raise ValueError(f"{'q' if name == 'dq' else name[1]}: expected a 4-D array "
+                                 f"({'B, H, S, D' if layout_code == 0 else 'B, S, H, D'}), got {len(like.shape)}-D")
+            shapes[name] = EMPTY[fw](like, tuple(like.shape), False)
+    dq, dk, dv = shapes.get("dq", dq), shapes.get("dk", dk), shapes.get("dv", dv)
+    workspace, stream = None, None
+    if dev_type == CUDA:
+        stream = current_stream(fw, dev_id)
+        b, x, y, d = q.shape
+        h, sq = (x, y) if layout_code == 0 else (y, x)
+        workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(b, h, sq, d) // 4,), True)
+    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal_code, scale=scale, layout=layout_code,
+                variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace)
+    return dq, dk, dv
 
 
 def _parse_device(device):

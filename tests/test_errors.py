@@ -57,14 +57,6 @@ def test_bshd_shape_messages():
         fattn.attention(q, k, k, layout="bshd")
 
 
-def test_requires_grad_is_refused():
-    q = t(1, 2, 4, 8).requires_grad_()
-    with pytest.raises(NotImplementedError, match="no backward"):
-        fattn.attention(q, q, q)
-    with torch.no_grad():
-        fattn.attention(q, q, q)
-
-
 def test_variants_and_cuda_queries():
     assert fattn.variants("cpu") == ["cpu"]
     assert fattn.describe_variants("cpu")[0][0] == "cpu"
@@ -84,28 +76,15 @@ def test_numpy_mixed_dtypes_message():
 
 # ---- what a new user hit (issue: structure), each a clear error naming the argument ----
 
-def test_meta_fake_sparse_and_vmap_tensors_are_refused_naming_the_argument():
+def test_mixed_meta_sparse_and_vmap_tensors_are_refused_naming_the_argument():
+    """(All-meta and FakeTensor inputs give meta / fake results through the registered op: test_grad.py.)"""
     q = t(1, 2, 4, 8)
-    with pytest.raises(ValueError, match="q: the array has no data"):
-        fattn.attention(q.to("meta"), q.to("meta"), q.to("meta"))
     with pytest.raises(ValueError, match="k: the array has no data"):
         fattn.attention(q, q.to("meta"), q)
     with pytest.raises(ValueError, match="q: fattn cannot read this tensor's memory"):
         fattn.attention(q.to_sparse(), q, q)
     with pytest.raises(ValueError, match="q: fattn cannot read this tensor's memory"):
         torch.func.vmap(lambda x: fattn.attention(x, x, x))(t(3, 1, 2, 4, 8))
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        f = torch.randn(1, 2, 4, 8)
-        with pytest.raises(ValueError, match="q: a FakeTensor"):
-            fattn.attention(f, f, f)
-
-
-def test_jit_trace_is_refused():
-    q = t(1, 2, 4, 8)
-    with pytest.raises(RuntimeError, match="cannot be traced by torch.jit.trace"):
-        torch.jit.trace(lambda x: fattn.attention(x, x, x), (q,))
 
 
 class FakeJaxArray:

@@ -5,7 +5,8 @@ out_lowp a plain implementation in the inputs' own dtype,
 
 factor 2 for outputs (3 for gradients), eps one rounding step of the output dtype at max|ref| -- for float32, whose
 output rounding is below its arithmetic's, the typical rounding of a D-term dot product, u * sqrt(D) * max|ref|.
-NaN never passes.
+For gradients max|ref| is at least max|dP| (dP = dO V^T): dS = P (dP - D) cancels, so a gradient near zero carries
+the rounding of terms of that size.  NaN never passes.
 """
 import math
 
@@ -83,3 +84,40 @@ def check_attention(out, q, k, v, causal=False, scale=None, lse=None, window=Non
             if not (d <= 1e-4 + 2e-5 * ref_lse[~dead].abs()).all():
                 why = f"LSE error {d.max().item():.3g} over tolerance"
     return why, err, err_low
+
+
+def sdpa_lowp_gradients(q, k, v, dout, causal=False, scale=None, window=None):
+    """(dq, dk, dv) of sdpa_lowp by torch autograd in the inputs' dtype (the plain same-dtype backward)."""
+    import torch
+
+    with torch.enable_grad():
+        qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
+        out = sdpa_lowp(qs, ks, vs, causal, scale, window)
+        return torch.autograd.grad(out, (qs, ks, vs), dout)
+
+
+def check_gradients(grads, q, k, v, dout, causal=False, scale=None, window=None):
+    """None if grads = (dq, dk, dv) of torch tensors pass the rule at 3x against the float64 reference, else the
+    message saying which failed and by how much.  Returns (message, [(err, err_lowp) per gradient])."""
+    import torch
+
+    from . import reference
+
+    refs = reference.gradients(q, k, v, dout, causal, scale, window)
+    lows = sdpa_lowp_gradients(q, k, v, dout, causal, scale, window)
+    rep = q.shape[1] // max(1, k.shape[1])
+    dp_max = (dout.double() @ v.double().repeat_interleave(rep, 1).transpose(-1, -2)).abs().max().item() \
+        if dout.numel() and v.numel() else 0.0
+    stats, why = [], None
+    for name, g, ref, low in zip(("dq", "dk", "dv"), grads, refs, lows):
+        if g.numel() == 0:
+            stats.append((0.0, 0.0))
+            continue
+        if torch.isnan(g).any():
+            return f"NaN in {name}", stats
+        err = (g.double() - ref).abs().max().item()
+        err_low = (low.double() - ref).abs().max().item()
+        stats.append((err, err_low))
+        ref_max = max(ref.abs().max().item(), dp_max)
+        why = why or verdict(err, err_low, dtype_name(q.dtype), ref_max, q.shape[-1], 3.0, name)
+    return why, stats

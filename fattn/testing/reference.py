@@ -3,6 +3,7 @@ float64 from the same low-precision inputs, for NumPy arrays or torch tensors (c
 
     visible(sq, sk, causal=False, window=None)     -> bool array (sq, sk)
     attention(q, k, v, causal=False, scale=None, window=None) -> (out, lse) in float64
+    gradients(q, k, v, dout, causal=False, scale=None, window=None) -> (dq, dk, dv) in float64
 
 Tensors are (B, H, S, D) with H a multiple of H_kv (grouped-query attention).  A row that sees no key gives out 0
 and LSE -inf.
@@ -106,3 +107,40 @@ def attention(q, k, v, causal=False, scale=None, window=None, batches=None, head
         out[:, :, i0:i1] = lib.where(live, (p @ v64) / lib.where(live, den, 1.0), 0.0)
         lse[:, :, i0:i1] = lib.where(live, m + lib.log(lib.where(live, den, 1.0)), -math.inf)[..., 0]
     return out, lse
+
+
+def gradients(q, k, v, dout, causal=False, scale=None, window=None):
+    """(dq, dk, dv) in float64 of attention(q, k, v) for the output gradient dout, from the formulas (P recomputed
+    exactly; dk and dv summed over each group's query heads); rows that see no key get zero gradients."""
+    ops = _Ops(q)
+    lib = ops.lib
+    b, h, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    q64, g64 = ops.f64(q), ops.f64(dout)
+    k64 = ops.repeat_heads(ops.f64(k), h // hk)
+    v64 = ops.repeat_heads(ops.f64(v), h // hk)
+    dq = ops.zeros((b, h, sq, d))
+    dk = ops.zeros((b, h, sk, d))
+    dv = ops.zeros((b, h, sk, d))
+    step = max(1, REF_CHUNK // max(1, b * h * sk))
+    for i0 in range(0, sq if sk else 0, step):
+        i1 = min(sq, i0 + step)
+        s = (q64[:, :, i0:i1] @ ops.t(k64)) * scale
+        s = lib.where(ops.mask(visible(sq, sk, causal, window, (i0, i1))), s, -math.inf)
+        m = ops.amax(s)
+        m = lib.where(m == -math.inf, 0.0, m)
+        p = lib.exp(s - m)
+        den = ops.sum(p)
+        p = p / lib.where(den > 0, den, 1.0)
+        g = g64[:, :, i0:i1]
+        o = p @ v64
+        dp = g @ ops.t(v64)
+        ds = p * (dp - ops.sum(g * o))
+        dq[:, :, i0:i1] = scale * (ds @ k64)
+        dk = dk + scale * (ops.t(ds) @ q64[:, :, i0:i1])
+        dv = dv + ops.t(p) @ g
+    if hk != h:
+        dk = dk.reshape(b, hk, h // hk, sk, d).sum(2) if ops.torch else dk.reshape(b, hk, h // hk, sk, d).sum(axis=2)
+        dv = dv.reshape(b, hk, h // hk, sk, d).sum(2) if ops.torch else dv.reshape(b, hk, h // hk, sk, d).sum(axis=2)
+    return dq, dk, dv

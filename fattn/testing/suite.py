@@ -116,7 +116,7 @@ def gemm_baseline(q, k, v):
     o = torch.empty_like(q)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     dev = q.get_device()
-    if fattn._frameworks._torch_raw_stream is None:  # torch tensors then take the lean path, as in attention()
+    if not fattn._frameworks.torch_ready:  # torch tensors then take the lean path, as in attention()
         fattn._frameworks.register_torch(fattn._C)
 
     def fn():

@@ -28,7 +28,7 @@ class Runner:
                 raise RuntimeError("tuning on the GPU needs torch for the test arrays (pip install torch)") from None
             self.torch = torch
             self.arch = _C.device_info(0)[1]
-            if _frameworks._torch_raw_stream is None:
+            if not _frameworks.torch_ready:
                 _frameworks.register_torch(_C)
         self.variant = space.family
         self.inputs = problem.arrays(self.rng)

@@ -64,7 +64,7 @@ def stream_of(arrays):
         return None
     from .. import _frameworks
 
-    if _frameworks._torch_raw_stream is None:
+    if not _frameworks.torch_ready:
         _frameworks.register_torch(_C)
     return _frameworks.current_stream("torch", arrays[0].get_device())
 

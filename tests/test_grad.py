@@ -1,0 +1,408 @@
+"""Gradients (../shared/TESTING.md 21-25): fattn's backward on every target against the float64 reference, by the
+accuracy rule at 3x (fattn.testing.accuracy.check_gradients), through fattn.attention_backward and through torch
+autograd (the registered op).  `pytest -k grad`."""
+import math
+
+import pytest
+
+from conftest import DTYPES, HAS_CUDA, randn, repro, require, torch
+
+import fattn
+from fattn import _C
+from fattn._api import CAUSAL
+from fattn.testing import accuracy, reference
+
+DET = "-det"
+
+
+def bwd_targets():
+    """(device, variant): the CPU backend, and each GPU backward (named by a forward variant it differentiates),
+    v2's also in deterministic mode."""
+    out = [pytest.param("cpu", "cpu", id="cpu")]
+    for name in ("v1", "v2", "v2" + DET):
+        out.append(pytest.param("cuda", name, id=f"cuda-{name}", marks=pytest.mark.gpu))
+    return out
+
+
+def bwd_dtypes(variant):
+    return ["fp32", "fp16", "bf16"] if variant in ("cpu", "v1") else ["fp16", "bf16"]
+
+
+def targets_with(dtypes):
+    out = []
+    for t in bwd_targets():
+        device, variant = t.values
+        out += [pytest.param(device, variant, dt, id=f"{t.id}-{dt}", marks=t.marks) for dt in dtypes
+                if dt in bwd_dtypes(variant)]
+    return out
+
+
+def require_variant(device, variant):
+    require(device)
+    if device == "cuda" and variant.split("-")[0] not in fattn.variants("cuda"):
+        pytest.skip(f"{variant} does not run on this GPU")
+
+
+def grads(q, k, v, dout, variant, causal=False, scale=None, window=None, layout="bhsd", **kw):
+    """(out, lse, (dq, dk, dv)) from fattn's forward and backward (variant "<v>-det": deterministic)."""
+    base = variant.split("-")[0]
+    det = variant.endswith(DET)
+    with torch.no_grad():
+        if window is None:
+            out, lse = fattn.attention(q, k, v, causal=causal, scale=scale, layout=layout, variant=base,
+                                       return_lse=True)
+            return out, lse, fattn.attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
+                                                      layout=layout, variant=base, deterministic=det, **kw)
+        out, lse = torch.empty_like(q), torch.empty(lse_shape(q, layout), device=q.device)
+        stream = torch.cuda.current_stream().cuda_stream if q.is_cuda else None
+        lay = fattn._api.LAYOUT[layout]
+        _C.forward(q, k, v, out, lse, causal=CAUSAL[causal], scale=scale, layout=lay, window=window, variant=base,
+                   stream=stream)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=CAUSAL[causal], scale=scale, layout=lay,
+                    window=window, variant=base, stream=stream, deterministic=det)
+        return out, lse, (dq, dk, dv)
+
+
+def lse_shape(q, layout):
+    return (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def inputs(b, h, hk, sq, sk, d, dt, device, seed, mag=1.0):
+    q = randn((b, h, sq, d), dt, device, seed, mag)
+    k = randn((b, hk, sk, d), dt, device, seed + 1, mag)
+    v = randn((b, hk, sk, d), dt, device, seed + 2)
+    dout = randn((b, h, sq, d), dt, device, seed + 3)
+    return q, k, v, dout
+
+
+def check(g, q, k, v, dout, causal=False, scale=None, window=None, request=None):
+    why, stats = accuracy.check_gradients(g, q, k, v, dout, causal, scale, window)
+    assert why is None, f"{why} (err, err_lowp per dq, dk, dv: {stats}). {repro(request)}"
+
+
+SEQ_PAIRS = [(1, 1), (2, 3), (17, 17), (113, 113), (1025, 1025), (1, 257), (17, 113), (113, 17), (97, 239),
+             (239, 97), (127, 1023)]
+CAUSALS = [False, "top_left", "bottom_right"]
+
+
+@pytest.mark.parametrize("device,variant,dtype", targets_with(list(DTYPES)))
+@pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
+@pytest.mark.parametrize("sq,sk", SEQ_PAIRS, ids=[f"{a}x{b}" for a, b in SEQ_PAIRS])
+def test_grad_seqlens(device, variant, dtype, causal, sq, sk, seed, request):
+    require_variant(device, variant)
+    q, k, v, dout = inputs(1, 2, 2, sq, sk, 64, DTYPES[dtype], device, seed)
+    out, lse, g = grads(q, k, v, dout, variant, causal)
+    check(g, q, k, v, dout, causal, request=request)
+
+
+HEAD_DIMS = list(range(8, 257, 8))
+
+
+@pytest.mark.parametrize("device,variant", bwd_targets())
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_grad_head_dims(device, variant, d, seed, request):
+    require_variant(device, variant)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, dout = inputs(1, 2, 2, 33, 47, d, dt, device, seed)
+    _, _, g = grads(q, k, v, dout, variant, "bottom_right")
+    check(g, q, k, v, dout, "bottom_right", request=request)
+
+
+@pytest.mark.parametrize("device,variant", bwd_targets())
+@pytest.mark.parametrize("ratio", range(1, 9))
+@pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
+def test_grad_gqa(device, variant, ratio, causal, seed, request):
+    """dK, dV of a kv head are the sums over its group's query heads (ratios 1..8, kv heads 1 and 2)."""
+    require_variant(device, variant)
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    hk = 1 if ratio % 2 else 2
+    q, k, v, dout = inputs(2, hk * ratio, hk, 65, 130, 128, dt, device, seed)
+    _, _, g = grads(q, k, v, dout, variant, causal)
+    check(g, q, k, v, dout, causal, request=request)
+
+
+WINDOWS = [(16, -1), (-1, 8), (7, 3), (0, 0), (5000, 5000)]
+
+
+@pytest.mark.parametrize("device,variant", bwd_targets())
+@pytest.mark.parametrize("window", WINDOWS, ids=[f"w{a}_{b}" for a, b in WINDOWS])
+@pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
+@pytest.mark.parametrize("sq,sk", [(113, 257), (257, 113)], ids=["113x257", "257x113"])
+def test_grad_windows(device, variant, window, causal, sq, sk, seed, request):
+    require_variant(device, variant)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, dout = inputs(1, 4, 2, sq, sk, 64, dt, device, seed)
+    _, _, g = grads(q, k, v, dout, variant, causal, window=window)
+    check(g, q, k, v, dout, causal, window=window, request=request)
+
+
+@pytest.mark.parametrize("device,variant", bwd_targets())
+def test_grad_fully_masked_rows_are_zero(device, variant, seed):
+    """bottom-right with Sq > Sk: the first Sq - Sk rows see no key; their dq is exactly 0 and nothing is NaN."""
+    require_variant(device, variant)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, dout = inputs(1, 2, 1, 80, 30, 64, dt, device, seed)
+    _, lse, (dq, dk, dv) = grads(q, k, v, dout, variant, "bottom_right")
+    assert torch.isinf(lse[:, :, :50]).all()
+    assert (dq[:, :, :50] == 0).all()
+    for g in (dq, dk, dv):
+        assert not torch.isnan(g).any()
+    check((dq, dk, dv), q, k, v, dout, "bottom_right")
+
+
+@pytest.mark.parametrize("device,variant", bwd_targets())
+@pytest.mark.parametrize("scale", [0.3, -0.2, 0.0])
+def test_grad_custom_scales(device, variant, scale, seed, request):
+    require_variant(device, variant)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, dout = inputs(1, 2, 2, 70, 90, 64, dt, device, seed)
+    _, _, g = grads(q, k, v, dout, variant, "top_left", scale=scale)
+    check(g, q, k, v, dout, "top_left", scale=scale, request=request)
+
+
+@pytest.mark.parametrize("device,variant", bwd_targets())
+def test_grad_bshd_strided_inputs_and_strided_grads(device, variant, seed, request):
+    """q, k, v as BSHD views of a packed QKV buffer; dq, dk, dv written into strided views of NaN-filled buffers
+    with canaries around them: every element of the views is written, nothing else."""
+    require_variant(device, variant)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    b, s, h, d = 2, 97, 4, 64
+    qkv = randn((b, s, 3, h, d), dt, device, seed)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, S, H, D), strided
+    dout = randn((b, s, h, d), dt, device, seed + 3)
+    base = variant.split("-")[0]
+    with torch.no_grad():
+        out, lse = fattn.attention(q, k, v, causal=True, layout="bshd", variant=base, return_lse=True)
+        bufs = [torch.full((b, s, h + 2, d + 8), float("nan"), dtype=dt, device=device) for _ in range(3)]
+        views = [x[:, :, 1:h + 1, 8:] for x in bufs]  # strided, 16-byte aligned rows
+        got = fattn.attention_backward(dout, q, k, v, out, lse, causal=True, layout="bshd", variant=base,
+                                       dq=views[0], dk=views[1], dv=views[2], deterministic=variant.endswith(DET))
+    for g, view, buf in zip(got, views, bufs):
+        assert g is view
+        assert not torch.isnan(view).any()
+        rest = buf.clone()
+        rest[:, :, 1:h + 1, 8:] = 0
+        assert torch.isnan(rest[:, :, 0]).all() and torch.isnan(rest[:, :, h + 1]).all()
+        assert torch.isnan(rest[..., :8]).all()
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    check(tuple(t(x) for x in got), t(q), t(k), t(v), t(dout), True, request=request)
+
+
+@pytest.mark.parametrize("device,variant", bwd_targets())
+def test_grad_is_bitwise_repeatable(device, variant, seed):
+    """The CPU backend, v1 and v2's deterministic mode: bitwise-equal gradients over 100 runs (GPU: with other
+    streams busy at the same time)."""
+    require_variant(device, variant)
+    if variant == "v2":
+        pytest.skip("v2's default mode accumulates dQ with atomics (deterministic=True is the repeatable one)")
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, dout = inputs(2, 4, 2, 300, 300, 64, dt, device, seed)
+    first = grads(q, k, v, dout, variant, True)[2]
+    side = [torch.cuda.Stream() for _ in range(2)] if device == "cuda" else []
+    for i in range(100 if device == "cuda" else 20):
+        for s in side:  # other work in flight on other streams
+            with torch.cuda.stream(s):
+                fattn.attention(q, k, v)
+        again = grads(q, k, v, dout, variant, True)[2]
+        for a, b_ in zip(first, again):
+            assert torch.equal(a, b_), f"run {i} differs"
+
+
+def test_reference_gradients_match_float64_autograd(seed):
+    """The formula reference against torch autograd in float64 (explicit mask, GQA, a fully masked row)."""
+    q, k, v, dout = inputs(1, 4, 2, 40, 30, 16, torch.float64, "cpu", seed)
+    want = reference.gradients(q, k, v, dout, "bottom_right", 0.7, (5, -1))
+    qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
+    mask = torch.from_numpy(reference.visible(40, 30, "bottom_right", (5, -1)))
+    s = (qs @ ks.repeat_interleave(2, 1).transpose(-1, -2) * 0.7).masked_fill(~mask, -math.inf)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    (p @ vs.repeat_interleave(2, 1)).backward(dout)
+    for a, b_ in zip(want, (qs.grad, ks.grad, vs.grad)):
+        torch.testing.assert_close(a, b_, rtol=1e-10, atol=1e-12)
+
+
+# ---- arguments -------------------------------------------------------------------------------------------------
+
+def test_backward_argument_errors():
+    q, k, v, dout = inputs(1, 2, 2, 8, 8, 16, torch.float32, "cpu", 0)
+    out, lse = fattn.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="lse: the backward needs the forward's LSE"):
+        _C.backward(dout, q, k, v, out, None, q.clone(), k.clone(), v.clone())
+    with pytest.raises(ValueError, match="dk: shape must be k's"):
+        fattn.attention_backward(dout, q, k, v, out, lse, dk=torch.empty(1, 2, 9, 16))
+    with pytest.raises(TypeError, match="dv: dtype float16 differs from q's float32"):
+        fattn.attention_backward(dout, q, k, v, out, lse, dv=v.half())
+    with pytest.raises(ValueError, match="dout: shape must be q's"):
+        fattn.attention_backward(dout[:, :, :4], q, k, v, out, lse)
+    with pytest.raises(ValueError, match="dq: the last dimension must be contiguous"):
+        fattn.attention_backward(dout, q, k, v, out, lse, dq=torch.empty(1, 2, 16, 8).transpose(-1, -2))
+    with pytest.raises(ValueError, match="causal:"):
+        fattn.attention_backward(dout, q, k, v, out, lse, causal="diagonal")
+    with pytest.raises(ValueError, match="variant: 'v2' does not run on the CPU"):
+        fattn.attention_backward(dout, q, k, v, out, lse, variant="v2")
+
+
+def test_backward_numpy_and_empty_shapes():
+    np = pytest.importorskip("numpy")
+    q, k, v, dout = (x.numpy() for x in inputs(1, 2, 1, 20, 25, 32, torch.float32, "cpu", 3))
+    out, lse = fattn.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = fattn.attention_backward(dout, q, k, v, out, lse, causal=True)
+    assert isinstance(dq, np.ndarray) and dq.shape == q.shape and dk.shape == k.shape
+    ref = reference.gradients(q, k, v, dout, True)
+    for a, r in zip((dq, dk, dv), ref):
+        assert np.abs(a - r).max() < 1e-4
+    # Sq = 0: dk, dv are zero; Sk = 0: dq is zero
+    for sq, sk in ((0, 5), (5, 0)):
+        q, k, v, dout = inputs(1, 2, 2, sq, sk, 16, torch.float32, "cpu", 1)
+        out, lse = fattn.attention(q, k, v, return_lse=True)
+        g = fattn.attention_backward(dout, q, k, v, out, lse)
+        for x in g:
+            assert x.numel() == 0 or (x == 0).all()
+
+
+# ---- torch autograd: the registered op (TESTING.md 25) -----------------------------------------------------------
+
+def autograd_targets():
+    return [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def leafs(*xs):
+    return [x.detach().clone().requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("device", autograd_targets())
+def test_autograd_matches_attention_backward(device, seed):
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, dout = inputs(2, 4, 2, 77, 91, 64, dt, device, seed)
+    ql, kl, vl = leafs(q, k, v)
+    out = fattn.attention(ql, kl, vl, causal="bottom_right")
+    out.backward(dout)
+    with torch.no_grad():
+        o, lse = fattn.attention(q, k, v, causal="bottom_right", return_lse=True)
+        want = fattn.attention_backward(dout, q, k, v, o, lse, causal="bottom_right")
+    assert torch.equal(out.detach(), o)
+    for a, b_ in zip((ql.grad, kl.grad, vl.grad), want):
+        assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("device", autograd_targets())
+def test_autograd_compile_fullgraph_export_and_checkpoint(device, seed):
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v, dout = inputs(1, 2, 1, 64, 64, 32, dt, device, seed)
+
+    def f(q, k, v):
+        return fattn.attention(q, k, v, causal=True)
+
+    ql, kl, vl = leafs(q, k, v)
+    f(ql, kl, vl).backward(dout)
+    eager = (ql.grad, kl.grad, vl.grad)
+    qc, kc, vc = leafs(q, k, v)
+    torch.compile(f, fullgraph=True)(qc, kc, vc).backward(dout)
+    for a, b_ in zip(eager, (qc.grad, kc.grad, vc.grad)):
+        assert torch.equal(a, b_)
+
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            return f(q, k, v)
+
+    ep = torch.export.export(M(), (q, k, v))
+    assert "fattn.attention" in str(ep.graph_module.code)
+    assert torch.equal(ep.module()(q, k, v), f(q, k, v))
+
+    from torch.utils.checkpoint import checkpoint
+
+    qk, kk, vk = leafs(q, k, v)
+    checkpoint(f, qk, kk, vk, use_reentrant=False).backward(dout)
+    for a, b_ in zip(eager, (qk.grad, kk.grad, vk.grad)):
+        assert torch.equal(a, b_)
+
+
+def test_autograd_meta_fake_jit_trace_and_opcheck():
+    q, k, v, _ = inputs(1, 2, 2, 16, 16, 32, torch.float32, "cpu", 5)
+    m = fattn.attention(q.to("meta"), k.to("meta"), v.to("meta"), return_lse=True)
+    assert m[0].device.type == "meta" and m[0].shape == q.shape and m[1].shape == (1, 2, 16)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        f = mode.from_tensor(q)
+        assert fattn.attention(f, f, f).shape == q.shape
+    traced = torch.jit.trace(lambda x: fattn.attention(x, x, x, causal=True), (q,))
+    assert torch.equal(traced(q), fattn.attention(q, q, q, causal=True))
+    ql, kl, vl = leafs(q, k, v)
+    torch.library.opcheck(torch.ops.fattn.attention.default, (ql, kl, vl, 1, None, 0, -1, -1, None, False))
+
+
+def test_autograd_double_backward_is_a_clear_error():
+    q, k, v, _ = inputs(1, 2, 2, 16, 16, 32, torch.float32, "cpu", 6)
+    ql = q.requires_grad_()
+    (gq,) = torch.autograd.grad(fattn.attention(ql, k, v).sum(), ql, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        gq.sum().backward()
+
+
+def test_autograd_lse_and_out_buffers():
+    """return_lse with gradients: out is differentiable, lse is not; out= is written and stays in the graph."""
+    q, k, v, dout = inputs(1, 2, 2, 16, 20, 32, torch.float32, "cpu", 7)
+    ql, kl, vl = leafs(q, k, v)
+    out, lse = fattn.attention(ql, kl, vl, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+    given = torch.empty_like(q)
+    o2 = fattn.attention(ql, kl, vl, out=given)
+    assert o2 is given and torch.equal(given, out.detach())
+    o2.backward(dout)
+    assert ql.grad is not None and not torch.isnan(ql.grad).any()
+
+
+@pytest.mark.parametrize("device", autograd_targets())
+def test_training_a_transformer_block_matches_sdpa(device):
+    """A few optimizer steps of a small pre-norm transformer block (GQA attention, causal) with fattn and with torch
+    SDPA from the same weights and data: the losses agree step by step."""
+    require(device)
+    torch.manual_seed(0)
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    dim, heads, kv_heads, seq, batch = 128, 4, 2, 96, 4
+
+    class Block(torch.nn.Module):
+        def __init__(self, attn):
+            super().__init__()
+            self.attn = attn
+            self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+            self.qkv = torch.nn.Linear(dim, dim + 2 * dim * kv_heads // heads)
+            self.proj = torch.nn.Linear(dim, dim)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            hd = dim // heads
+            q, k, v = self.qkv(self.norm1(x)).split([dim, dim * kv_heads // heads, dim * kv_heads // heads], -1)
+            q = q.view(b, s, heads, hd).transpose(1, 2)
+            k = k.view(b, s, kv_heads, hd).transpose(1, 2)
+            v = v.view(b, s, kv_heads, hd).transpose(1, 2)
+            x = x + self.proj(self.attn(q, k, v).transpose(1, 2).reshape(b, s, dim))
+            return x + self.mlp(self.norm2(x))
+
+    def sdpa(q, k, v):
+        rep = q.shape[1] // k.shape[1]
+        return torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
+                                                                v.repeat_interleave(rep, 1), is_causal=True)
+
+    a = Block(lambda q, k, v: fattn.attention(q, k, v, causal=True)).to(device, dt)
+    b = Block(sdpa).to(device, dt)
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (a, b))
+    data = torch.randn(batch, seq, dim, device=device, dtype=dt)
+    target = torch.randn(batch, seq, dim, device=device, dtype=dt)
+    tol = 1e-5 if dt == torch.float32 else 2e-2
+    for step in range(5):
+        losses = []
+        for m, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(data).float(), target.float())
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert math.isfinite(losses[0])
+        assert abs(losses[0] - losses[1]) <= tol * abs(losses[1]), f"step {step}: {losses}"
