@@ -307,8 +307,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         /* the mask, on edge blocks only (mask.h's spans say which pairs are whole), worked out before S is live */
         const fattn_span span = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
         const bool masked = kb < span.n_full_min || kb >= span.n_full_max;
-        fattn_block_mask bm = {0, 0, 0};
-        if (masked) bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + srow + g, j0);
         cp_async_wait<0>();
         __syncthreads(); /* Q_i, dO_i (and K, V) landed; every warp is done with the last step's P, dS and stage */
         if (STAGES == 2) {
@@ -349,6 +347,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                 for (int x = 0; x < 4; x++) s[ms][ns][x] = fast_exp2(fmaf(s[ms][ns][x], sl, -lse2[ms][x >> 1]));
         /* masked keys: P = 0 (after the exponent: -inf * a negative scale would be +inf), edge blocks only */
         if (masked) {
+            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + srow + g, j0);
 #pragma unroll
             for (int ms = 0; ms < MS; ms++)
 #pragma unroll

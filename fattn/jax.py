@@ -1,0 +1,85 @@
+"""fattn for JAX: ``fattn.jax.attention(q, k, v, ...)``, differentiable through ``jax.custom_vjp`` with fattn's own
+forward and backward kernels.
+
+    import fattn.jax
+    out = fattn.jax.attention(q, k, v, causal=True)                    # q, k, v: jax.Array (B, H, S, D)
+    dq, dk, dv = jax.grad(lambda q, k, v: fattn.jax.attention(q, k, v).sum(), argnums=(0, 1, 2))(q, k, v)
+
+The kernels read JAX's buffers in place through DLPack (as NumPy arrays on the CPU, CuPy arrays on a GPU) and write
+fresh buffers that become the results: nothing is ever written into a JAX array.  Runs eagerly, outside jax.jit and
+jax.vmap for now (a call under a trace raises; jit support goes through XLA's FFI, a later step).
+"""
+import functools
+import sys
+
+import jax
+import numpy as np
+
+from . import _api
+
+__all__ = ["attention"]
+
+
+def _host(x, name):
+    """A NumPy (CPU) or CuPy (GPU) view of a concrete jax.Array, read in place."""
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(f"{name}: fattn.jax.attention runs eagerly, outside jax.jit / jax.vmap for now (got a traced "
+                        "value); call it outside the transformation")
+    if not isinstance(x, jax.Array):
+        raise TypeError(f"{name}: expected a jax.Array, got {type(x).__name__}")
+    x.block_until_ready()  # fattn runs on its own stream: the producer must be done
+    platform = next(iter(x.devices())).platform
+    if platform == "cpu":
+        return np.from_dlpack(x)
+    if platform == "gpu":
+        try:
+            import cupy
+        except ImportError:
+            raise RuntimeError("fattn.jax on a GPU reads JAX's buffers through CuPy; install cupy") from None
+        return cupy.from_dlpack(x)
+    raise ValueError(f"{name}: fattn runs on cpu or cuda devices, not {platform}")
+
+
+def _jax(x):
+    """A fattn result (NumPy or CuPy, freshly allocated) as a jax.Array."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        sys.modules["cupy"].cuda.get_current_stream().synchronize()
+        return jax.dlpack.from_dlpack(x)
+    return jax.numpy.asarray(x)
+
+
+def _forward(q, k, v, causal, scale, layout):
+    qh, kh, vh = _host(q, "q"), _host(k, "k"), _host(v, "v")
+    out, lse = _api.attention(qh, kh, vh, causal=causal, scale=scale, layout=layout, return_lse=True)
+    return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _attention(q, k, v, causal, scale, layout):
+    return _jax(_forward(q, k, v, causal, scale, layout)[0])
+
+
+def _attention_fwd(q, k, v, causal, scale, layout):
+    out, lse = _forward(q, k, v, causal, scale, layout)
+    out_j, lse_j = _jax(out), _jax(lse)
+    return out_j, (q, k, v, out_j, lse_j)
+
+
+def _attention_bwd(causal, scale, layout, saved, g):
+    q, k, v, out, lse = saved
+    grads = _api.attention_backward(_host(g, "dout"), _host(q, "q"), _host(k, "k"), _host(v, "v"), _host(out, "out"),
+                                    _host(lse, "lse"), causal=causal, scale=scale, layout=layout)
+    return tuple(_jax(x) for x in grads)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attention(q, k, v, *, causal=False, scale=None, layout="bhsd"):
+    """Scaled dot-product attention of jax.Arrays, differentiable (jax.grad / jax.vjp).  Arguments as for
+    :func:`fattn.attention`; float16, bfloat16 or float32 on the CPU, float16 or bfloat16 on a GPU."""
+    if scale is not None:
+        scale = _api._as_float(scale)
+    if causal not in _api.CAUSAL:
+        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    return _attention(q, k, v, causal, scale, layout)

@@ -1,0 +1,65 @@
+"""fattn.jax: the custom VJP over fattn's kernels, against the float64 reference (skips where JAX is not
+installed; the GPU case needs JAX with CUDA and CuPy)."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import fattn.jax  # noqa: E402
+from fattn.testing import reference  # noqa: E402
+
+
+def jax_devices(kind):
+    try:
+        return jax.devices(kind)
+    except RuntimeError:
+        return []
+
+
+def device_params():
+    out = [pytest.param("cpu", id="cpu")]
+    out.append(pytest.param("gpu", id="gpu", marks=pytest.mark.gpu))
+    return out
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+def test_jax_forward_and_grad(device, causal):
+    devs = jax_devices(device)
+    if not devs:
+        pytest.skip(f"JAX has no {device} device here")
+    if device == "gpu":
+        pytest.importorskip("cupy")
+    dt = jnp.float32 if device == "cpu" else jnp.float16
+    rng = np.random.default_rng(0)
+    host = [rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 45, 64), (2, 2, 60, 64), (2, 2, 60, 64))]
+    q, k, v = (jax.device_put(jnp.asarray(x, dt), devs[0]) for x in host)
+    w = jax.device_put(jnp.asarray(rng.standard_normal((2, 4, 45, 64)), jnp.float32), devs[0])
+
+    def loss(q, k, v):
+        return (fattn.jax.attention(q, k, v, causal=causal).astype(jnp.float32) * w).sum()
+
+    out = fattn.jax.attention(q, k, v, causal=causal)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    qn, kn, vn = (np.asarray(x.astype(jnp.float32)) for x in (q, k, v))
+    ref, _ = reference.attention(qn, kn, vn, causal)
+    tol = 1e-5 if device == "cpu" else 5e-3
+    assert np.abs(np.asarray(out.astype(jnp.float32)) - ref).max() < tol
+    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    refs = reference.gradients(qn, kn, vn, np.asarray(w), causal)
+    for g, r, x in zip(grads, refs, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == x.dtype
+        assert np.abs(np.asarray(g.astype(jnp.float32)) - r).max() < (1e-4 if device == "cpu" else 5e-2) * max(
+            1.0, np.abs(r).max())
+    # the inputs are untouched (nothing is written into a JAX array)
+    for x, h in zip((q, k, v), host):
+        assert np.array_equal(np.asarray(x), np.asarray(jnp.asarray(h, dt)))
+
+
+def test_jax_under_jit_is_a_clear_error():
+    q = jnp.zeros((1, 1, 4, 8), jnp.float32)
+    with pytest.raises(TypeError, match="outside jax.jit"):
+        jax.jit(lambda q: fattn.jax.attention(q, q, q))(q)
+    with pytest.raises(TypeError, match="q: expected a jax.Array"):
+        fattn.jax.attention(np.zeros((1, 1, 4, 8), np.float32), q, q)
