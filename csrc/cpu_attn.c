@@ -46,29 +46,26 @@ void fattn_cpu_plan(const attn_params *p, const fattn_tuned *tuned, const fattn_
 typedef struct {
     float *q;     /* Br x dp, scaled by scale_log2 */
     float *kt;    /* K^T of the task's keys in blocks of Bc columns: [block][dp][Bc] */
-    float *v;     /* V of the task's keys: [key][dp] */
+    float *v;     /* V of the task's keys in blocks of Bc rows: [block][Bc][dp] */
     float *s;     /* Br x Bc: S, then P */
     float *acc;   /* Br x dp */
     float *m, *l; /* Br */
 } scratch;
 
-/* K^T and V of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32: packed block 0 holds
- * keys [k0, k0 + bc); padding keys and columns are zero. */
+/* K^T and V of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32, per key block of bc keys
+ * (block 0 holds keys [k0, k0 + bc)) in the micro-kernel's strips: K^T as dp x bc, V as bc x dp.  Padding keys and
+ * columns are zero. */
 static void pack_kv(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t k0, int64_t k1, scratch *w) {
     const int64_t d = p->d, dp = round_up(d, NR), n = k1 - k0, nkb = (n + bc - 1) / bc;
     const int64_t k_off = b * p->k_stride_b + hk * p->k_stride_h, v_off = b * p->v_stride_b + hk * p->v_stride_h;
     memset(w->kt, 0, sizeof(float) * nkb * dp * bc);
-    for (int64_t j = 0; j < nkb * bc; j++) {
-        float *vr = w->v + j * dp, *kt = w->kt + (j / bc) * dp * bc + j % bc;
-        if (j < n) {
-            const int64_t ko = k_off + (k0 + j) * p->k_stride_s, vo = v_off + (k0 + j) * p->v_stride_s;
-            for (int64_t e = 0; e < d; e++) {
-                kt[e * bc] = load_elem(p->k, ko + e, p->dtype);
-                vr[e] = load_elem(p->v, vo + e, p->dtype);
-            }
-            for (int64_t e = d; e < dp; e++) vr[e] = 0.f;
-        } else {
-            memset(vr, 0, sizeof(float) * dp);
+    memset(w->v, 0, sizeof(float) * nkb * dp * bc);
+    for (int64_t j = 0; j < n; j++) {
+        float *kt = w->kt + (j / bc) * dp * bc, *vb = w->v + (j / bc) * dp * bc;
+        const int64_t ko = k_off + (k0 + j) * p->k_stride_s, vo = v_off + (k0 + j) * p->v_stride_s, c = j % bc;
+        for (int64_t e = 0; e < d; e++) {
+            kt[strip_at(e, c, dp)] = load_elem(p->k, ko + e, p->dtype);
+            vb[strip_at(c, e, bc)] = load_elem(p->v, vo + e, p->dtype);
         }
     }
 }
@@ -79,7 +76,7 @@ static void block_step(const attn_params *p, const fattn_cpu_config *cfg, scratc
                        int64_t n, const float *kt, const float *vb, int full) {
     const int64_t dp = round_up(p->d, NR), bc = cfg->bc, np = round_up(n, NR);
     /* S = Q_i K_j^T (already in log2 units) */
-    gemm_rows(w->q, dp, kt, bc, w->s, bc, br, (int)np, (int)p->d, 0);
+    gemm_rows(w->q, dp, kt, dp * NR, w->s, bc, br, (int)np, (int)p->d, 0);
     for (int r = 0; r < br; r++) {
         float *s = w->s + r * bc;
         int64_t lo = 0, hi = n; /* keys [lo, hi) of this block the row sees */
@@ -112,7 +109,7 @@ static void block_step(const attn_params *p, const fattn_cpu_config *cfg, scratc
         }
     }
     /* acc += P V_j */
-    gemm_rows(w->s, bc, vb, dp, w->acc, dp, br, (int)dp, (int)np, 1);
+    gemm_rows(w->s, bc, vb, bc * NR, w->acc, dp, br, (int)dp, (int)np, 1);
 }
 
 /* Query rows [i0, i0 + Br) of head (b, h) against the packed keys of its kv head (packed from key k0 on). */
@@ -134,7 +131,7 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
     const fattn_span sp = fattn_key_span(&p->mask, p->sq, p->sk, i0, br, bc);
     for (int64_t n = sp.n_min; n < sp.n_max; n++) { /* keys past k_end, which no row sees, are not computed */
         const int64_t j0 = n * bc, rel = j0 - k0, len = sp.k_end - j0 < bc ? sp.k_end - j0 : bc;
-        block_step(p, cfg, w, br, i0, j0, len, w->kt + (rel / bc) * dp * bc, w->v + rel * dp,
+        block_step(p, cfg, w, br, i0, j0, len, w->kt + (rel / bc) * dp * bc, w->v + (rel / bc) * dp * bc,
                    n >= sp.n_full_min && n < sp.n_full_max);
     }
 

@@ -38,14 +38,15 @@ void fattn_cpu_plan_bwd(const attn_bwd_params *p, const fattn_overrides *ov, fat
 
 typedef struct {
     float *kt, *vt; /* K^T, V^T of the chunk's keys in blocks of Bc columns: [block][dp][Bc] */
-    float *kr;      /* K of the chunk's keys, row-major: [key][dp] */
+    float *kr;      /* K of the chunk's keys in blocks of Bc rows: [block][Bc][dp] */
     float *dk, *dv; /* [key][dp] accumulators */
     float *q, *dout, *dq; /* Br x dp: Q_i * scale_log2, dO_i, dQ_i */
     float *s, *ds;        /* Br x Bc: S then P, dP then dS */
     float *lse2, *dsum;   /* Br: LSE_i in base 2 (+inf for a row that sees nothing), D_i */
 } scratch;
 
-/* K^T, V^T and K of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32; padding zero. */
+/* K^T, V^T and K of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32, per key block of bc
+ * keys in the micro-kernel's strips: K^T and V^T as dp x bc, K as bc x dp.  Padding keys and columns are zero. */
 static void pack_keys(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t k0, int64_t k1, scratch *w) {
     const int64_t d = p->d, dp = round_up(d, NR), n = k1 - k0, nkb = (n + bc - 1) / bc;
     const int64_t k_off = b * p->k_stride_b + hk * p->k_stride_h, v_off = b * p->v_stride_b + hk * p->v_stride_h;
@@ -53,13 +54,13 @@ static void pack_keys(const attn_params *p, int64_t bc, int64_t b, int64_t hk, i
     memset(w->vt, 0, sizeof(float) * nkb * dp * bc);
     memset(w->kr, 0, sizeof(float) * nkb * bc * dp);
     for (int64_t j = 0; j < n; j++) {
-        const int64_t blk = (j / bc) * dp * bc + j % bc;
+        const int64_t blk = (j / bc) * dp * bc, c = j % bc;
         const int64_t ko = k_off + (k0 + j) * p->k_stride_s, vo = v_off + (k0 + j) * p->v_stride_s;
         for (int64_t e = 0; e < d; e++) {
             const float kv = load_elem(p->k, ko + e, p->dtype);
-            w->kt[blk + e * bc] = kv;
-            w->kr[j * dp + e] = kv;
-            w->vt[blk + e * bc] = load_elem(p->v, vo + e, p->dtype);
+            w->kt[blk + strip_at(e, c, dp)] = kv;
+            w->kr[blk + strip_at(c, e, bc)] = kv;
+            w->vt[blk + strip_at(e, c, dp)] = load_elem(p->v, vo + e, p->dtype);
         }
     }
 }
@@ -93,8 +94,8 @@ static void load_rows(const attn_bwd_params *bp, scratch *w, int64_t b, int64_t 
 static void block_step(const attn_params *p, int64_t bc, scratch *w, int br, int64_t i0, int64_t j0, int64_t n,
                        const float *kt, const float *vt, const float *kr, float *dk, float *dv, int full) {
     const int64_t dp = round_up(p->d, NR), np = round_up(n, NR);
-    gemm_rows(w->q, dp, kt, bc, w->s, bc, br, (int)np, (int)p->d, 0);     /* S = Q_i K_j^T (log2 units) */
-    gemm_rows(w->dout, dp, vt, bc, w->ds, bc, br, (int)np, (int)p->d, 0); /* dP = dO_i V_j^T */
+    gemm_rows(w->q, dp, kt, dp * NR, w->s, bc, br, (int)np, (int)p->d, 0);     /* S = Q_i K_j^T (log2 units) */
+    gemm_rows(w->dout, dp, vt, dp * NR, w->ds, bc, br, (int)np, (int)p->d, 0); /* dP = dO_i V_j^T */
     for (int r = 0; r < br; r++) {
         float *s = w->s + r * bc, *ds = w->ds + r * bc;
         int64_t lo = 0, hi = n; /* keys [lo, hi) of this block the row sees */
@@ -114,7 +115,7 @@ static void block_step(const attn_params *p, int64_t bc, scratch *w, int br, int
     }
     gemm_rows_t(w->s, bc, w->dout, dp, dv, dp, (int)n, (int)dp, br, 1); /* dV_j += P^T dO_i */
     gemm_rows_t(w->ds, bc, w->q, dp, dk, dp, (int)n, (int)dp, br, 1);   /* dK_j += dS^T Q_i (scaled by scale_log2) */
-    gemm_rows(w->ds, bc, kr, dp, w->dq, dp, br, (int)dp, (int)n, 1);     /* dQ_i += dS K_j */
+    gemm_rows(w->ds, bc, kr, bc * NR, w->dq, dp, br, (int)dp, (int)n, 1);      /* dQ_i += dS K_j */
 }
 
 /* Writes rows [0, rows) of a float32 [rows][dp] array times `mul` to a strided (b, h) slice of `dst`. */
@@ -147,7 +148,7 @@ static void bwd_task(const attn_bwd_params *bp, const fattn_cpu_config *cfg, scr
             for (int64_t n = n0; n < n1; n++) {
                 const int64_t j0 = n * bc, rel = j0 - k0, len = sp.k_end - j0 < bc ? sp.k_end - j0 : bc;
                 block_step(p, bc, w, rows, i0, j0, len, w->kt + (rel / bc) * dp * bc, w->vt + (rel / bc) * dp * bc,
-                           w->kr + rel * dp, w->dk + rel * dp, w->dv + rel * dp,
+                           w->kr + (rel / bc) * dp * bc, w->dk + rel * dp, w->dv + rel * dp,
                            n >= sp.n_full_min && n < sp.n_full_max);
             }
             if (part)

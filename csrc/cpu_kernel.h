@@ -1,7 +1,8 @@
 /* cpu_kernel.h -- the CPU backend's building blocks, shared by its forward (cpu_attn.c) and backward (cpu_bwd.c):
  * element conversion, 8-lane float vectors (GCC vector extensions, AVX2 with -march=native), a vector exp2, and
  * one register-blocked GEMM micro-kernel (MR x NR tiles, 12 vector accumulators) whose right-hand operand is read
- * row by row and whose left-hand operand may be row-major or transposed.  Static inline: each including file gets
+ * row by row, packed in strips of NR columns (or row-major), and whose left-hand operand may be row-major or
+ * transposed.  Static inline: each including file gets
  * its own copy, specialised by the compiler. */
 #ifndef FATTN_CPU_KERNEL_H
 #define FATTN_CPU_KERNEL_H
@@ -83,20 +84,25 @@ static inline float row_max(const float *s, int64_t n, float m) {
     return any_nan ? NAN : r;
 }
 
-/* C[r][0:n] (+)= sum_k A(r, k) * B[k][0:n] for r < R, with A(r, k) = A[r * a_rs + k * a_ks]: R x 16 register tiles.
+/* The right-hand operand B of the micro-kernel: element (k, j) at B[(j / NR) * strip + k * ld + j % NR].  Row-major
+ * is ld = row length, strip = NR; packed in strips of NR columns (each strip's kdim x NR block contiguous, read
+ * linearly by the kernel) is ld = NR, strip = kdim * NR. */
+
+/* C[r][0:n] (+)= sum_k A(r, k) * B(k, 0:n) for r < R, with A(r, k) = A[r * a_rs + k * a_ks]: R x NR register tiles.
  * R and A's strides are constants after inlining, so each remainder height and each A layout (row-major: a_ks = 1;
  * transposed: a_rs = 1) gets its own fully unrolled kernel. */
 static inline __attribute__((always_inline)) void gemm_tile(const float *A, int64_t a_rs, int64_t a_ks, const float *B,
-                                                            int64_t ldb, float *C, int64_t ldc, int R, int n, int kdim,
-                                                            int accumulate) {
+                                                            int64_t ldb, int64_t bstrip, float *C, int64_t ldc, int R,
+                                                            int n, int kdim, int accumulate) {
     for (int j = 0; j < n; j += NR) {
+        const float *b = B + (j / NR) * bstrip;
         v8f c[MR][2];
         for (int r = 0; r < R; r++) {
             c[r][0] = accumulate ? loadv(C + r * ldc + j) : (v8f){0};
             c[r][1] = accumulate ? loadv(C + r * ldc + j + 8) : (v8f){0};
         }
         for (int k = 0; k < kdim; k++) {
-            const v8f b0 = loadv(B + k * ldb + j), b1 = loadv(B + k * ldb + j + 8);
+            const v8f b0 = loadv(b + k * ldb), b1 = loadv(b + k * ldb + 8);
             for (int r = 0; r < R; r++) {
                 const float a = A[r * a_rs + k * a_ks];
                 c[r][0] += a * b0;
@@ -112,33 +118,38 @@ static inline __attribute__((always_inline)) void gemm_tile(const float *A, int6
 
 /* Every row of C in tiles of MR, then one remainder tile of constant height. */
 static inline __attribute__((always_inline)) void gemm_all_rows(const float *A, int64_t a_rs, int64_t a_ks,
-                                                                const float *B, int64_t ldb, float *C, int64_t ldc,
-                                                                int rows, int n, int kdim, int accumulate) {
+                                                                const float *B, int64_t ldb, int64_t bstrip, float *C,
+                                                                int64_t ldc, int rows, int n, int kdim, int accumulate) {
     int m = 0;
-    for (; m + MR <= rows; m += MR) gemm_tile(A + m * a_rs, a_rs, a_ks, B, ldb, C + m * ldc, ldc, MR, n, kdim, accumulate);
+    for (; m + MR <= rows; m += MR)
+        gemm_tile(A + m * a_rs, a_rs, a_ks, B, ldb, bstrip, C + m * ldc, ldc, MR, n, kdim, accumulate);
     const float *a = A + m * a_rs;
     float *c = C + m * ldc;
     switch (rows - m) {
-    case 5: gemm_tile(a, a_rs, a_ks, B, ldb, c, ldc, 5, n, kdim, accumulate); break;
-    case 4: gemm_tile(a, a_rs, a_ks, B, ldb, c, ldc, 4, n, kdim, accumulate); break;
-    case 3: gemm_tile(a, a_rs, a_ks, B, ldb, c, ldc, 3, n, kdim, accumulate); break;
-    case 2: gemm_tile(a, a_rs, a_ks, B, ldb, c, ldc, 2, n, kdim, accumulate); break;
-    case 1: gemm_tile(a, a_rs, a_ks, B, ldb, c, ldc, 1, n, kdim, accumulate); break;
+    case 5: gemm_tile(a, a_rs, a_ks, B, ldb, bstrip, c, ldc, 5, n, kdim, accumulate); break;
+    case 4: gemm_tile(a, a_rs, a_ks, B, ldb, bstrip, c, ldc, 4, n, kdim, accumulate); break;
+    case 3: gemm_tile(a, a_rs, a_ks, B, ldb, bstrip, c, ldc, 3, n, kdim, accumulate); break;
+    case 2: gemm_tile(a, a_rs, a_ks, B, ldb, bstrip, c, ldc, 2, n, kdim, accumulate); break;
+    case 1: gemm_tile(a, a_rs, a_ks, B, ldb, bstrip, c, ldc, 1, n, kdim, accumulate); break;
     default: break;
     }
 }
 
-/* C[m][0:n] (+)= sum_k A[m][k] * B[k][0:n] for m < rows: A row-major (lda); n a multiple of NR; B, C row-major. */
-static __attribute__((unused)) void gemm_rows(const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+/* C[m][0:n] (+)= sum_k A[m][k] * B(k, 0:n) for m < rows: A row-major (lda), B packed in strips (kdim x NR each,
+ * strips bstrip floats apart); n a multiple of NR; C row-major. */
+static __attribute__((unused)) void gemm_rows(const float *A, int64_t lda, const float *B, int64_t bstrip, float *C,
                                               int64_t ldc, int rows, int n, int kdim, int accumulate) {
-    gemm_all_rows(A, lda, 1, B, ldb, C, ldc, rows, n, kdim, accumulate);
+    gemm_all_rows(A, lda, 1, B, NR, bstrip, C, ldc, rows, n, kdim, accumulate);
 }
 
-/* The same with A transposed: C[m][0:n] (+)= sum_k At[k][m] * B[k][0:n] (At row-major with row stride ldat). */
+/* C[m][0:n] (+)= sum_k At[k][m] * B[k][0:n]: A transposed (At row-major, row stride ldat), B row-major (ldb). */
 static __attribute__((unused)) void gemm_rows_t(const float *At, int64_t ldat, const float *B, int64_t ldb, float *C,
                                                 int64_t ldc, int rows, int n, int kdim, int accumulate) {
-    gemm_all_rows(At, 1, ldat, B, ldb, C, ldc, rows, n, kdim, accumulate);
+    gemm_all_rows(At, 1, ldat, B, ldb, NR, C, ldc, rows, n, kdim, accumulate);
 }
+
+/* Packed-strip offset of element (k, j) of a kdim-row operand. */
+static inline int64_t strip_at(int64_t k, int64_t j, int64_t kdim) { return (j / NR) * kdim * NR + k * NR + j % NR; }
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

@@ -2,7 +2,7 @@
 
 Every point is validated first (the accuracy rule against a float64 reference on the same inputs), then timed: on
 CUDA with CUDA events, L2 flushed before each repeat, p50 and p90 of the repeats; on the CPU with the monotonic
-clock.  FLOPs are 4*B*H*Sq*Sk*D, halved when causal.  Needs PyTorch (a benchmark dependency only; fattn itself
+clock.  FLOPs are 4*B*H*Sq*Sk*D, halved when causal, times 2.5 for --mode bwd and 3.5 for --mode fwdbwd.  Needs PyTorch (a benchmark dependency only; fattn itself
 never imports it).  The engine is fattn.testing.suite; this is its command line.
 
     python -m fattn.bench                                        # 1,8,512,64 on the default device
@@ -12,6 +12,7 @@ never imports it).  The engine is fattn.testing.suite; this is its command line.
     python -m fattn.bench --grid fa3 --json fa3.json --md fa3.md --csv fa3.csv
     python -m fattn.bench --grid decode --both-causal --causal-mode bottom_right
     python -m fattn.bench --grid cpu --reps 3
+    python -m fattn.bench --grid fa3 --mode bwd                  # the backward alone; --mode fwdbwd: both
 
 Grids (fattn.testing.grids): seeds, fa3, decode, cpu.  fattn:X / best torch = fastest torch p50 (of the backends
 that passed validation) / fattn:X's p50, >1 = fattn faster.  --shape, --sk and --hkv apply to --shape runs only.
@@ -38,6 +39,9 @@ def parse_args(argv=None):
     ap.add_argument("--variants", help="fattn variants, comma-separated (default all)")
     ap.add_argument("--torch-backends", help="flash,efficient,cudnn,math on cuda; cpu on cpu; 'none' for no torch")
     ap.add_argument("--grid", choices=tuple(grids.GRIDS), help="run a named grid instead of --shape")
+    ap.add_argument("--mode", choices=tuple(grids.MODES), default="fwd",
+                    help="what is timed: fwd (default), bwd (the backward alone: gradients of a forward done once) "
+                         "or fwdbwd (forward and backward)")
     for out in ("--json", "--csv", "--md"):
         ap.add_argument(out, metavar="PATH")
     ap.add_argument("--gemm", action="store_true",
@@ -72,11 +76,12 @@ def build_points(args):
     mode = args.causal_mode or "top_left"
     dtype = args.dtype or ("fp16" if args.device == "cuda" else "fp32")
     if args.grid:
-        return grids.GRIDS[args.grid](mode, dtype, args.device, args.both_causal or args.grid != "decode")
+        pts = grids.GRIDS[args.grid](mode, dtype, args.device, args.both_causal or args.grid != "decode")
+        return [dict(p, mode=args.mode) for p in pts]
     B, H, S, D = args.shape
     causal = mode if (args.causal or args.causal_mode) else False
-    return [grids.point("shape", B, H, S, D, Sk=args.sk, H_kv=args.hkv, causal=c, dtype=dtype, device=args.device)
-            for c in ((False, mode) if args.both_causal else (causal,))]
+    return [grids.point("shape", B, H, S, D, Sk=args.sk, H_kv=args.hkv, causal=c, dtype=dtype, device=args.device,
+                        mode=args.mode) for c in ((False, mode) if args.both_causal else (causal,))]
 
 
 def build_impls(args):

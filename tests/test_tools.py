@@ -138,3 +138,24 @@ def test_clis_fail_clearly(tmp_path):
         r = subprocess.run([sys.executable, "-m", "fattn.plot", str(target), "-o", str(tmp_path / "x.png")],
                            capture_output=True, text=True)
         assert r.returncode == 2 and "Traceback" not in r.stderr and "not a readable" in r.stderr
+
+
+@pytest.mark.parametrize("mode", ["bwd", "fwdbwd"])
+def test_bench_gradient_modes_validate_and_count_flops(tmp_path, mode):
+    """--mode bwd / fwdbwd: rows carry the mode, pass validation (gradients against the float64 reference at 3x),
+    and count 2.5x / 3.5x the forward's FLOPs."""
+    import json
+
+    from fattn import bench
+    from fattn.testing import grids
+
+    path = tmp_path / "r.json"
+    rc = bench.main(["--device", "cpu", "--shape", "1,4,64,32", "--hkv", "2", "--causal", "--mode", mode, "--reps", "1",
+                     "--rounds", "1", "--warmup", "0", "--quiet", "--json", str(path)])
+    assert rc == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["impl"] for r in rows} == {"fattn:cpu", "torch:cpu"}
+    for r in rows:
+        assert r["mode"] == mode and r["max_abs_err"] <= r["tol"]
+        fwd = 4 * 1 * 4 * 64 * 64 * 32 / 2
+        assert abs(r["tflops"] * 1e12 * r["p50_us"] * 1e-6 - fwd * grids.MODES[mode]) < 1e-3 * fwd

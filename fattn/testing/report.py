@@ -19,7 +19,7 @@ def pivot(rows):
 
 
 def _shape_cells(r):
-    return [grids.describe(r), str(r["causal"] or "-"), r["dtype"]]
+    return [grids.describe(r), str(r["causal"] or "-"), r["dtype"], r.get("mode", "fwd")]
 
 
 def _ratio(by, i):
@@ -32,7 +32,7 @@ def format_table(rows):
     impls, fimpls, groups = pivot(rows)
     lines = []
     for grid, pts in groups:
-        table = [["shape", "causal", "dtype"] + [f"{i} us/TF" for i in impls] + [f"{i}/torch" for i in fimpls]]
+        table = [["shape", "causal", "dtype", "mode"] + [f"{i} us/TF" for i in impls] + [f"{i}/torch" for i in fimpls]]
         for first, by in pts:
             cells = _shape_cells(first)
             cells += [f"{by[i]['p50_us']:.1f}/{by[i]['tflops']:.3g}{bad(by[i])}" if i in by else "-" for i in impls]
@@ -40,7 +40,7 @@ def format_table(rows):
             table.append(cells)
         widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
         lines.append(f"== {grid} ==")
-        lines += ["  ".join(c.rjust(w) if j > 2 else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths))).rstrip()
+        lines += ["  ".join(c.rjust(w) if j > 3 else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths))).rstrip()
                   for row in table]
     if any(bad(r) for r in rows):
         lines.append("! = failed validation (max_abs_err above the accuracy rule's bound)")
@@ -82,7 +82,7 @@ def write_md(path, meta, rows):
             for k, v in meta.items() if k != "notes"]
     out += [""] + [f"> note: {n}" for n in meta["notes"]] + ([""] if meta["notes"] else [])
     for grid, pts in groups:
-        head = ["shape", "causal", "dtype"]
+        head = ["shape", "causal", "dtype", "mode"]
         for i in impls:
             head += [f"{i} p50 us", f"{i} TFLOP/s"]
         head += [f"{i} / best torch" for i in fimpls]

@@ -24,7 +24,7 @@ TORCH_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 REF_LIMIT = 2 ** 28  # B*H*Sq*Sk above this: the reference covers batch 0 and as many heads as fit
 FIXED_TOL = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 5e-2}  # rows measured before the accuracy rule, or without torch math
-COLUMNS = ["grid", "B", "H", "H_kv", "Sq", "Sk", "D", "causal", "dtype", "impl", "p50_us", "p90_us", "tflops",
+COLUMNS = ["grid", "B", "H", "H_kv", "Sq", "Sk", "D", "causal", "dtype", "mode", "impl", "p50_us", "p90_us", "tflops",
            "max_abs_err", "tol", "ratio_vs_best_torch", "ratio_noise"]
 
 
@@ -45,10 +45,11 @@ def make_inputs(p, seed=0):
 
 
 def ref_slice(p):
-    """(batches, heads) the float64 reference covers."""
+    """(batches, heads) the float64 reference covers (whole GQA groups)."""
     if p["B"] * p["H"] * p["Sq"] * p["Sk"] <= REF_LIMIT:
         return p["B"], p["H"]
-    return 1, max(1, min(p["H"], REF_LIMIT // max(1, p["Sq"] * p["Sk"])))
+    group = p["H"] // p["H_kv"]
+    return 1, group * max(1, min(p["H_kv"], REF_LIMIT // max(1, p["Sq"] * p["Sk"] * group)))
 
 
 def _mask(sq, sk, causal, device):
@@ -70,8 +71,39 @@ def torch_sdpa(q, k, v, causal):
     return (lambda: F.scaled_dot_product_attention(q, k, v, **kw)), need_mask
 
 
-def make_impl(impl, q, k, v, causal):
-    """(fn, context) for one implementation: fn() computes the output; context() wraps its calls."""
+def make_impl(impl, q, k, v, causal, mode="fwd", dout=None):
+    """(fn, context) for one implementation: fn() computes what the mode times -- the output (fwd), or the gradients
+    (dq, dk, dv) for dout: of a forward done once here (bwd), or forward and backward (fwdbwd); context() wraps its
+    calls."""
+    if mode == "fwd":
+        return make_forward(impl, q, k, v, causal)
+    import torch
+
+    kind, _, name = impl.partition(":")
+    if kind == "cublas":
+        raise Skip("the gemm baseline has no backward")
+    if kind == "fattn" and mode == "bwd":
+        out, lse = fattn.attention(q, k, v, causal=causal, variant=name, return_lse=True)
+        return (lambda: fattn.attention_backward(dout, q, k, v, out, lse, causal=causal, variant=name)), \
+            contextlib.nullcontext
+    leafs = [x.detach().requires_grad_() for x in (q, k, v)]
+    fwd, ctx = make_forward(impl, *leafs, causal)
+    if mode == "bwd":
+        with ctx(), torch.enable_grad():
+            out = fwd()
+
+        def grads():
+            return torch.autograd.grad(out, leafs, dout, retain_graph=True)
+        return grads, ctx
+
+    def both():
+        with torch.enable_grad():
+            return torch.autograd.grad(fwd(), leafs, dout)
+    return both, ctx
+
+
+def make_forward(impl, q, k, v, causal):
+    """(fn, context): fn() computes impl's output."""
     kind, _, name = impl.partition(":")
     if kind == "fattn":
         return (lambda: fattn.attention(q, k, v, causal=causal, variant=name)), contextlib.nullcontext
@@ -159,10 +191,13 @@ def collect_meta(device, timer_name="events", command=None):
             "device": device, "timer": timer_name, "cpu_threads": torch.get_num_threads(), "notes": []}
 
 
-def validate(p, q, k, v, nb, nh):
-    """(ref, bound): the float64 reference on the slice, and the accuracy rule's bound there."""
+def validate(p, q, k, v, nb, nh, dout=None):
+    """(ref, bound): the float64 reference on the slice, and the accuracy rule's bound there -- of the output, or in
+    the gradient modes of (dq, dk, dv) (a tuple of bounds, 3x rule)."""
     import torch
 
+    if p.get("mode", "fwd") != "fwd":
+        return validate_grads(p, q, k, v, nb, nh, dout)
     ref, _ = reference.attention(q, k, v, p["causal"], batches=nb, heads=nh)
     qs, ks, vs = q[:nb, :nh], k[:nb], v[:nb]
     fn, _ = torch_sdpa(qs, ks, vs, p["causal"])
@@ -176,6 +211,33 @@ def validate(p, q, k, v, nb, nh):
     return ref, FIXED_TOL[p["dtype"]]  # no math backend here
 
 
+def validate_grads(p, q, k, v, nb, nh, dout):
+    """(refs, bounds) of (dq, dk, dv) on the slice (whole GQA groups: nh is a multiple of H / H_kv)."""
+    nkv = nh * p["H_kv"] // p["H"]
+    qs, ks, vs, gs = q[:nb, :nh], k[:nb, :nkv], v[:nb, :nkv], dout[:nb, :nh]
+    refs = reference.gradients(qs, ks, vs, gs, p["causal"])
+    try:
+        lows = accuracy.sdpa_lowp_gradients(qs, ks, vs, gs, p["causal"])
+    except Exception:  # noqa: BLE001  no same-dtype backward here
+        return refs, tuple(FIXED_TOL[p["dtype"]] * max(1.0, r.abs().max().item()) for r in refs)
+    bounds = tuple(accuracy.bound((lo.double() - r).abs().max().item() if r.numel() else 0.0, p["dtype"],
+                                  r.abs().max().item() if r.numel() else 0.0, p["D"], 3.0) for lo, r in zip(lows, refs))
+    return refs, bounds
+
+
+def slice_error(out, ref, tol, nb, nh):
+    """(max error, its bound) of an implementation's result on the reference slice; in the gradient modes the
+    gradient furthest past (or nearest to) its bound decides."""
+    if not isinstance(ref, tuple):
+        return ((out[:nb, :nh].double() - ref).abs().max().item() if ref.numel() else 0.0), tol
+    pairs = []
+    for g, r, t in zip(out, ref, tol):
+        e = (g[:nb, :r.shape[1]].double() - r).abs().max().item() if r.numel() else 0.0
+        pairs.append((e, t))
+    failing = [x for x in pairs if not x[0] <= x[1]]  # NaN fails
+    return failing[0] if failing else max(pairs, key=lambda x: x[0] / max(x[1], 1e-30))
+
+
 def bad(r):
     """'!' for a row that failed validation (the GEMM baseline computes no attention: nothing to validate)."""
     if r["impl"].startswith("cublas:"):
@@ -184,14 +246,14 @@ def bad(r):
     return "" if err is not None and err <= tol else "!"
 
 
-def _prepare(impl, p, q, k, v, nb, nh, ref, cuda, note):
+def _prepare(impl, p, q, k, v, nb, nh, ref, tol, cuda, note, dout=None):
     """(fn, context, max error on the reference slice) of impl at point p after one call, or None when it cannot run
     there (noted, never a crash)."""
     import torch
 
     caught = []
     try:
-        fn, ctx = make_impl(impl, q, k, v, p["causal"])
+        fn, ctx = make_impl(impl, q, k, v, p["causal"], p.get("mode", "fwd"), dout)
         with ctx(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = fn()
@@ -207,8 +269,10 @@ def _prepare(impl, p, q, k, v, nb, nh, ref, cuda, note):
         if cuda:
             torch.cuda.empty_cache()
         return None
-    err = None if impl.startswith("cublas:") else (out[:nb, :nh].double() - ref).abs().max().item() if ref.numel() else 0.0
-    return fn, ctx, err
+    if impl.startswith("cublas:"):
+        return fn, ctx, None, tol
+    err, bound = slice_error(out, ref, tol, nb, nh)
+    return fn, ctx, err, bound
 
 
 def _samples(prepared, time_fn, rounds, reps, warmup):
@@ -218,7 +282,7 @@ def _samples(prepared, time_fn, rounds, reps, warmup):
     names = list(prepared)
     for r in range(rounds):
         for i in names if r % 2 == 0 else names[::-1]:
-            fn, ctx, _ = prepared[i]
+            fn, ctx = prepared[i][:2]
             with ctx():
                 out[i].append(time_fn(fn, reps, warmup if r == 0 else min(warmup, 1)))
     return out
@@ -262,23 +326,24 @@ def run(points, impls, *, reps=None, warmup=None, rounds=None, timer_name="event
                 print(f"[{n}/{len(points)}] {p['grid']} {grids.describe(p)} {p['dtype']} {p['causal'] or 'non-causal'}",
                       file=sys.stderr, flush=True)
             q, k, v = make_inputs(p, seed)
+            dout = make_inputs(dict(p, H_kv=p["H"], Sk=p["Sq"]), seed + 1)[0] if p.get("mode", "fwd") != "fwd" else None
             nb, nh = ref_slice(p)
             if (nb, nh) != (p["B"], p["H"]):
                 note(f"{grids.describe(p)}: reference on batch 0, heads 0..{nh - 1} only")
-            ref, tol = validate(p, q, k, v, nb, nh)
+            ref, tol = validate(p, q, k, v, nb, nh, dout)
             prepared = {}
             for impl in impls:
-                got = _prepare(impl, p, q, k, v, nb, nh, ref, cuda, note)
+                got = _prepare(impl, p, q, k, v, nb, nh, ref, tol, cuda, note, dout)
                 if got:
                     prepared[impl] = got
             point_rows, by_round = [], _samples(prepared, time_fn, rounds, reps, warmup)
             for impl, per_round in by_round.items():
                 p50, p90 = timer.summarize([x for xs in per_round for x in xs])
-                err = prepared[impl][2]
-                row = {key: p[key] for key in grids.POINT_KEYS}
+                err, bound = prepared[impl][2], prepared[impl][3]
+                row = {key: p.get(key, "fwd") for key in grids.POINT_KEYS}
                 work = grids.flops(dict(p, causal=False) if impl.startswith("cublas:") else p)
                 row.update(impl=impl, p50_us=p50, p90_us=p90, tflops=work / (p50 * 1e-6) / 1e12,
-                           max_abs_err=err, tol=tol, ratio_vs_best_torch=None, ratio_noise=None)
+                           max_abs_err=err, tol=bound, ratio_vs_best_torch=None, ratio_noise=None)
                 if bad(row):
                     print(f"WARNING: {impl} fails validation at {grids.describe(p)} causal={p['causal']} {p['dtype']}: "
                           f"max_abs_err {err:.3g} > {tol:.3g}", file=sys.stderr)
@@ -290,7 +355,7 @@ def run(points, impls, *, reps=None, warmup=None, rounds=None, timer_name="event
                     r["ratio_vs_best_torch"] = min(torch_p50) / r["p50_us"]
                     r["ratio_noise"] = _ratio_noise(by_round[r["impl"]], [by_round[t] for t in good_torch])
             rows += point_rows
-            del q, k, v, ref, prepared
+            del q, k, v, dout, ref, prepared
             if cuda:
                 torch.cuda.empty_cache()
     return meta, rows

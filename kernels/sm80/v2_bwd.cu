@@ -236,15 +236,17 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
      * earliest keys are seen by the most query rows, so the longest blocks start first. */
     const int64_t bhk = heads_fastest ? blockIdx.x % nbh : blockIdx.x / nkb;
     const int64_t kb = heads_fastest ? blockIdx.x / nbh : blockIdx.x % nkb;
-    const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv, j0 = kb * BC;
-    const int d = (int)f.d;
+    const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv;
+    const int j0 = (int)kb * BC, d = (int)f.d; /* the planner keeps Sq, Sk below 2^30: rows and keys fit an int */
     const bool atomic_dq = !p.deterministic;
 
-    /* query blocks [m_begin, m_end) hold the rows that see key block kb */
+    /* query blocks [m_begin, m_end) hold the rows that see key block kb; the steps run over them for each query head
+     * of the kv head's group: step (gi, i0) is query head hk * h_per_kv + gi, rows i0 + [0, BR) */
     int64_t i_lo, i_hi;
     rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
-    const int64_t m_begin = i_lo / BR, m_end = i_lo < i_hi ? (i_hi + BR - 1) / BR : m_begin;
-    const int nm = (int)(m_end - m_begin), n_it = nm * (int)f.h_per_kv; /* steps: (query head of the group, block) */
+    const int i_begin = (int)(i_lo / BR) * BR, i_end = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) * BR : i_begin;
+    const int n_it = (i_end - i_begin) / BR * (int)f.h_per_kv;
+    const int64_t h0 = hk * f.h_per_kv; /* the group's first query head */
 
     const int wm_s = warp % WM_S, wn_s = warp / WM_S, wm_kv = warp % WM_KV, wn_kv = warp / WM_KV;
     const int wm_q = warp % WM_Q, wn_q = warp / WM_Q;
@@ -260,10 +262,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
     const unsigned aKt = sw_addr<DP>(smem_u32(sK), r8 + (mi & 1) * 8, wn_q * NQ + (mi >> 1));
 
     const int64_t q_org = load_origin<DP>(f.q_stride_s, tid), do_org = load_origin<DP>(p.do_stride_s, tid);
-    auto load_qdo = [&](int it, int stage) {
-        const int64_t h = hk * f.h_per_kv + it / nm, i0 = (m_begin + it % nm) * BR;
-        const T *q = (const T *)f.q + b * f.q_stride_b + h * f.q_stride_h + i0 * f.q_stride_s + q_org;
-        const T *dO = (const T *)p.dout + b * p.do_stride_b + h * p.do_stride_h + i0 * p.do_stride_s + do_org;
+    auto load_qdo = [&](int gi, int i0, int stage) {
+        const T *q = (const T *)f.q + b * f.q_stride_b + (h0 + gi) * f.q_stride_h + i0 * f.q_stride_s + q_org;
+        const T *dO = (const T *)p.dout + b * p.do_stride_b + (h0 + gi) * p.do_stride_h + i0 * p.do_stride_s + do_org;
         load_tile<T, DP, BR, THREADS>(sQ + stage * BR * DP, q, f.q_stride_s, f.sq - i0, d, tid);
         load_tile<T, DP, BR, THREADS>(sdO + stage * BR * DP, dO, p.do_stride_s, f.sq - i0, d, tid);
     };
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         load_tile<T, DP, BC, THREADS>(sK, k + load_origin<DP>(f.k_stride_s, tid), f.k_stride_s, f.sk - j0, d, tid);
         load_tile<T, DP, BC, THREADS>(sV, v + load_origin<DP>(f.v_stride_s, tid), f.v_stride_s, f.sk - j0, d, tid);
     }
-    if (n_it > 0) load_qdo(0, 0);
+    if (n_it > 0) load_qdo(0, i_begin, 0);
     cp_async_commit();
 
     float dv[MKV][NKV][4], dk[MKV][NKV][4];
@@ -285,15 +286,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
             for (int x = 0; x < 4; x++) dv[mk][nk][x] = dk[mk][nk][x] = 0.f;
     const float sl = f.scale_log2;
 
-    for (int it = 0; it < n_it; it++) {
+    for (int it = 0, gi = 0, i0 = i_begin; it < n_it; it++) {
         const int stage = STAGES == 2 ? it & 1 : 0;
-        const int64_t h = hk * f.h_per_kv + it / nm, i0 = (m_begin + it % nm) * BR;
-        const int64_t bh = b * f.h + h;
+        const int gi_next = i0 + BR < i_end ? gi : gi + 1, i0_next = i0 + BR < i_end ? i0 + BR : i_begin;
+        const int64_t bh = b * f.h + h0 + gi;
         /* this thread's S rows: i0 + srow + 16 ms + 8 r + g; their LSE (base 2) and D, loaded before the wait so the
          * loads overlap it and S = Q K^T */
         float lse2[MS][2], dsum[MS][2];
         {
-            const float *lse = f.lse + b * f.lse_stride_b + h * f.lse_stride_h;
+            const float *lse = f.lse + b * f.lse_stride_b + (h0 + gi) * f.lse_stride_h;
             const float *dps = p.dpsum + bh * p.ws_rows;
 #pragma unroll
             for (int ms = 0; ms < MS; ms++)
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         cp_async_wait<0>();
         __syncthreads(); /* Q_i, dO_i (and K, V) landed; every warp is done with the last step's P, dS and stage */
         if (STAGES == 2) {
-            if (it + 1 < n_it) load_qdo(it + 1, stage ^ 1);
+            if (it + 1 < n_it) load_qdo(gi_next, i0_next, stage ^ 1);
             cp_async_commit();
         }
         const unsigned aQs = aQ + stage * QSTAGE, adOts = adOt + stage * QSTAGE;
@@ -443,7 +444,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         }
         if (STAGES == 1) {
             __syncthreads(); /* every warp is done with Q_i and dO_i: fetch the next pair while dQ runs */
-            if (it + 1 < n_it) load_qdo(it + 1, 0);
+            if (it + 1 < n_it) load_qdo(gi_next, i0_next, 0);
             cp_async_commit();
         }
 
@@ -485,6 +486,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                                      dq[mq][nq][2 * r + 1]);
             }
         }
+        gi = gi_next;
+        i0 = i0_next;
     }
     cp_async_wait<0>(); /* nothing may stay in flight into a block that exits */
 
@@ -496,14 +499,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
     for (int mk = 0; mk < MKV; mk++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const int64_t j = j0 + wm_kv * 16 * MKV + 16 * mk + 8 * r + g;
+            const int j = j0 + wm_kv * 16 * MKV + 16 * mk + 8 * r + g;
             if (j >= f.sk) continue;
 #pragma unroll
             for (int nk = 0; nk < NKV; nk++) {
                 const int col = wn_kv * 8 * NKV + 8 * nk + 2 * t;
                 if (col >= d) continue;
-                *(unsigned *)(dvp + j * p.dv_stride_s + col) = pack2(dv[mk][nk][2 * r], dv[mk][nk][2 * r + 1], T());
-                *(unsigned *)(dkp + j * p.dk_stride_s + col) =
+                *(unsigned *)(dvp + (int64_t)j * p.dv_stride_s + col) = pack2(dv[mk][nk][2 * r], dv[mk][nk][2 * r + 1], T());
+                *(unsigned *)(dkp + (int64_t)j * p.dk_stride_s + col) =
                     pack2(dk[mk][nk][2 * r] * scale, dk[mk][nk][2 * r + 1] * scale, T());
             }
         }
