@@ -3,6 +3,7 @@
 #
 #   bash bench/gpu_suite.sh "$OUT"                          # seeds + fa3 + decode
 #   bash bench/gpu_suite.sh "$OUT" "seeds fa3 fa3_bf16"     # a subset (fa3_bf16: the fa3 grid in bfloat16)
+#   bash bench/gpu_suite.sh "$OUT" "fa3_bwd fa3_fwdbwd"     # --mode bwd / fwdbwd on fa3 (fa3_bf16_bwd in bf16)
 #   FATTN_AB_OLD=.ab/old bash bench/gpu_suite.sh "$OUT" none    # this tree against an older one (bench/ab.py)
 #   FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT" none    # also compute-sanitizer
 #   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
@@ -73,6 +74,10 @@ for g in $GRIDS; do
     fa3)    args=(--grid fa3 --variants "$VARIANTS" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,efficient,cudnn}" --reps 10 --warmup 2) ;;
     fa3_bf16) args=(--grid fa3 --dtype bf16 --variants "$VARIANTS" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,efficient,cudnn}" --reps 10 --warmup 2) ;;
     decode) args=(--grid decode --variants "$VARIANTS" --torch-backends flash,efficient,cudnn) ;;
+    fa3_bwd|fa3_bf16_bwd|fa3_fwdbwd)  # the backward alone / forward + backward (v3's backward is v2's)
+      mode=${g##*_}; dt=fp16; [ "$g" = fa3_bf16_bwd ] && dt=bf16
+      bv=${FATTN_BWD_VARIANTS:-v2}; [ "$mode" = fwdbwd ] && bv=${FATTN_BWD_VARIANTS:-v2,v3}
+      args=(--grid fa3 --mode "$mode" --dtype $dt --variants "$bv" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,cudnn}" --reps 10 --warmup 2) ;;
     *)      args=(--grid "$g" --variants "$VARIANTS") ;;
   esac
   say "bench $g: ${args[*]}"

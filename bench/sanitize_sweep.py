@@ -1,6 +1,6 @@
 """A small sweep of every GPU variant for compute-sanitizer: odd sequence lengths, Sq != Sk both ways, both
 causal alignments, sliding windows, GQA, decode with split-KV, head dims 64/128/136/256, fp16/bf16 (fp32 for the
-scalar variants).
+scalar variants); and each variant's backward (FATTN_SANITIZE_BACKWARD=0 skips it; v2's also deterministic).
 
     compute-sanitizer --tool memcheck python3 bench/sanitize_sweep.py
     FATTN_SANITIZE_VARIANTS=v3 ...   # only the variants named
@@ -16,8 +16,21 @@ from fattn._api import CAUSAL
 CASES = [(1, 1), (17, 113), (130, 65), (1, 700)]  # (1, 700): decode, split-KV
 
 
+def sweep_backward(q, k, o, lse, causal, window, variant):
+    """The backward of one case (k doubles as v), default and deterministic: 1 if a gradient has a NaN."""
+    stream = torch.cuda.current_stream().cuda_stream or 1
+    bad = 0
+    for det in (False, True) if variant in ("v2", "v3") else (False,):
+        g = [torch.empty_like(x) for x in (q, k, k)]
+        fattn._C.backward(o, q, k, k, o, lse, *g, causal=CAUSAL[causal], window=window, variant=variant,
+                          stream=stream, deterministic=det)
+        bad += int(any(torch.isnan(x).any().item() for x in g))
+    return bad
+
+
 def main():
     bad = 0
+    backward = os.environ.get("FATTN_SANITIZE_BACKWARD", "1") != "0"
     chosen = os.environ.get("FATTN_SANITIZE_VARIANTS")  # e.g. "v3": a subset, comma-separated
     for variant in chosen.split(",") if chosen else fattn.variants("cuda"):
         dtypes = [torch.float16, torch.bfloat16] + ([torch.float32] if variant in ("v0", "v1") else [])
@@ -29,10 +42,14 @@ def main():
                         k = torch.randn(1, 2, sk, d, device="cuda", dtype=dt)
                         o, lse = fattn.attention(q, k, k, causal=causal, variant=variant, return_lse=True)
                         bad += int(torch.isnan(o).any().item())
+                        if backward:
+                            bad += sweep_backward(q, k, o, lse, causal, None, variant)
                         for window in ((5, 3), (40, -1)):  # the mask block's window, through the dev hook
                             fattn._C._dev.forward(q, k, k, o, lse, causal=CAUSAL[causal], window=window,
                                                   variant=variant, stream=torch.cuda.current_stream().cuda_stream or 1)
                             bad += int(torch.isnan(o).any().item())
+                            if backward:
+                                bad += sweep_backward(q, k, o, lse, causal, window, variant)
         print(f"{variant}: swept", flush=True)
     torch.cuda.synchronize()
     print("sweep done, NaN results:", bad)

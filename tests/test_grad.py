@@ -406,3 +406,78 @@ def test_training_a_transformer_block_matches_sdpa(device):
             losses.append(loss.item())
         assert math.isfinite(losses[0])
         assert abs(losses[0] - losses[1]) <= tol * abs(losses[1]), f"step {step}: {losses}"
+
+
+# ---- GPU dispatch: plans, fallback, graphs, streams -------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_grad_gpu_plans_and_unaligned_fallback(seed):
+    require("cuda")
+    q, k, v, dout = inputs(1, 4, 2, 70, 90, 64, torch.float16, "cuda", seed)
+    out, lse = fattn.attention(q, k, v, return_lse=True)
+    g = [torch.empty_like(x) for x in (q, k, v)]
+    stream = torch.cuda.current_stream().cuda_stream
+    plan = _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream)
+    sm = torch.cuda.get_device_capability()
+    assert plan["variant"] == ("v2" if sm >= (8, 0) else "v1")
+    assert plan["workspace"] == _C.backward_workspace_bytes(1, 4, 70, 64)
+    assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v3")["variant"] == "v2" \
+        if "v3" in fattn.variants("cuda") else True
+    assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v0")["variant"] == "v1"
+    # q one element off 16-byte alignment: v2 cannot read it with 16-byte copies; the default falls back to v1
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+    qu = buf[1:].view(q.shape).copy_(q)
+    ou, lu = fattn.attention(qu, k, v, return_lse=True)
+    assert _C._dev.plan_backward(dout, qu, k, v, ou, lu, *g, stream=stream)["variant"] == "v1"
+    with pytest.raises(ValueError, match="variant: v2 needs"):
+        _C._dev.plan_backward(dout, qu, k, v, ou, lu, *g, stream=stream, variant="v2")
+    got = fattn.attention_backward(dout, qu, k, v, ou, lu)
+    check(got, q, k, v, dout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_grad_cuda_graph_capture_and_replay(deterministic, seed):
+    """attention_backward captured into a CUDA graph (its workspace from torch's allocator, capture-safe) replays
+    to the eager result; without a workspace the C call refuses cleanly under capture."""
+    require("cuda")
+    q, k, v, dout = inputs(2, 4, 2, 200, 200, 64, torch.float16, "cuda", seed)
+    out, lse = fattn.attention(q, k, v, causal=True, return_lse=True)
+    want = fattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=deterministic)  # warm up
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = fattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=deterministic)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b_ in zip(got, want):
+        if deterministic:
+            assert torch.equal(a, b_)
+        else:
+            torch.testing.assert_close(a, b_, rtol=1e-2, atol=1e-2)
+    g = [torch.empty_like(x) for x in (q, k, v)]
+    graph2 = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="no workspace for the backward"):
+        with torch.cuda.graph(graph2):
+            _C.backward(dout, q, k, v, out, lse, *g, causal=1, stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()  # nothing left pending
+    assert torch.equal(fattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)[0], want[0])
+
+
+@pytest.mark.gpu
+def test_grad_runs_on_the_callers_stream_and_device(seed):
+    require("cuda")
+    n = torch.cuda.device_count()
+    dev = f"cuda:{n - 1}"
+    q, k, v, dout = inputs(1, 2, 2, 64, 64, 64, torch.float16, dev, seed)
+    with torch.cuda.device(dev):
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            out, lse = fattn.attention(q, k, v, return_lse=True)
+            got = fattn.attention_backward(dout, q, k, v, out, lse)
+        s.synchronize()
+    check(got, q, k, v, dout)

@@ -247,6 +247,27 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
     const int i_begin = (int)(i_lo / BR) * BR, i_end = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) * BR : i_begin;
     const int n_it = (i_end - i_begin) / BR * (int)f.h_per_kv;
     const int64_t h0 = hk * f.h_per_kv; /* the group's first query head */
+    /* The query blocks whose pair with key block kb needs no mask: kb in [n_full_min, n_full_max) of the block's
+     * span.  Both ends grow with the block, so they are one range [i_full_a, i_full_b), found once by bisection
+     * rather than asking the span every step. */
+    int i_full_a, i_full_b;
+    {
+        const int nblk = (i_end - i_begin) / BR;
+        int a = 0, z = nblk;
+        while (a < z) { /* first block with kb < n_full_max */
+            const int mid = (a + z) >> 1;
+            if (kb < fattn_key_span(&f.mask, f.sq, f.sk, i_begin + (int64_t)mid * BR, BR, BC).n_full_max) z = mid;
+            else a = mid + 1;
+        }
+        i_full_a = i_begin + a * BR;
+        z = nblk;
+        while (a < z) { /* from there, the first block with n_full_min > kb */
+            const int mid = (a + z) >> 1;
+            if (fattn_key_span(&f.mask, f.sq, f.sk, i_begin + (int64_t)mid * BR, BR, BC).n_full_min > kb) z = mid;
+            else a = mid + 1;
+        }
+        i_full_b = i_begin + a * BR;
+    }
 
     const int wm_s = warp % WM_S, wn_s = warp / WM_S, wm_kv = warp % WM_KV, wn_kv = warp / WM_KV;
     const int wm_q = warp % WM_Q, wn_q = warp / WM_Q;
@@ -305,9 +326,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                     dsum[ms][r] = dps[i]; /* i < ws_rows: 0 past Sq (v2_bwd_prep) */
                 }
         }
-        /* the mask, on edge blocks only (mask.h's spans say which pairs are whole), worked out before S is live */
-        const fattn_span span = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
-        const bool masked = kb < span.n_full_min || kb >= span.n_full_max;
+        const bool masked = i0 < i_full_a || i0 >= i_full_b; /* an edge pair: the mask applies */
         cp_async_wait<0>();
         __syncthreads(); /* Q_i, dO_i (and K, V) landed; every warp is done with the last step's P, dS and stage */
         if (STAGES == 2) {
@@ -407,7 +426,28 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         }
         __syncthreads(); /* P and dS complete */
 
-        /* dV += P^T dO_i and dK += dS^T Q_i: k-steps over the BR query rows */
+        /* dV += P^T dO_i, dQ_i += dS K_j (atomics), dK += dS^T Q_i.  dQ goes second so that its atomics drain
+         * while dK runs; single-buffered, dK goes second instead, so that Q_i and dO_i are refilled while dQ runs. */
+        auto dk_step = [&]() { /* dK += dS^T Q_i: k-steps over the BR query rows */
+#pragma unroll
+            for (int kk = 0; kk < BR / 16; kk++) {
+                unsigned a[MKV][4];
+#pragma unroll
+                for (int mk = 0; mk < MKV; mk++) ldmatrix_x4_trans(a[mk], sw_step(aPt + DS_OFF, mk) + kk * 16 * BC * 2);
+#pragma unroll
+                for (int np = 0; np < NKV / 2; np++) {
+                    unsigned bf[4];
+                    ldmatrix_x4_trans(bf, sw_step(adOts - DO_OFF, np) + kk * 16 * DP * 2);
+                    const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+#pragma unroll
+                    for (int mk = 0; mk < MKV; mk++) {
+                        mma_16816(dk[mk][2 * np], a[mk], b0, T());
+                        mma_16816(dk[mk][2 * np + 1], a[mk], b1, T());
+                    }
+                }
+            }
+        };
+        /* dV += P^T dO_i: k-steps over the BR query rows */
 #pragma unroll
         for (int kk = 0; kk < BR / 16; kk++) {
             unsigned a[MKV][4];
@@ -425,24 +465,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                 }
             }
         }
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++) {
-            unsigned a[MKV][4];
-#pragma unroll
-            for (int mk = 0; mk < MKV; mk++) ldmatrix_x4_trans(a[mk], sw_step(aPt + DS_OFF, mk) + kk * 16 * BC * 2);
-#pragma unroll
-            for (int np = 0; np < NKV / 2; np++) {
-                unsigned bf[4];
-                ldmatrix_x4_trans(bf, sw_step(adOts - DO_OFF, np) + kk * 16 * DP * 2);
-                const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-#pragma unroll
-                for (int mk = 0; mk < MKV; mk++) {
-                    mma_16816(dk[mk][2 * np], a[mk], b0, T());
-                    mma_16816(dk[mk][2 * np + 1], a[mk], b1, T());
-                }
-            }
-        }
         if (STAGES == 1) {
+            dk_step();
             __syncthreads(); /* every warp is done with Q_i and dO_i: fetch the next pair while dQ runs */
             if (it + 1 < n_it) load_qdo(gi_next, i0_next, 0);
             cp_async_commit();
@@ -486,6 +510,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                                      dq[mq][nq][2 * r + 1]);
             }
         }
+        if (STAGES == 2) dk_step();
         gi = gi_next;
         i0 = i0_next;
     }
