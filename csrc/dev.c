@@ -60,6 +60,25 @@ static PyObject *dev_variant_table(PyObject *module, PyObject *unused) {
     return list;
 }
 
+static PyObject *dev_bwd_variant_table(PyObject *module, PyObject *unused) {
+    (void)module; (void)unused;
+    PyObject *list = PyList_New(0);
+    for (const fattn_bwd_variant *v = fattn_gpu_bwd_variants; list && v->name; v++) {
+        PyObject *of = PyList_New(0); /* the forward variants it differentiates */
+        for (const fattn_variant *f = fattn_gpu_variants; of && f->name; f++)
+            if (!strcmp(f->bwd, v->name)) {
+                PyObject *s = PyUnicode_FromString(f->name);
+                if (!s || PyList_Append(of, s) < 0) Py_CLEAR(of);
+                Py_XDECREF(s);
+            }
+        PyObject *row = of ? Py_BuildValue("(ssssiiN)", v->name, v->family, v->file, v->summary, v->min_sm, v->max_sm,
+                                           of) : NULL;
+        if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
+        Py_XDECREF(row);
+    }
+    return list;
+}
+
 static PyObject *config_dict(int i, const fattn_config_info *c) {
     PyObject *d = Py_BuildValue("{sisssn}", "index", i, "role", c->role, "smem", (Py_ssize_t)c->smem);
     PyObject *dts = d ? PyList_New(0) : NULL;
@@ -300,6 +319,8 @@ PyMethodDef fattn_dev_methods[] = {
      "plan_backward(...): the plan backward(...) would run."},
     {"variant_table", dev_variant_table, METH_NOARGS,
      "[(name, family, file, summary, min_sm, max_sm)] of every GPU variant."},
+    {"bwd_variant_table", dev_bwd_variant_table, METH_NOARGS,
+     "[(name, family, file, summary, min_sm, max_sm, [forward variants it differentiates])] of every GPU backward."},
     {"configs", dev_configs, METH_O, "configs(variant) -> [{index, role, dtypes, smem, <fields>}]."},
     {"check_config", dev_check_config, METH_VARARGS,
      "check_config(variant, fields, head_dim, dtype, smem_limit) -> None if it can run, else the reason."},

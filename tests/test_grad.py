@@ -429,7 +429,7 @@ def test_grad_gpu_plans_and_unaligned_fallback(seed):
     qu = buf[1:].view(q.shape).copy_(q)
     ou, lu = fattn.attention(qu, k, v, return_lse=True)
     assert _C._dev.plan_backward(dout, qu, k, v, ou, lu, *g, stream=stream)["variant"] == "v1"
-    with pytest.raises(ValueError, match="variant: v2 needs"):
+    with pytest.raises(ValueError, match="variant: .*align"):
         _C._dev.plan_backward(dout, qu, k, v, ou, lu, *g, stream=stream, variant="v2")
     got = fattn.attention_backward(dout, qu, k, v, ou, lu)
     check(got, q, k, v, dout)

@@ -30,6 +30,22 @@ def test_every_variant_names_its_kernel_file():
         assert f.read_text().startswith(f"/* {f.name} -- version {name[1:]}:"), f"{path}: header"
 
 
+def backward_column():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Variants", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| `(v\d+|cpu)` \|.*\| `(v\d+|cpu)`[^|]*\|$", section, flags=re.M))
+
+
+def test_readme_names_each_variants_backward_and_its_file_exists():
+    table = fattn._C._dev.bwd_variant_table()
+    assert backward_column() == {"cpu": "cpu", **{f: name for name, *_, of in table for f in of}}
+    for name, family, path, summary, min_sm, max_sm, of in table:
+        f = ROOT / path
+        assert f.is_file() and f.parent.name == family, path
+        assert f.read_text().startswith(f"/* {f.name} -- "), f"{path}: header"
+        assert name in of  # a backward differentiates at least its own forward
+
+
 def test_package_list_covers_every_subpackage():
     """pyproject.toml finds the packages: every fattn/**/__init__.py is in a wheel (fattn.tune, fattn.testing)."""
     import tomllib

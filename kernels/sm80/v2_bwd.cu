@@ -95,6 +95,11 @@ DEV void load_tile(T *smem, const T *src, int64_t stride, int64_t valid, int d, 
 
 /* ---- small pieces ----------------------------------------------------------------------------------------------- */
 
+/* 4-byte global -> shared copy (through L1); src_bytes = 0 writes a zero and reads nothing. */
+DEV void cp_async_4(void *smem, const void *gmem, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+}
+
 /* One b32 of two 16-bit elements -> two floats (x = the low half). */
 DEV float2 unpack2(unsigned u, __half) { return __half22float2(*(__half2 *)&u); }
 DEV float2 unpack2(unsigned u, __nv_bfloat16) { return __bfloat1622float2(*(__nv_bfloat162 *)&u); }
@@ -227,6 +232,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
     T *sV = sK + BC * DP;           /* [BC][DP] */
     T *sP = sV + BC * DP;           /* [BR][BC] */
     T *sdS = sP + BR * BC;          /* [BR][BC] */
+    float *sLse = (float *)(sdS + BR * BC); /* [STAGES][BR]: the rows' LSE (natural log, as stored) */
+    float *sD = sLse + STAGES * BR;         /* [STAGES][BR]: the rows' D */
+    static_assert(2 * BR <= THREADS, "a thread per row copies LSE and D");
 
     const attn_params &f = p.fwd;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -288,6 +296,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         const T *dO = (const T *)p.dout + b * p.do_stride_b + (h0 + gi) * p.do_stride_h + i0 * p.do_stride_s + do_org;
         load_tile<T, DP, BR, THREADS>(sQ + stage * BR * DP, q, f.q_stride_s, f.sq - i0, d, tid);
         load_tile<T, DP, BR, THREADS>(sdO + stage * BR * DP, dO, p.do_stride_s, f.sq - i0, d, tid);
+        /* LSE and D of the block's rows travel with it (in the same group), so no global load sits on the path of
+         * a step: D of rows past Sq is 0 in the workspace, LSE there is zero-filled (and not used)           */
+        if (tid < BR) {
+            const int64_t i = i0 + tid;
+            cp_async_4(sLse + stage * BR + tid, f.lse + b * f.lse_stride_b + (h0 + gi) * f.lse_stride_h + (i < f.sq ? i : 0),
+                       i < f.sq ? 4 : 0);
+        } else if (tid < 2 * BR) {
+            cp_async_4(sD + stage * BR + tid - BR, p.dpsum + (b * f.h + h0 + gi) * p.ws_rows + i0 + tid - BR, 4);
+        }
     };
     {
         const T *k = (const T *)f.k + b * f.k_stride_b + hk * f.k_stride_h + j0 * f.k_stride_s;
@@ -311,21 +328,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         const int stage = STAGES == 2 ? it & 1 : 0;
         const int gi_next = i0 + BR < i_end ? gi : gi + 1, i0_next = i0 + BR < i_end ? i0 + BR : i_begin;
         const int64_t bh = b * f.h + h0 + gi;
-        /* this thread's S rows: i0 + srow + 16 ms + 8 r + g; their LSE (base 2) and D, loaded before the wait so the
-         * loads overlap it and S = Q K^T */
-        float lse2[MS][2], dsum[MS][2];
-        {
-            const float *lse = f.lse + b * f.lse_stride_b + (h0 + gi) * f.lse_stride_h;
-            const float *dps = p.dpsum + bh * p.ws_rows;
-#pragma unroll
-            for (int ms = 0; ms < MS; ms++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int64_t i = i0 + srow + 16 * ms + 8 * r + g;
-                    lse2[ms][r] = lse2_of(lse, i, f.sq);
-                    dsum[ms][r] = dps[i]; /* i < ws_rows: 0 past Sq (v2_bwd_prep) */
-                }
-        }
         const bool masked = i0 < i_full_a || i0 >= i_full_b; /* an edge pair: the mask applies */
         cp_async_wait<0>();
         __syncthreads(); /* Q_i, dO_i (and K, V) landed; every warp is done with the last step's P, dS and stage */
@@ -358,13 +360,21 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                 }
             }
         }
-        /* P = exp2(S * scale_log2 - lse2): one FFMA, exact product, so no cancellation however large S */
+        /* P = exp2(S * scale_log2 - lse2): one FFMA, exact product, so no cancellation however large S.  This
+         * thread's S rows are srow + 16 ms + 8 r + g; lse2 = +inf past Sq and where LSE = -inf (no key seen): P = 0
+         * whatever the sign of the scale */
 #pragma unroll
         for (int ms = 0; ms < MS; ms++)
 #pragma unroll
-            for (int ns = 0; ns < NS; ns++)
+            for (int r = 0; r < 2; r++) {
+                const int row = srow + 16 * ms + 8 * r + g;
+                const float l = sLse[stage * BR + row];
+                const float lse2 = i0 + row >= f.sq || l == -INFINITY ? INFINITY : l * FATTN_LOG2E;
 #pragma unroll
-                for (int x = 0; x < 4; x++) s[ms][ns][x] = fast_exp2(fmaf(s[ms][ns][x], sl, -lse2[ms][x >> 1]));
+                for (int ns = 0; ns < NS; ns++)
+#pragma unroll
+                    for (int x = 2 * r; x < 2 * r + 2; x++) s[ms][ns][x] = fast_exp2(fmaf(s[ms][ns][x], sl, -lse2));
+            }
         /* masked keys: P = 0 (after the exponent: -inf * a negative scale would be +inf), edge blocks only */
         if (masked) {
             const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + srow + g, j0);
@@ -383,7 +393,19 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                 }
         }
 
-        /* dP = dO_i V_j^T, then dS = P (dP - D) in place */
+        /* P to shared memory now (its stores overlap dP's MMAs), dS = P (dP - D) after: this thread's (row, 2 t..
+         * 2 t+1) pairs, rows srow + g + 16 ms + 8 r (row & 7 = g), keys scol + 8 ns + 2 t (chunk wn_s NS + ns) */
+        T *const ps = sP + (srow + g) * BC + 2 * t;
+#pragma unroll
+        for (int ms = 0; ms < MS; ms++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int ns = 0; ns < NS; ns++)
+                    *(unsigned *)(ps + (16 * ms + 8 * r) * BC + (((wn_s * NS + ns) ^ g) << 3)) =
+                        pack2(s[ms][ns][2 * r], s[ms][ns][2 * r + 1], T());
+
+        /* dP = dO_i V_j^T */
         float ds[MS][NS][4];
 #pragma unroll
         for (int ms = 0; ms < MS; ms++)
@@ -406,24 +428,17 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                 }
             }
         }
-        /* P and dS to shared memory: this thread's (row, 2 t..2 t+1) pairs, rows srow + g + 16 ms + 8 r (row & 7 =
-         * g), keys scol + 8 ns + 2 t (chunk wn_s NS + ns) */
-        {
-            T *ps = sP + (srow + g) * BC + 2 * t;
 #pragma unroll
-            for (int ms = 0; ms < MS; ms++)
+        for (int ms = 0; ms < MS; ms++)
 #pragma unroll
-                for (int r = 0; r < 2; r++)
+            for (int r = 0; r < 2; r++) {
+                const float D = sD[stage * BR + srow + 16 * ms + 8 * r + g];
 #pragma unroll
-                    for (int ns = 0; ns < NS; ns++) {
-                        const float D = dsum[ms][r];
-                        const float p0 = s[ms][ns][2 * r], p1 = s[ms][ns][2 * r + 1];
-                        const int off = (16 * ms + 8 * r) * BC + (((wn_s * NS + ns) ^ g) << 3);
-                        *(unsigned *)(ps + off) = pack2(p0, p1, T());
-                        *(unsigned *)(ps + BR * BC + off) =
-                            pack2(p0 * (ds[ms][ns][2 * r] - D), p1 * (ds[ms][ns][2 * r + 1] - D), T());
-                    }
-        }
+                for (int ns = 0; ns < NS; ns++)
+                    *(unsigned *)(ps + BR * BC + (16 * ms + 8 * r) * BC + (((wn_s * NS + ns) ^ g) << 3)) =
+                        pack2(s[ms][ns][2 * r] * (ds[ms][ns][2 * r] - D), s[ms][ns][2 * r + 1] * (ds[ms][ns][2 * r + 1] - D),
+                              T());
+            }
         __syncthreads(); /* P and dS complete */
 
         /* dV += P^T dO_i, dQ_i += dS K_j (atomics), dK += dS^T Q_i.  dQ goes second so that its atomics drain

@@ -26,8 +26,8 @@ typedef struct {
 } v2_bwd_config;
 
 /* In preference order: the planner runs the first row of the call's bucket whose shared memory fits the device.
- * The first three are FlashAttention-2's sm80 tilings (Br x Bc, 8 warps) for 160 KiB / 160 KiB / 208 KiB (H100);
- * then the A100's D=256 (Q and dO single-buffered, 144 KiB), then the 99 KiB parts' (sm_86 / sm_89 / sm_120). */
+ * The first three are FlashAttention-2's sm80 tilings (Br x Bc, 8 warps) for 162 KiB / 161 KiB / 209 KiB (H100);
+ * then the A100's D=256 (Q and dO single-buffered, 144.5 KiB), then the 99 KiB parts' (sm_86 / sm_89 / sm_120). */
 #define V2_BWD_CONFIGS(X)                    \
     X(64, 128, 128, 8, 4, 4, 4, 2, 128)      \
     X(128, 64, 128, 8, 2, 4, 2, 2, 64)       \
@@ -43,9 +43,10 @@ enum { V2_BWD_NCONFIGS = 0 V2_BWD_CONFIGS(V2_BWD_COUNT) };
 #define V2_BWD_DQ_WARPS 4
 #define V2_BWD_DQ_BR (16 * V2_BWD_DQ_WARPS)
 
-/* Dynamic shared memory, bytes (fp16 / bf16 elements).  dK/dV kernel: Q_i and dO_i (stages each), K_j and V_j,
- * P and dS.  dQ kernel: Q_i and dO_i, K_j and V_j double-buffered. */
-#define V2_BWD_SMEM(dp, br, bc, stages) ((size_t)(2 * (stages) * (br) * (dp) + 2 * (bc) * (dp) + 2 * (br) * (bc)) * 2)
+/* Dynamic shared memory, bytes.  dK/dV kernel: Q_i and dO_i (stages each), K_j and V_j, P and dS (fp16 / bf16),
+ * then the rows' LSE and D (float, stages each).  dQ kernel: Q_i and dO_i, K_j and V_j double-buffered. */
+#define V2_BWD_SMEM(dp, br, bc, stages) \
+    ((size_t)(2 * (stages) * (br) * (dp) + 2 * (bc) * (dp) + 2 * (br) * (bc)) * 2 + (size_t)2 * (stages) * (br) * 4)
 #define V2_BWD_DQ_SMEM(dp, dq_bc) ((size_t)(2 * V2_BWD_DQ_BR * (dp) + 4 * (dq_bc) * (dp)) * 2)
 
 #endif
