@@ -7,8 +7,8 @@ CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
 LAYOUT = {"bhsd": 0, "bshd": 1}
 
 
-def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, return_lse=False, variant=None, lse=None,
-              deterministic=False):
+def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), out=None, return_lse=False,
+              variant=None, lse=None, deterministic=False):
     r"""Scaled dot-product attention, ``softmax(q k^T * scale) v``, computed by fattn's kernels.
 
     Arguments are any DLPack arrays (torch, CuPy, NumPy, ...), all on one device (CPU or one CUDA GPU), in any
@@ -32,6 +32,10 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
         scale: softmax scale; default ``1 / sqrt(D)``.  Any real number finite in float32, negative included
             (a Python or NumPy scalar, or a 0-d array).
         layout: ``"bhsd"`` or ``"bshd"``; applies to q, k, v and out alike.
+        window: ``(left, right)`` sliding window in keys around each query's position p (bottom-right aligned,
+            p = i + Sk - Sq; top-left with ``causal="top_left"``): query i sees keys j with
+            ``p - left <= j <= p + right``, -1 meaning unbounded on that side.  ``causal`` forces right = 0.
+            Key blocks wholly outside the window are skipped, so the time is proportional to the window.
         out: optional writable array of q's shape and dtype to write into; otherwise one is allocated by the
             caller's framework (torch in, torch out; CuPy in, CuPy out; NumPy in, NumPy out).
         return_lse: also return the log-sum-exp of each row, float32 ``(B, H, Sq)``, natural log.
@@ -66,6 +70,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
         raise TypeError(f"variant: expected a str or None, got {type(variant).__name__}")
     if scale is not None and not isinstance(scale, float):
         scale = _as_float(scale)
+    window = _window(window)
 
     fw = framework_of(q)
     if fw == "torch":
@@ -74,7 +79,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
         if (_frameworks.is_compiling() or type(q) is not _frameworks.torch_tensor or q.is_meta
                 or _frameworks.is_tracing() or (_frameworks.grad_enabled() and (
                     q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))):
-            return _torch_op(q, k, v, causal_code, scale, layout_code, variant, deterministic, out, lse, return_lse)
+            return _torch_op(q, k, v, causal_code, scale, layout_code, window, variant, deterministic, out, lse,
+                             return_lse)
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
     else:
@@ -96,7 +102,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", out=None, ret
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
-    _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, variant=variant, stream=stream)
+    _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, window=window, variant=variant,
+               stream=stream)
     return (out, lse) if lse is not None else out
 
 
@@ -107,6 +114,23 @@ def _as_float(scale):
     return float(scale)
 
 
+def _window(window):
+    """None (no window) or a (left, right) pair of ints >= -1, from what the caller gave."""
+    if window is None:
+        return None
+    try:
+        left, right = window
+        left, right = int(left), int(right)
+        ok = all(not isinstance(x, bool) and float(x).is_integer() for x in window)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise TypeError(f"window: expected a (left, right) pair of ints, got {window!r}")
+    if left < -1 or right < -1:
+        raise ValueError(f"window: ({left}, {right}): each side is a key count >= 0, or -1 for unbounded")
+    return None if left == -1 and right == -1 else (left, right)
+
+
 def _refuse_jax(out, lse, out_name="out"):
     for name, arr in ((out_name, out), ("lse", lse)):
         if arr is not None and framework_of(arr) == "jax":
@@ -114,7 +138,7 @@ def _refuse_jax(out, lse, out_name="out"):
                             "torch / CuPy / NumPy array")
 
 
-def _torch_op(q, k, v, causal, scale, layout, variant, deterministic, out, lse, return_lse):
+def _torch_op(q, k, v, causal, scale, layout, window, variant, deterministic, out, lse, return_lse):
     """The call through torch.ops.fattn.attention: what autograd, torch.compile, torch.export, torch.jit.trace,
     FakeTensor and meta tensors need (registered on first use)."""
     from . import _torch
@@ -122,7 +146,8 @@ def _torch_op(q, k, v, causal, scale, layout, variant, deterministic, out, lse, 
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
-    o, lse_out = _torch.attention(q, k, v, causal, scale, layout, -1, -1, variant, bool(deterministic))
+    left, right = window or (-1, -1)
+    o, lse_out = _torch.attention(q, k, v, causal, scale, layout, left, right, variant, bool(deterministic))
     if out is not None:
         out.copy_(o)
         o = out
@@ -132,12 +157,12 @@ def _torch_op(q, k, v, causal, scale, layout, variant, deterministic, out, lse, 
     return (o, lse_out) if (return_lse or lse is not None) else o
 
 
-def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bhsd", dq=None, dk=None,
-                       dv=None, deterministic=False, variant=None):
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), dq=None,
+                       dk=None, dv=None, deterministic=False, variant=None):
     r"""Gradients of :func:`attention`: ``(dq, dk, dv)`` from the gradient ``dout`` of its output.
 
     Arguments are DLPack arrays on one device, as for :func:`attention`; q, k, v, causal, scale, layout and variant
-    must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
+    (and window) must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
     FlashAttention-2's backward: P is recomputed from q, k and lse, never stored.
 
     Args:
@@ -161,6 +186,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}") from None
     if scale is not None and not isinstance(scale, float):
         scale = _as_float(scale)
+    window = _window(window)
     fw = framework_of(q)
     if fw == "torch":
         if not _frameworks.torch_ready:
@@ -170,7 +196,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
 
             if dq is not None or dk is not None or dv is not None:
                 raise ValueError("dq: cannot write into given arrays under torch.compile or with fake tensors")
-            return _torch.attention_backward(dout, q, k, v, out, lse, causal_code, scale, layout_code, -1, -1,
+            left, right = window or (-1, -1)
+            return _torch.attention_backward(dout, q, k, v, out, lse, causal_code, scale, layout_code, left, right,
                                              variant, bool(deterministic))
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
@@ -193,7 +220,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         b, x, y, d = q.shape
         h, sq = (x, y) if layout_code == 0 else (y, x)
         workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(b, h, sq, d) // 4,), True)
-    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal_code, scale=scale, layout=layout_code,
+    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal_code, scale=scale, layout=layout_code, window=window,
                 variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace)
     return dq, dk, dv
 

@@ -1,11 +1,12 @@
 """The mask block (csrc/mask.h): causal alignments and sliding windows, through every kernel, against the float64
 reference with fattn.testing.reference.visible -- the one Python statement of the rule.  Windows reach the kernels
-through fattn._C._dev.forward here; the public keyword is the serving issue's."""
+through fattn._C._dev.forward here, and through fattn.attention(window=...) (and its autograd) in the last test."""
 import numpy as np
 import pytest
 
 from conftest import check_close, dev_forward, randn, require, targets, torch
 
+import fattn
 from fattn.testing import reference
 
 WINDOWS = [None, (16, -1), (-1, 7), (5, 3), (0, 0), (300, 300), (-1, 0)]
@@ -51,3 +52,31 @@ def test_window_arguments_are_checked():
     for bad, exc in [((-2, 0), ValueError), ((1,), TypeError), ("4", TypeError), ((1.5, 2), TypeError)]:
         with pytest.raises(exc, match="window"):
             dev_forward(q, q, q, window=bad)
+
+
+def test_window_through_the_public_api_and_autograd(seed):
+    """fattn.attention(window=...) (plain, through the torch op with gradients, and attention_backward) equals the
+    dev hook's result and the reference; bad windows raise naming the argument."""
+    from fattn.testing import accuracy
+
+    q = randn((1, 4, 70, 32), torch.float32, "cpu", seed)
+    k = randn((1, 2, 90, 32), torch.float32, "cpu", seed + 1)
+    v = randn((1, 2, 90, 32), torch.float32, "cpu", seed + 2)
+    dout = randn((1, 4, 70, 32), torch.float32, "cpu", seed + 3)
+    for causal, window in ((False, (8, 3)), ("top_left", (5, -1)), ("bottom_right", (-1, -1)), (False, (-1, 0))):
+        want, _, _ = dev_forward(q, k, v, causal=causal, window=window)
+        got = fattn.attention(q, k, v, causal=causal, window=window)
+        assert torch.equal(got, want)
+        leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = fattn.attention(*leafs, causal=causal, window=window)
+        assert torch.equal(out.detach(), want)
+        out.backward(dout)
+        why, _ = accuracy.check_gradients([x.grad for x in leafs], q, k, v, dout, causal, window=window)
+        assert why is None, why
+        o, lse = fattn.attention(q, k, v, causal=causal, window=window, return_lse=True)
+        g = fattn.attention_backward(dout, q, k, v, o, lse, causal=causal, window=window)
+        for a, b in zip(g, leafs):
+            assert torch.equal(a, b.grad)
+    for bad, exc in [((-2, 0), ValueError), ((1,), TypeError), ("ab", TypeError), ((1.5, 2), TypeError), (3, TypeError)]:
+        with pytest.raises(exc, match="window"):
+            fattn.attention(q, k, v, window=bad)
