@@ -1,6 +1,8 @@
 /* args.c -- the extension's argument layer (args.h). */
 #include "args.h"
 
+#include "variants.h" /* fattn_gpu_read */
+
 #include <math.h>
 #include <stdio.h>
 
@@ -139,6 +141,12 @@ int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObjec
     return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
 }
 
+int fattn_take_dlpack(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
+    int type = 0, id = 0;
+    if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
+    return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
+}
+
 static int dtype_of(const fattn_tensor *t, fattn_dtype *dt) {
     const DLDataType x = t->t->dtype;
     if (x.lanes == 1 && x.code == kDLFloat && x.bits == 32) *dt = FATTN_F32;
@@ -234,6 +242,167 @@ static int same_dtype(const bhsd_view *x, const bhsd_view *q, const char *arg) {
     return 0;
 }
 
+/* A packed (total, H, D) varlen array as a view of batch 0 (s = total rows; the caller sets b and s). */
+static int view_3d(const fattn_tensor *t, bhsd_view *v) {
+    const DLTensor *x = t->t;
+    if (x->ndim != 3) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a 3-D packed array (total, H, D) with cu_seqlens, got %d-D",
+                     t->arg, x->ndim);
+        return -1;
+    }
+    if (dtype_of(t, &v->dtype) < 0) return -1;
+    int64_t st[3];
+    strides_of(x, st);
+    v->b = 1; v->s = x->shape[0]; v->h = x->shape[1]; v->d = x->shape[2];
+    v->sb = 0; v->ss = st[0]; v->sh = st[1];
+    const int empty = v->s == 0 || v->h == 0;
+    if (st[2] != 1 && v->d > 1 && !empty) {
+        PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld", t->arg,
+                     (long long)st[2]);
+        return -1;
+    }
+    v->data = (char *)x->data + x->byte_offset;
+    const size_t esize = v->dtype == FATTN_F32 ? 4 : 2;
+    if ((uintptr_t)v->data % esize) {
+        PyErr_Format(PyExc_ValueError, "%s: data pointer is not aligned to its %zu-byte elements", t->arg, esize);
+        return -1;
+    }
+    return 0;
+}
+
+/* An int32 1-D contiguous array of n entries on q's device (n < 0: any length >= 1), its values copied to `host`
+ * (at most FATTN_MAX_SEQS). */
+#define FATTN_MAX_SEQS (1 << 20)
+static int take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, int32_t **host, int64_t *count,
+                      void *stream) {
+    const DLTensor *x = t->t;
+    REQUIRE(x->ndim == 1, PyExc_ValueError, "%s: expected a 1-D int32 array, got %d-D", t->arg, x->ndim);
+    REQUIRE(x->dtype.code == kDLInt && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
+            "%s: dtype must be int32", t->arg);
+    if (same_device(t, q)) return -1;
+    REQUIRE(n < 0 ? x->shape[0] >= 1 : x->shape[0] == n, PyExc_ValueError,
+            n < 0 ? "%s: needs at least one entry" : "%s: expected %lld entries, got %lld", t->arg, (long long)n,
+            (long long)x->shape[0]);
+    REQUIRE(x->shape[0] <= FATTN_MAX_SEQS, PyExc_ValueError, "%s: more than %d entries", t->arg, FATTN_MAX_SEQS);
+    REQUIRE(!x->strides || x->shape[0] <= 1 || x->strides[0] == 1, PyExc_ValueError, "%s: must be contiguous", t->arg);
+    const int32_t *src = (const int32_t *)((const char *)x->data + x->byte_offset);
+    REQUIRE((uintptr_t)src % 4 == 0, PyExc_ValueError, "%s: data pointer is not 4-byte aligned", t->arg);
+    *count = x->shape[0];
+    *host = PyMem_Malloc(sizeof(int32_t) * (size_t)(*count > 0 ? *count : 1));
+    if (!*host) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (x->device.device_type == kDLCUDA) {
+        if (fattn_gpu_read(*host, src, sizeof(int32_t) * (size_t)*count, x->device.device_id, stream)) {
+            PyMem_Free(*host);
+            *host = NULL;
+            PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
+            return -1;
+        }
+    } else {
+        memcpy(*host, src, sizeof(int32_t) * (size_t)*count);
+    }
+    return 0;
+}
+
+/* cu_seqlens values: >= 0, non-decreasing, the last within `total` rows; the longest difference in *longest. */
+static int check_prefix_sums(const char *arg, const int32_t *cu, int64_t n, int64_t total, int64_t *longest) {
+    *longest = 0;
+    REQUIRE(cu[0] >= 0, PyExc_ValueError, "%s: entry 0 is %d; offsets must be >= 0", arg, cu[0]);
+    for (int64_t i = 1; i < n; i++) {
+        REQUIRE(cu[i] >= cu[i - 1], PyExc_ValueError, "%s: decreases at entry %lld (%d after %d); it must be "
+                "non-decreasing prefix sums of the lengths", arg, (long long)i, cu[i], cu[i - 1]);
+        if (cu[i] - cu[i - 1] > *longest) *longest = cu[i] - cu[i - 1];
+    }
+    REQUIRE(cu[n - 1] <= total, PyExc_ValueError, "%s: the last offset %d is past the end of the packed array (%lld "
+            "rows)", arg, cu[n - 1], (long long)total);
+    return 0;
+}
+
+/* The variable-length part of a call: the sequences' offsets checked, q/k/v/out views set to their sequence
+ * count and longest lengths. */
+static int take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_view *q, bhsd_view *k, bhsd_view *v,
+                       bhsd_view *out, attn_params *p, void *stream) {
+    int32_t *cq = NULL, *ck = NULL;
+    int64_t n = 0, nk = 0, longest_q = 0, longest_k = 0;
+    int rc = -1;
+    if (!o->cu_seqlens_k || !o->cu_seqlens_k->t) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens_k: needed with cu_seqlens_q");
+        return -1;
+    }
+    if (take_int32(o->cu_seqlens_q, q_t, -1, &cq, &n, stream) ||
+        take_int32(o->cu_seqlens_k, q_t, n, &ck, &nk, stream) ||
+        check_prefix_sums("cu_seqlens_q", cq, n, q->s, &longest_q) ||
+        check_prefix_sums("cu_seqlens_k", ck, n, k->s, &longest_k))
+        goto done;
+    if (o->max_seqlen_q >= 0 && o->max_seqlen_q < longest_q) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_q: %lld is less than the longest query sequence (%lld)",
+                     (long long)o->max_seqlen_q, (long long)longest_q);
+        goto done;
+    }
+    if (o->max_seqlen_k >= 0 && o->max_seqlen_k < longest_k) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_k: %lld is less than the longest key sequence (%lld)",
+                     (long long)o->max_seqlen_k, (long long)longest_k);
+        goto done;
+    }
+    q->b = k->b = v->b = out->b = n - 1;
+    q->s = out->s = o->max_seqlen_q >= 0 ? o->max_seqlen_q : longest_q;
+    k->s = v->s = o->max_seqlen_k >= 0 ? o->max_seqlen_k : longest_k;
+    p->cu_seqlens_q = (const int32_t *)((const char *)o->cu_seqlens_q->t->data + o->cu_seqlens_q->t->byte_offset);
+    p->cu_seqlens_k = (const int32_t *)((const char *)o->cu_seqlens_k->t->data + o->cu_seqlens_k->t->byte_offset);
+    rc = 0;
+done:
+    PyMem_Free(cq);
+    PyMem_Free(ck);
+    return rc;
+}
+
+int fattn_longest_sequence(const fattn_tensor *cu, int64_t *longest, void *stream) {
+    int32_t *host = NULL;
+    int64_t n = 0;
+    if (take_int32(cu, cu, -1, &host, &n, stream)) return -1;
+    const int rc = check_prefix_sums(cu->arg, host, n, (int64_t)1 << 62, longest);
+    PyMem_Free(host);
+    return rc;
+}
+
+/* seqused_k: int32 (B,), each in [0, Sk] (Sk: the longest key sequence). */
+static int take_seqused(const fattn_call_opts *o, const fattn_tensor *q_t, attn_params *p, void *stream) {
+    int32_t *used = NULL;
+    int64_t n = 0;
+    if (take_int32(o->seqused_k, q_t, p->b, &used, &n, stream)) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (used[i] < 0 || used[i] > p->sk) {
+            PyErr_Format(PyExc_ValueError, "seqused_k: entry %lld is %d, outside [0, %lld]", (long long)i, used[i],
+                         (long long)p->sk);
+            PyMem_Free(used);
+            return -1;
+        }
+    PyMem_Free(used);
+    p->seqused_k = (const int32_t *)((const char *)o->seqused_k->t->data + o->seqused_k->t->byte_offset);
+    return 0;
+}
+
+static int take_lse_varlen(const fattn_tensor *l, const bhsd_view *q, int64_t total, int read_only, attn_params *p) {
+    const DLTensor *x = l->t;
+    REQUIRE(x->ndim == 2, PyExc_ValueError, "lse: expected a 2-D float32 array (H, total_q) with cu_seqlens, got %d-D",
+            x->ndim);
+    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
+            "lse: dtype must be float32");
+    REQUIRE(x->shape[0] == q->h && x->shape[1] == total, PyExc_ValueError, "lse: shape must be (H=%lld, total_q=%lld)",
+            (long long)q->h, (long long)total);
+    REQUIRE(!l->readonly || read_only, PyExc_ValueError, "lse: the array is read-only");
+    int64_t st[2];
+    strides_of(x, st);
+    REQUIRE(st[1] == 1 || total <= 1, PyExc_ValueError, "lse: the last dimension must be contiguous");
+    p->lse = (float *)((char *)x->data + x->byte_offset);
+    REQUIRE((uintptr_t)p->lse % 4 == 0, PyExc_ValueError, "lse: data pointer is not 4-byte aligned");
+    p->lse_stride_b = 0;
+    p->lse_stride_h = st[0];
+    return 0;
+}
+
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
@@ -252,11 +421,18 @@ static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, at
     return 0;
 }
 
-int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p) {
+int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p, void *stream) {
     bhsd_view q, k, v, out;
-    if (view_4d(&ts[0], o->layout, &q) || view_4d(&ts[1], o->layout, &k) || view_4d(&ts[2], o->layout, &v) ||
-        view_4d(&ts[3], o->layout, &out))
+    const int varlen = o->cu_seqlens_q && o->cu_seqlens_q->t;
+    if (!varlen && o->cu_seqlens_k && o->cu_seqlens_k->t) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens_q: needed with cu_seqlens_k");
         return -1;
+    }
+    if (varlen ? view_3d(&ts[0], &q) || view_3d(&ts[1], &k) || view_3d(&ts[2], &v) || view_3d(&ts[3], &out)
+               : view_4d(&ts[0], o->layout, &q) || view_4d(&ts[1], o->layout, &k) || view_4d(&ts[2], o->layout, &v) ||
+                     view_4d(&ts[3], o->layout, &out))
+        return -1;
+    const int64_t total_q = q.s;
     const int has_lse = ts[4].t != NULL;
     for (int i = 1; i < 4 + has_lse; i++)
         if (same_device(&ts[i], &ts[0])) return -1;
@@ -277,8 +453,11 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
             "out: shape differs from q's (B=%lld, H=%lld, Sq=%lld, D=%lld in layout %s)", (long long)q.b,
             (long long)q.h, (long long)q.s, (long long)q.d, o->layout ? "bshd" : "bhsd");
     REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
+    REQUIRE(o->softcap >= 0 && isfinite(o->softcap) && isfinite((float)o->softcap), PyExc_ValueError,
+            "softcap: must be >= 0 and finite (0: none), got %g", o->softcap);
 
     memset(p, 0, sizeof *p);
+    if (varlen && take_varlen(o, &ts[0], &q, &k, &v, &out, p, stream)) return -1;
     p->q = q.data; p->k = k.data; p->v = v.data; p->o = out.data;
     p->q_stride_b = q.sb; p->q_stride_h = q.sh; p->q_stride_s = q.ss;
     p->k_stride_b = k.sb; p->k_stride_h = k.sh; p->k_stride_s = k.ss;
@@ -287,7 +466,11 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     p->b = q.b; p->h = q.h; p->h_kv = k.h; p->sq = q.s; p->sk = k.s; p->d = q.d;
     p->h_per_kv = k.h ? q.h / k.h : 1;
     p->dtype = q.dtype;
-    if (has_lse && take_lse(&ts[4], &q, o->read_only, p)) return -1;
+    if (has_lse && (varlen ? take_lse_varlen(&ts[4], &q, total_q, o->read_only, p)
+                           : take_lse(&ts[4], &q, o->read_only, p)))
+        return -1;
+    if (o->seqused_k && o->seqused_k->t && take_seqused(o, &ts[0], p, stream)) return -1;
+    p->softcap = (float)o->softcap;
     const double scale = isnan(o->scale) ? 1.0 / sqrt((double)q.d) : o->scale;
     p->scale = (float)scale;
     p->scale_log2 = (float)(scale * 1.4426950408889634);
@@ -300,9 +483,21 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     return 0;
 }
 
-/* A gradient-side array: same device and dtype as q, the shape of `like` (q's or k's), writable unless `read`. */
+/* A gradient-side array: same device and dtype as q, the shape of q (or of k: of_k), writable unless `read`.
+ * Packed (varlen) calls compare the packed shapes. */
 static int grad_view(const fattn_tensor *t, const fattn_tensor *q, int layout, const attn_params *p, int of_k, int read,
                      bhsd_view *v) {
+    if (p->cu_seqlens_q) {
+        const DLTensor *like = (q + of_k)->t; /* q, or k right after it */
+        if (view_3d(t, v) || same_device(t, q)) return -1;
+        REQUIRE(v->dtype == p->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s", t->arg,
+                dtype_name(v->dtype), dtype_name(p->dtype));
+        REQUIRE(t->t->shape[0] == like->shape[0] && t->t->shape[1] == like->shape[1] && t->t->shape[2] == like->shape[2],
+                PyExc_ValueError, "%s: shape must be %s's (total=%lld, H=%lld, D=%lld)", t->arg, of_k ? "k" : "q",
+                (long long)like->shape[0], (long long)like->shape[1], (long long)like->shape[2]);
+        REQUIRE(read || !t->readonly, PyExc_ValueError, "%s: the array is read-only", t->arg);
+        return 0;
+    }
     if (view_4d(t, layout, v) || same_device(t, q)) return -1;
     REQUIRE(v->dtype == p->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s", t->arg, dtype_name(v->dtype),
             dtype_name(p->dtype));
@@ -317,6 +512,10 @@ static int grad_view(const fattn_tensor *t, const fattn_tensor *q, int layout, c
 int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
                            attn_bwd_params *bp) {
     bhsd_view g, dq, dk, dv;
+    if (p->seqused_k) {
+        PyErr_SetString(PyExc_ValueError, "seqused_k: the backward takes no seqused_k (a KV cache is inference only)");
+        return -1;
+    }
     if (grad_view(&ts[0], q, layout, p, 0, 1, &g) || grad_view(&ts[1], q, layout, p, 0, 0, &dq) ||
         grad_view(&ts[2], q, layout, p, 1, 0, &dk) || grad_view(&ts[3], q, layout, p, 1, 0, &dv))
         return -1;

@@ -30,6 +30,10 @@ int fattn_arg_stream(PyObject *obj, void **stream);
  * `stream` only when the producer is on a CUDA device. */
 int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
 
+/* The same through DLPack only, whatever the framework: index arrays (int32), which the lean torch path does not
+ * describe. */
+int fattn_take_dlpack(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
+
 /* The forward call's tensors, taken and checked.  ts: q, k, v, out, lse (lse may be empty). */
 typedef struct {
     int layout;              /* 0: (B, H, S, D); 1: (B, S, H, D) */
@@ -37,16 +41,26 @@ typedef struct {
     int64_t window_left, window_right;
     double scale;            /* NaN: 1/sqrt(d) */
     int read_only;           /* 1: out and lse are only read (the backward): read-only arrays are fine */
+    double softcap;          /* 0: none */
+    /* variable-length batches: the int32 tensors (NULL .t: absent) and the longest lengths the caller gave (-1) */
+    const fattn_tensor *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
+    int64_t max_seqlen_q, max_seqlen_k;
 } fattn_call_opts;
 
 /* Fills p from the taken tensors (q, k, v, out, and lse when ts[4].t is set); every mismatch raises naming the
- * argument. */
-int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p);
+ * argument.  With cu_seqlens_q / cu_seqlens_k (both or neither) q, k, v, out are packed (total, H, D) and lse is
+ * (H, total_q); their values are read (a small device-to-host copy on the GPU, on `stream`) and checked: int32,
+ * non-decreasing from >= 0, within the packed tensors; the longest sequences size the call. */
+int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p, void *stream);
 
 /* The backward's gradient tensors, taken and checked against the forward's params p (built by fattn_build_params
  * from q, k, v, out, lse; the caller checks lse is given): ts = dout, dq, dk, dv.  Fills bp (its workspace pointers stay NULL). */
 int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
-                           attn_bwd_params *bp);
+                           attn_bwd_params *bp); /* q: the forward's tensors from q on (q, k, ...) */
+
+/* The longest sequence of cu_seqlens (an int32 prefix-sum array on any device; checked non-decreasing from >= 0):
+ * 0, or -1 with an exception naming the argument. */
+int fattn_longest_sequence(const fattn_tensor *cu, int64_t *longest, void *stream);
 
 /* 1 if the call's tensors live on a CUDA device (then *device is its id), 0 for the CPU. */
 int fattn_call_device(const fattn_tensor *q, int *device);

@@ -1,11 +1,15 @@
 /* bind.c -- the forward call: parse, plan, launch, raise.
  *
- *   _C.forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None)
+ *   _C.forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None,
+ *              softcap=0, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=None,
+ *              max_seqlen_k=None)
  *   _C._dev.forward(..., config=None, splits=0, order=0) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan(...)                                   -> the plan a call would run, without running it
  *
  * q, k, v, out (and lse) are DLPack arrays (or capsules) on one device; causal is 0 (none), 1 (top-left) or 2
- * (bottom-right); layout 0 is (B, H, S, D), 1 is (B, S, H, D); window a (left, right) pair.  Overrides: config (a GPU
+ * (bottom-right); layout 0 is (B, H, S, D), 1 is (B, S, H, D); window a (left, right) pair; softcap c > 0 caps
+ * the scores at c tanh(s / c).  With cu_seqlens_q and cu_seqlens_k (int32 prefix sums, B + 1 entries) q, k, v, out
+ * are packed (total, H, D) and lse is (H, total_q); seqused_k (int32, B) caps each sequence's keys.  Overrides: config (a GPU
  * variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's), order (block
  * order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
  * head_group, workspace. */
@@ -15,11 +19,12 @@
 #include "variants.h"
 
 const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS] = {
-    "q", "k", "v", "out", "lse", "causal", "scale", "layout", "window", "variant", "stream", "config", "splits", "order"};
-#define NARGS_PUBLIC 11
+    "q", "k", "v", "out", "lse", "causal", "scale", "layout", "window", "variant", "stream", "softcap",
+    "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "config", "splits", "order"};
+#define NARGS_PUBLIC 17
 #define NARGS_DEV FATTN_FORWARD_ARGS
-enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_CONFIG, A_SPLITS,
-       A_ORDER };
+enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_SOFTCAP, A_CU_Q,
+       A_CU_K, A_USED_K, A_MAX_Q, A_MAX_K, A_CONFIG, A_SPLITS, A_ORDER };
 
 PyObject *fattn_raise_status(void) {
     PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
@@ -56,9 +61,40 @@ int fattn_check_variant(const char *name, fattn_dtype dtype) {
     return 0;
 }
 
+int fattn_arg_softcap(PyObject *obj, double *softcap) {
+    *softcap = 0.0;
+    if (!obj || obj == Py_None) return 0;
+    *softcap = PyFloat_AsDouble(obj);
+    if (*softcap == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "softcap: expected a float, got %.200s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+int fattn_take_varlen_args(const fattn_names *names, PyObject **objs, PyObject *max_q, PyObject *max_k,
+                           PyObject *stream, fattn_tensor *ts, fattn_call_opts *o) {
+    static const char *arg_names[3] = {"cu_seqlens_q", "cu_seqlens_k", "seqused_k"};
+    long mq = -1, mk = -1;
+    if (fattn_arg_long(max_q && max_q != Py_None ? max_q : NULL, "max_seqlen_q", 0, 0x7fffffff, &mq) ||
+        fattn_arg_long(max_k && max_k != Py_None ? max_k : NULL, "max_seqlen_k", 0, 0x7fffffff, &mk))
+        return -1;
+    o->max_seqlen_q = mq;
+    o->max_seqlen_k = mk;
+    for (int i = 0; i < 3; i++)
+        if (objs[i] && objs[i] != Py_None && fattn_take_dlpack(names, objs[i], arg_names[i], stream, &ts[i]))
+            return -1;
+    o->cu_seqlens_q = &ts[0];
+    o->cu_seqlens_k = &ts[1];
+    o->seqused_k = &ts[2];
+    return 0;
+}
+
 /* One call's arguments, taken and checked. */
 typedef struct {
     fattn_tensor ts[5];
+    fattn_tensor seqs[3]; /* cu_seqlens_q, cu_seqlens_k, seqused_k */
     attn_params p;
     const char *variant;
     fattn_overrides ov;
@@ -68,6 +104,7 @@ typedef struct {
 
 static void call_release(call *c) {
     for (int i = 0; i < 5; i++) fattn_tensor_release(&c->ts[i]);
+    for (int i = 0; i < 3; i++) fattn_tensor_release(&c->seqs[i]);
 }
 
 int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_obj, fattn_overrides *ov) {
@@ -102,10 +139,10 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
     static const char *tensor_names[5] = {"q", "k", "v", "out", "lse"};
     long causal = 0, layout = 0;
-    fattn_call_opts o = {0, 0, -1, -1, 0.0};
+    fattn_call_opts o = {0, 0, -1, -1, 0.0, 0, 0.0, NULL, NULL, NULL, -1, -1};
     if (fattn_arg_long(a[A_CAUSAL], "causal", 0, 2, &causal) || fattn_arg_long(a[A_LAYOUT], "layout", 0, 1, &layout) ||
         fattn_arg_scale(a[A_SCALE], &o.scale) || fattn_arg_window(a[A_WINDOW], &o.window_left, &o.window_right) ||
-        fattn_arg_stream(a[A_STREAM], &c->stream) ||
+        fattn_arg_stream(a[A_STREAM], &c->stream) || fattn_arg_softcap(a[A_SOFTCAP], &o.softcap) ||
         fattn_parse_overrides(a[A_CONFIG], a[A_SPLITS], a[A_ORDER], &c->ov))
         return -1;
     o.causal = (int)causal;
@@ -115,7 +152,9 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     for (int i = 0; i < 5; i++)
         if (a[i] && a[i] != Py_None && fattn_take(&st->names, a[i], tensor_names[i], stream_obj, &c->ts[i]))
             return -1;
-    if (fattn_build_params(c->ts, &o, &c->p)) return -1;
+    if (fattn_take_varlen_args(&st->names, a + A_CU_Q, a[A_MAX_Q], a[A_MAX_K], stream_obj, c->seqs, &o) ||
+        fattn_build_params(c->ts, &o, &c->p, c->stream))
+        return -1;
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
     if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
         PyErr_SetString(PyExc_TypeError, c->gpu ? "config: a GPU variant takes a config index"

@@ -1,7 +1,8 @@
 /* bind_bwd.c -- the backward call: parse, plan, launch, raise.
  *
  *   _C.backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None,
- *               stream=None, deterministic=False, workspace=None)
+ *               stream=None, deterministic=False, workspace=None, softcap=0, cu_seqlens_q=None, cu_seqlens_k=None,
+ *               max_seqlen_q=None, max_seqlen_k=None)
  *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
  *   _C.backward_workspace_bytes(b, h, sq, d) -> the bytes a GPU backward's workspace needs
@@ -19,14 +20,15 @@
 
 const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS] = {
     "dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "causal", "scale", "layout", "window", "variant", "stream",
-    "deterministic", "workspace", "config"};
+    "deterministic", "workspace", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "config"};
 enum { B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_DQ, B_DK, B_DV, B_CAUSAL, B_SCALE, B_LAYOUT, B_WINDOW, B_VARIANT,
-       B_STREAM, B_DETERMINISTIC, B_WORKSPACE, B_CONFIG };
+       B_STREAM, B_DETERMINISTIC, B_WORKSPACE, B_SOFTCAP, B_CU_Q, B_CU_K, B_MAX_Q, B_MAX_K, B_CONFIG };
 #define NARGS_PUBLIC (FATTN_BACKWARD_ARGS - 1)
 #define NTENSORS 10 /* dout .. dv, workspace */
 
 typedef struct {
     fattn_tensor ts[NTENSORS]; /* q, k, v, out, lse (fattn_build_params' order), dout, dq, dk, dv, workspace */
+    fattn_tensor seqs[3];      /* cu_seqlens_q, cu_seqlens_k, (no seqused_k) */
     attn_bwd_params p;
     const char *variant;
     fattn_overrides ov;
@@ -37,6 +39,7 @@ typedef struct {
 
 static void call_release(call *c) {
     for (int i = 0; i < NTENSORS; i++) fattn_tensor_release(&c->ts[i]);
+    for (int i = 0; i < 3; i++) fattn_tensor_release(&c->seqs[i]);
 }
 
 /* The caller's workspace: a writable array on q's device, its bytes counted from its shape and dtype. */
@@ -86,12 +89,12 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     /* a[] index of each entry of c->ts */
     static const int order[NTENSORS] = {B_Q, B_K, B_V, B_OUT, B_LSE, B_DOUT, B_DQ, B_DK, B_DV, B_WORKSPACE};
     long causal = 0, layout = 0;
-    fattn_call_opts o = {0, 0, -1, -1, 0.0, 1};
+    fattn_call_opts o = {0, 0, -1, -1, 0.0, 1, 0.0, NULL, NULL, NULL, -1, -1};
     int deterministic = 0;
     if (fattn_arg_long(a[B_CAUSAL], "causal", 0, 2, &causal) || fattn_arg_long(a[B_LAYOUT], "layout", 0, 1, &layout) ||
         fattn_arg_scale(a[B_SCALE], &o.scale) || fattn_arg_window(a[B_WINDOW], &o.window_left, &o.window_right) ||
         fattn_arg_stream(a[B_STREAM], &c->stream) || fattn_parse_overrides(a[B_CONFIG], NULL, NULL, &c->ov) ||
-        fattn_arg_variant(a[B_VARIANT], &c->variant))
+        fattn_arg_variant(a[B_VARIANT], &c->variant) || fattn_arg_softcap(a[B_SOFTCAP], &o.softcap))
         return -1;
     if (a[B_DETERMINISTIC] && (deterministic = PyObject_IsTrue(a[B_DETERMINISTIC])) < 0) return -1;
     o.causal = (int)causal;
@@ -106,8 +109,10 @@ static int call_take(module_state *st, PyObject **a, call *c) {
         if (x && x != Py_None && fattn_take(&st->names, x, fattn_backward_arg_names[order[i]], stream_obj, &c->ts[i]))
             return -1;
     }
+    PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};
     attn_params fwd;
-    if (fattn_build_params(c->ts, &o, &fwd) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, &fwd, &c->p))
+    if (fattn_take_varlen_args(&st->names, seq_objs, a[B_MAX_Q], a[B_MAX_K], stream_obj, c->seqs, &o) ||
+        fattn_build_params(c->ts, &o, &fwd, c->stream) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, &fwd, &c->p))
         return -1;
     c->p.deterministic = deterministic;
     c->gpu = fattn_call_device(&c->ts[0], &c->device);

@@ -11,7 +11,9 @@
  *   l_i = alpha * l_i + rowsum(P)
  *   acc = alpha * acc + P V_j
  *
- * and finally writes O_i = acc / l_i and LSE_i = (m_i + log2(l_i)) * ln 2.  Both products go through one
+ * and finally writes O_i = acc / l_i and LSE_i = (m_i + log2(l_i)) * ln 2.  A softcap c maps S to c tanh(S / c) first
+ * (in log2 units: c log2 e).  Each task works on one sequence (fattn_seq_params): dense batches, packed
+ * variable-length batches and partly filled caches alike.  Both products go through one
  * register-blocked micro-kernel (gemm_rows: 6 x 16 tiles, 12 vector accumulators) whose right-hand operand is
  * read row by row.  Query chunks split a head only when there are too few heads to keep every thread busy.
  */
@@ -77,6 +79,7 @@ static void block_step(const attn_params *p, const fattn_cpu_config *cfg, scratc
     const int64_t dp = round_up(p->d, NR), bc = cfg->bc, np = round_up(n, NR);
     /* S = Q_i K_j^T (already in log2 units) */
     gemm_rows(w->q, dp, kt, dp * NR, w->s, bc, br, (int)np, (int)p->d, 0);
+    if (p->softcap > 0.f) softcap_rows(w->s, bc, br, np, p->softcap * FATTN_LOG2E, NULL);
     for (int r = 0; r < br; r++) {
         float *s = w->s + r * bc;
         int64_t lo = 0, hi = n; /* keys [lo, hi) of this block the row sees */
@@ -147,15 +150,21 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
 }
 
 /* One task: query blocks [qb0, qb1) of every query head that reads kv head (b, hk).  The keys any of them sees are
- * packed once. */
-static void attn_task(const attn_params *p, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
+ * packed once.  Works on sequence b alone (fattn_seq_params), whose query blocks may end before qb1. */
+static void attn_task(const attn_params *pb, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
                       int64_t qb0, int64_t qb1) {
+    attn_params seq;
+    fattn_seq_params(pb, b, &seq);
+    const attn_params *p = &seq;
+    const int64_t nqb = (p->sq + cfg->br - 1) / cfg->br;
+    qb1 = qb1 < nqb ? qb1 : nqb;
+    if (qb0 >= qb1) return;
     const int64_t i0 = qb0 * cfg->br, rows = (qb1 - qb0) * cfg->br;
     const fattn_span sp = fattn_key_span(&p->mask, p->sq, p->sk, i0, rows, cfg->bc);
     const int64_t k0 = sp.n_min * cfg->bc, k1 = sp.n_max * cfg->bc < p->sk ? sp.n_max * cfg->bc : p->sk;
-    pack_kv(p, cfg->bc, b, hk, k0, k1 > k0 ? k1 : k0, w);
+    pack_kv(p, cfg->bc, 0, hk, k0, k1 > k0 ? k1 : k0, w);
     for (int64_t g = 0; g < p->h_per_kv; g++)
-        for (int64_t qb = qb1 - 1; qb >= qb0; qb--) attn_block(p, cfg, w, b, hk * p->h_per_kv + g, qb * cfg->br, k0);
+        for (int64_t qb = qb1 - 1; qb >= qb0; qb--) attn_block(p, cfg, w, 0, hk * p->h_per_kv + g, qb * cfg->br, k0);
 }
 
 fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg) {

@@ -13,7 +13,8 @@
  * dS in place).  dQ_i is complete when the task's last key block is done: written directly when one task covers all
  * keys of a head, else to a float32 partial per chunk that a last pass sums in chunk order.  Chunks split a head's
  * keys only when there are too few heads to keep every thread busy.  No atomics and a fixed order of every sum: the
- * gradients are bitwise repeatable for a given thread count and config.
+ * gradients are bitwise repeatable for a given thread count and config.  Under a softcap c the scores are c tanh(S / c)
+ * and dS picks up the derivative 1 - tanh^2.  Each task works on one sequence (fattn_seq_bwd_params).
  */
 #ifdef _OPENMP
 #include <omp.h>
@@ -42,6 +43,7 @@ typedef struct {
     float *dk, *dv; /* [key][dp] accumulators */
     float *q, *dout, *dq; /* Br x dp: Q_i * scale_log2, dO_i, dQ_i */
     float *s, *ds;        /* Br x Bc: S then P, dP then dS */
+    float *t;             /* Br x Bc: tanh(S / c) under a softcap c (dS picks up 1 - t^2) */
     float *lse2, *dsum;   /* Br: LSE_i in base 2 (+inf for a row that sees nothing), D_i */
 } scratch;
 
@@ -96,8 +98,10 @@ static void block_step(const attn_params *p, int64_t bc, scratch *w, int br, int
     const int64_t dp = round_up(p->d, NR), np = round_up(n, NR);
     gemm_rows(w->q, dp, kt, dp * NR, w->s, bc, br, (int)np, (int)p->d, 0);     /* S = Q_i K_j^T (log2 units) */
     gemm_rows(w->dout, dp, vt, dp * NR, w->ds, bc, br, (int)np, (int)p->d, 0); /* dP = dO_i V_j^T */
+    const int capped = p->softcap > 0.f;
+    if (capped) softcap_rows(w->s, bc, br, np, p->softcap * FATTN_LOG2E, w->t);
     for (int r = 0; r < br; r++) {
-        float *s = w->s + r * bc, *ds = w->ds + r * bc;
+        float *s = w->s + r * bc, *ds = w->ds + r * bc, *t = w->t + r * bc;
         int64_t lo = 0, hi = n; /* keys [lo, hi) of this block the row sees */
         if (!full) {
             fattn_row_keys(&p->mask, p->sq, p->sk, i0 + r, &lo, &hi);
@@ -107,8 +111,10 @@ static void block_step(const attn_params *p, int64_t bc, scratch *w, int br, int
         const v8f lse2 = (v8f){0} + w->lse2[r], dsum = (v8f){0} + w->dsum[r];
         for (int64_t c = 0; c < np; c += 8) {
             const v8f pr = exp2_v8(loadv(s + c) - lse2);
+            v8f g = pr * (loadv(ds + c) - dsum);
+            if (capped) g *= 1.f - loadv(t + c) * loadv(t + c); /* d(c tanh(s / c)) / ds */
             storev(s + c, pr);
-            storev(ds + c, pr * (loadv(ds + c) - dsum));
+            storev(ds + c, g);
         }
         for (int64_t c = 0; c < lo; c++) s[c] = ds[c] = 0.f;
         for (int64_t c = hi; c < np; c++) s[c] = ds[c] = 0.f;
@@ -125,14 +131,32 @@ static void store_rows(void *dst, int64_t off, int64_t stride, const float *src,
         for (int64_t e = 0; e < d; e++) store_elem(dst, off + r * stride + e, src[r * dp + e] * mul, dt);
 }
 
-/* One task: keys of key blocks [cb0, cb1) of kv head (b, hk), against every query head of its group.  part: NULL
- * (the task covers every key: dQ written directly) or this chunk's float32 dQ partial [b * h][sq][dp]. */
-static void bwd_task(const attn_bwd_params *bp, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
+/* Zeros into dq rows [0, rows) of head h of sequence params p (rows that see no key). */
+static void zero_rows(const attn_bwd_params *p, int64_t h, int64_t rows) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t e = 0; e < p->fwd.d; e++)
+            store_elem(p->dq, h * p->dq_stride_h + i * p->dq_stride_s + e, 0.f, p->fwd.dtype);
+}
+
+/* One task: keys of key blocks [cb0, cb1) of kv head (b, hk), against every query head of its group, on sequence
+ * b alone (fattn_seq_bwd_params).  part: NULL (the task covers every key: dQ written directly) or this chunk's
+ * float32 dQ partial [b][h][sq][dp] (sq the longest sequence's). */
+static void bwd_task(const attn_bwd_params *all, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
                      int64_t cb0, int64_t cb1, float *part) {
-    const attn_params *p = &bp->fwd;
+    attn_bwd_params seq;
+    fattn_seq_bwd_params(all, b, &seq);
+    const attn_bwd_params *bp = &seq;
+    const attn_params *p = &seq.fwd;
     const int64_t d = p->d, dp = round_up(d, NR), bc = cfg->bc, br = cfg->br;
+    const int64_t nkb = (p->sk + bc - 1) / bc;
+    cb1 = cb1 < nkb ? cb1 : nkb;
+    if (cb0 >= cb1) { /* no keys of this sequence in the chunk: its partial stays zero, or dq is zero */
+        if (!part && cb0 == 0)
+            for (int64_t g = 0; g < p->h_per_kv; g++) zero_rows(bp, hk * p->h_per_kv + g, p->sq);
+        return;
+    }
     const int64_t k0 = cb0 * bc, k1 = cb1 * bc < p->sk ? cb1 * bc : p->sk;
-    pack_keys(p, bc, b, hk, k0, k1, w);
+    pack_keys(p, bc, 0, hk, k0, k1, w);
     memset(w->dk, 0, sizeof(float) * (cb1 - cb0) * bc * dp);
     memset(w->dv, 0, sizeof(float) * (cb1 - cb0) * bc * dp);
     const int64_t nqb = (p->sq + br - 1) / br;
@@ -144,7 +168,7 @@ static void bwd_task(const attn_bwd_params *bp, const fattn_cpu_config *cfg, scr
             const fattn_span sp = fattn_key_span(&p->mask, p->sq, p->sk, i0, rows, bc);
             const int64_t n0 = sp.n_min > cb0 ? sp.n_min : cb0, n1 = sp.n_max < cb1 ? sp.n_max : cb1;
             if (n0 >= n1 && part) continue; /* the partial stays zero */
-            load_rows(bp, w, b, h, i0, rows);
+            load_rows(bp, w, 0, h, i0, rows);
             for (int64_t n = n0; n < n1; n++) {
                 const int64_t j0 = n * bc, rel = j0 - k0, len = sp.k_end - j0 < bc ? sp.k_end - j0 : bc;
                 block_step(p, bc, w, rows, i0, j0, len, w->kt + (rel / bc) * dp * bc, w->vt + (rel / bc) * dp * bc,
@@ -152,46 +176,37 @@ static void bwd_task(const attn_bwd_params *bp, const fattn_cpu_config *cfg, scr
                            n >= sp.n_full_min && n < sp.n_full_max);
             }
             if (part)
-                memcpy(part + ((b * p->h + h) * p->sq + i0) * dp, w->dq, sizeof(float) * rows * dp);
+                memcpy(part + ((b * p->h + h) * all->fwd.sq + i0) * dp, w->dq, sizeof(float) * rows * dp);
             else
-                store_rows(bp->dq, b * bp->dq_stride_b + h * bp->dq_stride_h + i0 * bp->dq_stride_s, bp->dq_stride_s,
-                           w->dq, dp, rows, d, p->scale, p->dtype);
+                store_rows(bp->dq, h * bp->dq_stride_h + i0 * bp->dq_stride_s, bp->dq_stride_s, w->dq, dp, rows, d,
+                           p->scale, p->dtype);
         }
     }
     /* dK = scale * dS^T Q = ln 2 * dS^T (Q * scale_log2) */
-    store_rows(bp->dk, b * bp->dk_stride_b + hk * bp->dk_stride_h + k0 * bp->dk_stride_s, bp->dk_stride_s, w->dk, dp,
-               k1 - k0, d, FATTN_LN2, p->dtype);
-    store_rows(bp->dv, b * bp->dv_stride_b + hk * bp->dv_stride_h + k0 * bp->dv_stride_s, bp->dv_stride_s, w->dv, dp,
-               k1 - k0, d, 1.f, p->dtype);
+    store_rows(bp->dk, hk * bp->dk_stride_h + k0 * bp->dk_stride_s, bp->dk_stride_s, w->dk, dp, k1 - k0, d, FATTN_LN2,
+               p->dtype);
+    store_rows(bp->dv, hk * bp->dv_stride_h + k0 * bp->dv_stride_s, bp->dv_stride_s, w->dv, dp, k1 - k0, d, 1.f,
+               p->dtype);
 }
 
-/* dQ = scale * sum of the chunks' partials, in chunk order, for rows [0, b * h * sq). */
+/* dQ = scale * sum of the chunks' partials, in chunk order, for every sequence's rows. */
 static void sum_partials(const attn_bwd_params *bp, const float *part, int64_t chunks) {
     const attn_params *p = &bp->fwd;
-    const int64_t dp = round_up(p->d, NR), rows = p->b * p->h * p->sq, stride = rows * dp;
+    const int64_t dp = round_up(p->d, NR), stride = p->b * p->h * p->sq * dp;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
 #endif
-    for (int64_t row = 0; row < rows; row++) {
-        const int64_t i = row % p->sq, bh = row / p->sq, b = bh / p->h, h = bh % p->h;
-        const int64_t off = b * bp->dq_stride_b + h * bp->dq_stride_h + i * bp->dq_stride_s;
-        for (int64_t e = 0; e < p->d; e++) {
-            float acc = 0.f;
-            for (int64_t c = 0; c < chunks; c++) acc += part[c * stride + row * dp + e];
-            store_elem(bp->dq, off + e, acc * p->scale, p->dtype);
-        }
+    for (int64_t bh = 0; bh < p->b * p->h; bh++) {
+        attn_bwd_params seq;
+        fattn_seq_bwd_params(bp, bh / p->h, &seq);
+        const int64_t h = bh % p->h;
+        for (int64_t i = 0; i < seq.fwd.sq; i++)
+            for (int64_t e = 0; e < p->d; e++) {
+                float acc = 0.f;
+                for (int64_t c = 0; c < chunks; c++) acc += part[c * stride + (bh * p->sq + i) * dp + e];
+                store_elem(seq.dq, h * seq.dq_stride_h + i * seq.dq_stride_s + e, acc * p->scale, p->dtype);
+            }
     }
-}
-
-/* Zeros of q's shape into dq: the gradient of rows that see no key. */
-static void zero_dq(const attn_bwd_params *bp) {
-    const attn_params *p = &bp->fwd;
-    for (int64_t b = 0; b < p->b; b++)
-        for (int64_t h = 0; h < p->h; h++)
-            for (int64_t i = 0; i < p->sq; i++)
-                for (int64_t e = 0; e < p->d; e++)
-                    store_elem(bp->dq, b * bp->dq_stride_b + h * bp->dq_stride_h + i * bp->dq_stride_s + e, 0.f,
-                               p->dtype);
 }
 
 fattn_status fattn_cpu_backward(const attn_bwd_params *bp, const fattn_cpu_config *cfg) {
@@ -200,11 +215,7 @@ fattn_status fattn_cpu_backward(const attn_bwd_params *bp, const fattn_cpu_confi
     fattn_status st = fattn_cpu_check_config(&c);
     if (st) return st;
     if (p->b * p->h * p->sq == 0 && p->b * p->h_kv * p->sk == 0) return FATTN_OK;
-    if (p->sk == 0) {
-        zero_dq(bp);
-        return FATTN_OK;
-    }
-    const int64_t nkb = (p->sk + c.bc - 1) / c.bc, heads = p->b * p->h_kv;
+    const int64_t nkb = p->sk > 0 ? (p->sk + c.bc - 1) / c.bc : 1, heads = p->b * p->h_kv; /* sk = 0: dq = 0 */
     int nthreads = 1;
 #ifdef _OPENMP
     nthreads = c.threads > 0 ? c.threads : omp_get_max_threads();
@@ -226,9 +237,9 @@ fattn_status fattn_cpu_backward(const attn_bwd_params *bp, const fattn_cpu_confi
         scratch w = {alloc_floats(ckeys * dp), alloc_floats(ckeys * dp), alloc_floats(ckeys * dp),
                      alloc_floats(ckeys * dp), alloc_floats(ckeys * dp), alloc_floats(c.br * dp),
                      alloc_floats(c.br * dp), alloc_floats(c.br * dp), alloc_floats(c.br * c.bc),
-                     alloc_floats(c.br * c.bc), alloc_floats(c.br), alloc_floats(c.br)};
-        if (!w.kt || !w.vt || !w.kr || !w.dk || !w.dv || !w.q || !w.dout || !w.dq || !w.s || !w.ds || !w.lse2 ||
-            !w.dsum) {
+                     alloc_floats(c.br * c.bc), alloc_floats(c.br * c.bc), alloc_floats(c.br), alloc_floats(c.br)};
+        if (!w.kt || !w.vt || !w.kr || !w.dk || !w.dv || !w.q || !w.dout || !w.dq || !w.s || !w.ds || !w.t ||
+            !w.lse2 || !w.dsum) {
             failed = 1;
         } else {
 #ifdef _OPENMP
@@ -242,7 +253,7 @@ fattn_status fattn_cpu_backward(const attn_bwd_params *bp, const fattn_cpu_confi
             }
         }
         free(w.kt); free(w.vt); free(w.kr); free(w.dk); free(w.dv); free(w.q); free(w.dout); free(w.dq);
-        free(w.s); free(w.ds); free(w.lse2); free(w.dsum);
+        free(w.s); free(w.ds); free(w.t); free(w.lse2); free(w.dsum);
     }
     if (!failed && part) sum_partials(bp, part, chunks);
     free(part);

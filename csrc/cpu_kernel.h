@@ -66,6 +66,23 @@ static inline v8f exp2_v8(v8f x) {
 static inline v8f loadv(const float *p) { v8f v; memcpy(&v, p, 32); return v; }
 static inline void storev(float *p, v8f v) { memcpy(p, &v, 32); }
 
+/* tanh of 8 lanes as 1 - 2 / (e^2x + 1) (absolute error ~1e-7; +-1 for large |x|). */
+static inline v8f tanh_v8(v8f x) {
+    return 1.f - 2.f / (exp2_v8(x * (2.f * FATTN_LOG2E)) + 1.f);
+}
+
+/* The softcap on rows [0, rows) of an ld-strided score tile (n columns, a multiple of 8), in the tile's units: s ->
+ * cap tanh(s / cap).  t (NULL: not kept): the tanh values, same layout, for the backward's chain rule. */
+static inline void softcap_rows(float *s, int64_t ld, int rows, int64_t n, float cap, float *t) {
+    const float inv = 1.f / cap;
+    for (int r = 0; r < rows; r++)
+        for (int64_t c = 0; c < n; c += 8) {
+            const v8f th = tanh_v8(loadv(s + r * ld + c) * inv);
+            storev(s + r * ld + c, th * cap);
+            if (t) storev(t + r * ld + c, th);
+        }
+}
+
 /* max(m, s[0:n]) for n a multiple of 8; -inf entries (masked) never win, a NaN entry makes the result NaN. */
 static inline float row_max(const float *s, int64_t n, float m) {
     v8f mx = (v8f){0} + m;

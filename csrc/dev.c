@@ -285,9 +285,9 @@ static PyObject *dev_gemm_baseline(PyObject *module, PyObject *const *args, Py_s
     for (int i = 0; i < 5; i++)
         if (fattn_take(&st->names, args[i], names[i], args[5], &ts[i])) goto done;
     fattn_tensor qkvo[5] = {ts[0], ts[1], ts[2], ts[4], {0}};
-    const fattn_call_opts o = {0, 0, -1, -1, NAN};
+    const fattn_call_opts o = {0, 0, -1, -1, NAN, 0, 0.0, NULL, NULL, NULL, -1, -1};
     attn_params p;
-    if (fattn_build_params(qkvo, &o, &p)) goto done;
+    if (fattn_build_params(qkvo, &o, &p, NULL)) goto done;
     if (p.dtype == FATTN_F32 || ts[0].t->device.device_type != kDLCUDA) {
         PyErr_SetString(PyExc_TypeError, "q: the gemm baseline takes float16 or bfloat16 CUDA arrays");
         goto done;

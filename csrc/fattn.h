@@ -57,7 +57,38 @@ typedef struct attn_params {
     fattn_dtype dtype;
     float scale, scale_log2;          /* softmax scale, and scale * log2(e) */
     fattn_mask mask;                  /* which keys each query sees */
+    float softcap;                    /* c > 0: each score s = scale q.k becomes c tanh(s / c) before the softmax */
+    /* Variable-length batches (NULL: dense).  Sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1]
+     * of q and o (and entries of lse's rows), its keys rows cu_seqlens_k[b] .. of k and v; b counts the sequences,
+     * sq and sk are the longest, batch strides are 0.  seqused_k[b] (also for dense calls): sequence b uses only
+     * its first seqused_k[b] keys (a KV cache's filled length).  Device pointers on the GPU. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
 } attn_params;
+
+FATTN_HD int64_t fattn_elem_bytes(fattn_dtype t) { return t == FATTN_F32 ? 4 : 2; }
+
+/* The params of sequence (batch) b alone, as a batch of one: q, k, v, o and lse moved to its first query and key,
+ * sq and sk its own lengths.  Every kernel and the CPU backend start here and then work on batch 0, so a dense
+ * batch, a packed variable-length batch and a partly filled cache are one code path. */
+FATTN_HD void fattn_seq_params(const attn_params *p, int64_t b, attn_params *s) {
+    *s = *p;
+    int64_t q0 = 0, k0 = 0;
+    if (p->cu_seqlens_q) {
+        q0 = p->cu_seqlens_q[b];
+        k0 = p->cu_seqlens_k[b];
+        s->sq = p->cu_seqlens_q[b + 1] - q0;
+        s->sk = p->cu_seqlens_k[b + 1] - k0;
+    }
+    if (p->seqused_k && p->seqused_k[b] < s->sk) s->sk = p->seqused_k[b];
+    const int64_t e = fattn_elem_bytes(p->dtype);
+    s->q = (const char *)p->q + (b * p->q_stride_b + q0 * p->q_stride_s) * e;
+    s->k = (const char *)p->k + (b * p->k_stride_b + k0 * p->k_stride_s) * e;
+    s->v = (const char *)p->v + (b * p->v_stride_b + k0 * p->v_stride_s) * e;
+    s->o = (char *)p->o + (b * p->o_stride_b + q0 * p->o_stride_s) * e;
+    if (p->lse) s->lse = p->lse + b * p->lse_stride_b + q0;
+    s->b = 1;
+    s->cu_seqlens_q = s->cu_seqlens_k = s->seqused_k = 0;
+}
 
 /* The backward pass (FlashAttention-2's, Dao 2023): dQ, dK, dV from dO, the forward's inputs, its output O and its LSE
  * (fwd.lse, required, natural log).  With P recomputed from Q, K and the LSE:
@@ -84,6 +115,22 @@ typedef struct attn_bwd_params {
     int64_t ws_rows, ws_cols;
     int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
 } attn_bwd_params;
+
+/* The backward's params of sequence b alone (fattn_seq_params, with dO and the gradients moved alike and the
+ * workspace rows of batch b). */
+FATTN_HD void fattn_seq_bwd_params(const attn_bwd_params *p, int64_t b, attn_bwd_params *s) {
+    *s = *p;
+    fattn_seq_params(&p->fwd, b, &s->fwd);
+    const int64_t q0 = p->fwd.cu_seqlens_q ? p->fwd.cu_seqlens_q[b] : 0;
+    const int64_t k0 = p->fwd.cu_seqlens_k ? p->fwd.cu_seqlens_k[b] : 0;
+    const int64_t e = fattn_elem_bytes(p->fwd.dtype);
+    s->dout = (const char *)p->dout + (b * p->do_stride_b + q0 * p->do_stride_s) * e;
+    s->dq = (char *)p->dq + (b * p->dq_stride_b + q0 * p->dq_stride_s) * e;
+    s->dk = (char *)p->dk + (b * p->dk_stride_b + k0 * p->dk_stride_s) * e;
+    s->dv = (char *)p->dv + (b * p->dv_stride_b + k0 * p->dv_stride_s) * e;
+    if (p->dpsum) s->dpsum = p->dpsum + b * p->fwd.h * p->ws_rows;
+    if (p->dq_accum) s->dq_accum = p->dq_accum + b * p->fwd.h * p->ws_rows * p->ws_cols;
+}
 
 /* The GPU backward's workspace: ws_rows = sq rounded up to 128, ws_cols = the head-dim bucket; dq_accum first, then
  * dpsum.  One rule for every GPU variant (the Python side sizes a framework-allocated workspace with it). */

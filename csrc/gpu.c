@@ -68,6 +68,19 @@ fattn_status fattn_gpu_device_count(int *count) {
     return FATTN_FAIL(FATTN_ERR_CUDA, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device, void *stream) {
+    int current = -1;
+    FATTN_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream);
+    if (e != cudaSuccess) cudaGetLastError();
+    if (current != device) cudaSetDevice(current);
+    if (e != cudaSuccess)
+        return FATTN_FAIL(FATTN_ERR_CUDA, "reading %zu bytes from cuda:%d: %s", bytes, device, cudaGetErrorString(e));
+    return FATTN_OK;
+}
+
 /* ---- device queries: compute capability and multiprocessors, read once per device --------------------------- */
 
 #define MAX_DEVICES 64
@@ -349,6 +362,10 @@ fattn_status fattn_run_gpu(const attn_params *p, const fattn_tuned *tuned, const
 fattn_status fattn_plan_gpu_bwd(const attn_bwd_params *p, const fattn_device *dev, const fattn_tuned *tuned,
                                 const char *forced, const fattn_overrides *ov, fattn_plan *plan) {
     (void)p; (void)dev; (void)tuned; (void)forced; (void)ov; (void)plan;
+    return not_built();
+}
+fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device, void *stream) {
+    (void)dst; (void)src; (void)bytes; (void)device; (void)stream;
     return not_built();
 }
 fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {

@@ -25,6 +25,25 @@ static PyObject *py_dlpack_device(PyObject *module, PyObject *obj) {
     return Py_BuildValue("(ii)", type, id);
 }
 
+static PyObject *py_longest_sequence(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "longest_sequence(cu_seqlens, stream=None)");
+        return NULL;
+    }
+    module_state *st = fattn_state(module);
+    if (fattn_find_torch(&st->names)) return NULL;
+    void *stream = NULL;
+    PyObject *stream_obj = nargs > 1 ? args[1] : Py_None;
+    if (fattn_arg_stream(stream_obj, &stream)) return NULL;
+    fattn_tensor t;
+    memset(&t, 0, sizeof t);
+    int64_t longest = 0;
+    const int rc = fattn_take_dlpack(&st->names, args[0], "cu_seqlens", stream_obj, &t) ||
+                   fattn_longest_sequence(&t, &longest, stream);
+    fattn_tensor_release(&t);
+    return rc ? NULL : PyLong_FromLongLong(longest);
+}
+
 static PyObject *py_cuda_device_count(PyObject *module, PyObject *unused) {
     (void)module; (void)unused;
     int n = 0;
@@ -87,6 +106,8 @@ static PyMethodDef module_methods[] = {
     {"backward_workspace_bytes", (PyCFunction)(void (*)(void))fattn_py_backward_workspace_bytes, METH_FASTCALL,
      "backward_workspace_bytes(b, h, sq, d) -> bytes of workspace a GPU backward needs."},
     {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},
+    {"longest_sequence", (PyCFunction)(void (*)(void))py_longest_sequence, METH_FASTCALL,
+     "longest_sequence(cu_seqlens, stream=None) -> the longest sequence of int32 prefix sums (checked)."},
     {"variants", (PyCFunction)(void (*)(void))py_variants, METH_FASTCALL,
      "variants(device_type, device_id): [(name, summary)] of the variants that run there."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of CUDA devices; RuntimeError if none usable."},

@@ -7,10 +7,10 @@
 #include "tuned.h"
 
 /* The forward call's argument names (bind.c), interned so that keywords match by pointer. */
-#define FATTN_FORWARD_ARGS 14
+#define FATTN_FORWARD_ARGS 20
 extern const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS];
 /* The backward call's (bind_bwd.c). */
-#define FATTN_BACKWARD_ARGS 18
+#define FATTN_BACKWARD_ARGS 23
 extern const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS];
 
 typedef struct {
@@ -34,6 +34,12 @@ int fattn_arg_variant(PyObject *obj, const char **variant);
 int fattn_check_variant(const char *name, fattn_dtype dtype);
 int fattn_parse_overrides(PyObject *config, PyObject *splits, PyObject *order, fattn_overrides *ov);
 int fattn_raise_plan_status(fattn_status s, const char *variant, const fattn_overrides *ov);
+/* softcap: None or a float (0: none; range checked with the params). */
+int fattn_arg_softcap(PyObject *obj, double *softcap);
+/* The variable-length arguments (cu_seqlens_q, cu_seqlens_k, seqused_k at objs[0..3), max_seqlen_q / _k) taken
+ * into ts[0..3) and o. */
+int fattn_take_varlen_args(const fattn_names *names, PyObject **objs, PyObject *max_q, PyObject *max_k,
+                           PyObject *stream, fattn_tensor *ts, fattn_call_opts *o);
 
 /* The bindings of each file, for the method tables in module.c. */
 PyObject *fattn_py_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

@@ -80,6 +80,18 @@ typedef fattn_status (*fattn_launch_bwd_fn)(const attn_bwd_params *p, const fatt
 /* Once per device before the first launch there: raises the kernels' shared-memory limits and the like. */
 typedef fattn_status (*fattn_prepare_fn)(int device);
 
+/* Features of a call a kernel may not take (yet): its planner refuses the call naming the first one it lacks, and
+ * the dispatch then picks a variant that takes it (the scalar family takes every one). */
+#define FATTN_TAKES_SOFTCAP 1
+#define FATTN_TAKES_VARLEN 2    /* cu_seqlens_q / cu_seqlens_k */
+#define FATTN_TAKES_SEQUSED 4   /* seqused_k */
+static inline const char *fattn_missing_feature(const attn_params *p, int takes) {
+    if (p->softcap > 0.f && !(takes & FATTN_TAKES_SOFTCAP)) return "a softcap";
+    if (p->cu_seqlens_q && !(takes & FATTN_TAKES_VARLEN)) return "variable-length batches (cu_seqlens)";
+    if (p->seqused_k && !(takes & FATTN_TAKES_SEQUSED)) return "seqused_k";
+    return NULL;
+}
+
 /* The CPU backend's plan: the override, else the tuned config registered for p, else the built-in default. */
 void fattn_cpu_plan(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan);
 

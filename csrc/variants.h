@@ -109,6 +109,10 @@ const fattn_bwd_variant *fattn_find_bwd_variant(const char *name);
 
 /* 1 if fattn was built with CUDA support. */
 int fattn_gpu_compiled(void);
+/* Copies `bytes` from device memory (on `device`) to the host, ordered after the work queued on `stream`, and waits
+ * for it (a small synchronous read: cu_seqlens checks). */
+fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device, void *stream);
+
 /* Number of usable CUDA devices; a non-OK status (no driver, no device) comes with a message saying so. */
 fattn_status fattn_gpu_device_count(int *count);
 /* The device's compute capability and multiprocessor count (cached), and its name when name != NULL. */

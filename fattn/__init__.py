@@ -9,6 +9,7 @@
 See help(fattn.attention) for every argument.
 """
 from ._api import attention, attention_backward, cuda_available, describe_variants, variants
+from ._serving import attention_varlen, attention_varlen_backward
 
 __version__ = "0.1.0"
-__all__ = ["attention", "attention_backward", "variants", "describe_variants", "cuda_available", "__version__"]
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "variants", "describe_variants", "cuda_available", "__version__"]

@@ -1,14 +1,12 @@
-"""fattn's public API: attention(), attention_backward() and variants()."""
-from . import _C
-from . import _frameworks, _tuned
+"""fattn's public API for dense batches: attention(), attention_backward(), variants().  (Variable-length batches
+and KV caches: _serving.py; the argument rules: _args.py.)"""
+from . import _C, _args, _tuned
+from ._args import CAUSAL, LAYOUT  # noqa: F401  (the codes, for callers of fattn._C)
 from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
 
-CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
-LAYOUT = {"bhsd": 0, "bshd": 1}
 
-
-def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), out=None, return_lse=False,
-              variant=None, lse=None, deterministic=False):
+def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), softcap=0.0, out=None,
+              return_lse=False, variant=None, lse=None, deterministic=False):
     r"""Scaled dot-product attention, ``softmax(q k^T * scale) v``, computed by fattn's kernels.
 
     Arguments are any DLPack arrays (torch, CuPy, NumPy, ...), all on one device (CPU or one CUDA GPU), in any
@@ -36,6 +34,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
             p = i + Sk - Sq; top-left with ``causal="top_left"``): query i sees keys j with
             ``p - left <= j <= p + right``, -1 meaning unbounded on that side.  ``causal`` forces right = 0.
             Key blocks wholly outside the window are skipped, so the time is proportional to the window.
+        softcap: ``c > 0`` caps the scores: each ``s = scale * q.k`` becomes ``c * tanh(s / c)`` before the softmax
+            (Gemma 2, Grok); 0 means none.  The tensor-core variants do not take it yet: such calls run v1.
         out: optional writable array of q's shape and dtype to write into; otherwise one is allocated by the
             caller's framework (torch in, torch out; CuPy in, CuPy out; NumPy in, NumPy out).
         return_lse: also return the log-sum-exp of each row, float32 ``(B, H, Sq)``, natural log.
@@ -58,35 +58,22 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
         TypeError / ValueError naming the offending argument for bad input; RuntimeError for errors from the
         kernels or the CUDA runtime (never left pending).
     """
-    try:
-        causal_code = CAUSAL[causal]
-    except (KeyError, TypeError):
-        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
-    try:
-        layout_code = LAYOUT[layout]
-    except (KeyError, TypeError):
-        raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}") from None
-    if variant is not None and not isinstance(variant, str):
-        raise TypeError(f"variant: expected a str or None, got {type(variant).__name__}")
-    if scale is not None and not isinstance(scale, float):
-        scale = _as_float(scale)
-    window = _window(window)
+    causal_code, layout_code = _args.causal_code(causal), _args.layout_code(layout)
+    variant, scale, window = _args.variant_name(variant), _args.scale_value(scale), _args.window_pair(window)
+    softcap = _args.softcap_value(softcap)
 
     fw = framework_of(q)
     if fw == "torch":
-        if not _frameworks.torch_ready:
-            from . import _torch  # noqa: F401  registers torch's types and the ops (a real import under torch.compile too)
-        if (_frameworks.is_compiling() or type(q) is not _frameworks.torch_tensor or q.is_meta
-                or _frameworks.is_tracing() or (_frameworks.grad_enabled() and (
-                    q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))):
-            return _torch_op(q, k, v, causal_code, scale, layout_code, window, variant, deterministic, out, lse,
-                             return_lse)
+        _args.torch_registered()
+        if _args.needs_torch_op(q, k, v):
+            return _torch_op(q, k, v, causal_code, scale, layout_code, window, softcap, variant, deterministic, out,
+                             lse, return_lse)
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
     else:
         dev_type, dev_id = _C.dlpack_device(q)
     if out is not None or lse is not None:
-        _refuse_jax(out, lse)
+        _args.refuse_jax(out=out, lse=lse)
 
     if out is None or ((return_lse or lse is not None) and lse is None):
         shape = tuple(q.shape)
@@ -102,52 +89,20 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
-    _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, window=window, variant=variant,
-               stream=stream)
+    _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, window=window, softcap=softcap,
+               variant=variant, stream=stream)
     return (out, lse) if lse is not None else out
 
 
-def _as_float(scale):
-    """A scale given as any real scalar (int, NumPy scalar, 0-d array or tensor) as a float."""
-    if isinstance(scale, bool) or getattr(scale, "ndim", 0) != 0 or not hasattr(scale, "__float__"):
-        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
-    return float(scale)
-
-
-def _window(window):
-    """None (no window) or a (left, right) pair of ints >= -1, from what the caller gave."""
-    if window is None:
-        return None
-    try:
-        left, right = window
-        left, right = int(left), int(right)
-        ok = all(not isinstance(x, bool) and float(x).is_integer() for x in window)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise TypeError(f"window: expected a (left, right) pair of ints, got {window!r}")
-    if left < -1 or right < -1:
-        raise ValueError(f"window: ({left}, {right}): each side is a key count >= 0, or -1 for unbounded")
-    return None if left == -1 and right == -1 else (left, right)
-
-
-def _refuse_jax(out, lse, out_name="out"):
-    for name, arr in ((out_name, out), ("lse", lse)):
-        if arr is not None and framework_of(arr) == "jax":
-            raise TypeError(f"{name}: JAX arrays are immutable, so fattn cannot write into one; pass a writable "
-                            "torch / CuPy / NumPy array")
-
-
-def _torch_op(q, k, v, causal, scale, layout, window, variant, deterministic, out, lse, return_lse):
+def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, deterministic, out, lse, return_lse):
     """The call through torch.ops.fattn.attention: what autograd, torch.compile, torch.export, torch.jit.trace,
-    FakeTensor and meta tensors need (registered on first use)."""
+    FakeTensor and meta tensors need."""
     from . import _torch
 
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
+    _args.same_device(q, k=k, v=v)
     left, right = window or (-1, -1)
-    o, lse_out = _torch.attention(q, k, v, causal, scale, layout, left, right, variant, bool(deterministic))
+    o, lse_out = _torch.attention(q, k, v, causal, scale, layout, left, right, softcap, None, None, 0, 0, variant,
+                                  bool(deterministic))
     if out is not None:
         out.copy_(o)
         o = out
@@ -157,12 +112,12 @@ def _torch_op(q, k, v, causal, scale, layout, window, variant, deterministic, ou
     return (o, lse_out) if (return_lse or lse is not None) else o
 
 
-def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), dq=None,
-                       dk=None, dv=None, deterministic=False, variant=None):
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bhsd", window=(-1, -1),
+                       softcap=0.0, dq=None, dk=None, dv=None, deterministic=False, variant=None):
     r"""Gradients of :func:`attention`: ``(dq, dk, dv)`` from the gradient ``dout`` of its output.
 
     Arguments are DLPack arrays on one device, as for :func:`attention`; q, k, v, causal, scale, layout and variant
-    (and window) must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
+    (and window, softcap) must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
     FlashAttention-2's backward: P is recomputed from q, k and lse, never stored.
 
     Args:
@@ -176,53 +131,43 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     Rows that see no key get zero gradients.  Runs on the caller's current CUDA stream; a GPU call's float32
     workspace is allocated by the caller's framework (so it is safe under CUDA graph capture).
     """
-    try:
-        causal_code = CAUSAL[causal]
-    except (KeyError, TypeError):
-        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
-    try:
-        layout_code = LAYOUT[layout]
-    except (KeyError, TypeError):
-        raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}") from None
-    if scale is not None and not isinstance(scale, float):
-        scale = _as_float(scale)
-    window = _window(window)
+    causal_code, layout_code = _args.causal_code(causal), _args.layout_code(layout)
+    variant, scale, window = _args.variant_name(variant), _args.scale_value(scale), _args.window_pair(window)
+    softcap = _args.softcap_value(softcap)
     fw = framework_of(q)
     if fw == "torch":
-        if not _frameworks.torch_ready:
-            from . import _torch  # noqa: F401
-        if _frameworks.is_compiling() or type(q) is not _frameworks.torch_tensor or q.is_meta:
+        _args.torch_registered()
+        if _args.traced_or_fake(q):
             from . import _torch
 
             if dq is not None or dk is not None or dv is not None:
                 raise ValueError("dq: cannot write into given arrays under torch.compile or with fake tensors")
             left, right = window or (-1, -1)
             return _torch.attention_backward(dout, q, k, v, out, lse, causal_code, scale, layout_code, left, right,
-                                             variant, bool(deterministic))
+                                             softcap, None, None, 0, 0, variant, bool(deterministic))
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
     else:
         dev_type, dev_id = _C.dlpack_device(q)
-    for name, arr in (("dq", dq), ("dk", dk), ("dv", dv)):
-        if arr is not None and framework_of(arr) == "jax":
-            _refuse_jax(arr, None, name)
-    shapes = {}
+    _args.refuse_jax(dq=dq, dk=dk, dv=dv)
+    grads = []
     for name, like, given in (("dq", q, dq), ("dk", k, dk), ("dv", v, dv)):
         if given is None:
             if len(like.shape) != 4:
                 raise ValueError(f"{'q' if name == 'dq' else name[1]}: expected a 4-D array "
                                  f"({'B, H, S, D' if layout_code == 0 else 'B, S, H, D'}), got {len(like.shape)}-D")
-            shapes[name] = EMPTY[fw](like, tuple(like.shape), False)
-    dq, dk, dv = shapes.get("dq", dq), shapes.get("dk", dk), shapes.get("dv", dv)
+            given = EMPTY[fw](like, tuple(like.shape), False)
+        grads.append(given)
     workspace, stream = None, None
     if dev_type == CUDA:
         stream = current_stream(fw, dev_id)
         b, x, y, d = q.shape
         h, sq = (x, y) if layout_code == 0 else (y, x)
         workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(b, h, sq, d) // 4,), True)
-    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal_code, scale=scale, layout=layout_code, window=window,
-                variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace)
-    return dq, dk, dv
+    _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,
+                softcap=softcap, variant=variant, stream=stream, deterministic=bool(deterministic),
+                workspace=workspace)
+    return tuple(grads)
 
 
 def _parse_device(device):

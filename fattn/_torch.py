@@ -1,14 +1,14 @@
 """fattn as torch custom operators, so that autograd, torch.compile, torch.export and FakeTensor see it.
 
-    torch.ops.fattn.attention(q, k, v, causal, scale, layout, window_left, window_right, variant, deterministic)
-        -> (out, lse)
-    torch.ops.fattn.attention_backward(dout, q, k, v, out, lse, causal, scale, layout, window_left, window_right,
-                                       variant, deterministic) -> (dq, dk, dv)
+    torch.ops.fattn.attention(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q,
+                              cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant, deterministic) -> (out, lse)
+    torch.ops.fattn.attention_backward(dout, q, k, v, out, lse, <the same arguments>) -> (dq, dk, dv)
 
-The forward's autograd formula saves q, k, v, out and lse and calls the backward op; lse is not differentiable.
-Both have fake (meta) implementations that only give shapes.  Imported, and torch's types registered with the C
-side (the lean call path), by fattn.attention the first time a torch tensor arrives; `import fattn` never imports
-torch.
+One pair serves dense calls ((B, H, S, D) or (B, S, H, D), lse (B, H, Sq)) and packed variable-length ones
+(cu_seqlens given: (total, H, D), lse (H, total_q)).  The forward's autograd formula saves q, k, v, out and lse and
+calls the backward op; lse is not differentiable.  Both have fake (meta) implementations that only give shapes.
+Imported, and torch's types registered with the C side (the lean call path), by fattn.attention the first time a
+torch tensor arrives; `import fattn` never imports torch.
 """
 import torch
 
@@ -18,6 +18,7 @@ from ._frameworks import current_stream
 _frameworks.register_torch(_C)
 
 _LIB = "fattn"
+Tensor = torch.Tensor
 
 
 def _stream(t):
@@ -28,48 +29,63 @@ def _window(left, right):
     return None if left < 0 and right < 0 else (left, right)
 
 
-def _lse_shape(q, layout):
+def _lse_shape(q, layout, varlen):
+    if varlen:
+        return (q.shape[1], q.shape[0])
     b, x, y = q.shape[0], q.shape[1], q.shape[2]
     return (b, x, y) if layout == 0 else (b, y, x)
 
 
+def _seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    if cu_seqlens_q is None:
+        return {}
+    return {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "max_seqlen_q": max_seqlen_q,
+            "max_seqlen_k": max_seqlen_k}
+
+
 @torch.library.custom_op(f"{_LIB}::attention", mutates_args=())
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: int, scale: float | None, layout: int,
-              window_left: int, window_right: int, variant: str | None,
-              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None, layout: int, window_left: int,
+              window_right: int, softcap: float, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+              max_seqlen_q: int, max_seqlen_k: int, variant: str | None, deterministic: bool) -> tuple[Tensor, Tensor]:
     out = torch.empty_like(q)
-    lse = q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
+    lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
     _C.forward(q, k, v, out, lse, causal=causal, scale=scale, layout=layout, window=_window(window_left, window_right),
-               variant=variant, stream=_stream(q))
+               softcap=softcap, variant=variant, stream=_stream(q),
+               **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     return out, lse
 
 
 @attention.register_fake
-def _(q, k, v, causal, scale, layout, window_left, window_right, variant, deterministic):
-    return torch.empty_like(q), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
+def _(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+      max_seqlen_k, variant, deterministic):
+    return torch.empty_like(q), q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{_LIB}::attention_backward", mutates_args=())
-def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                       lse: torch.Tensor, causal: int, scale: float | None, layout: int, window_left: int,
-                       window_right: int, variant: str | None,
-                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: int,
+                       scale: float | None, layout: int, window_left: int, window_right: int, softcap: float,
+                       cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+                       variant: str | None, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     workspace = None
     if q.is_cuda:
-        b, x, y, d = q.shape
-        h, sq = (x, y) if layout == 0 else (y, x)
+        if cu_seqlens_q is not None:
+            b, h, sq, d = cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, q.shape[2]
+        else:
+            b, x, y, d = q.shape
+            h, sq = (x, y) if layout == 0 else (y, x)
         workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, d),), dtype=torch.uint8)
-    if dout.dim() == 4 and dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
+    if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
         dout = dout.contiguous()
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,
-                window=_window(window_left, window_right), variant=variant, stream=_stream(q),
-                deterministic=deterministic or torch.are_deterministic_algorithms_enabled(), workspace=workspace)
+                window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
+                deterministic=deterministic or torch.are_deterministic_algorithms_enabled(), workspace=workspace,
+                **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     return dq, dk, dv
 
 
 @attention_backward.register_fake
-def _(dout, q, k, v, out, lse, causal, scale, layout, window_left, window_right, variant, deterministic):
+def _(dout, q, k, v, out, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

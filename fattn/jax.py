@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 
-from . import _api
+from . import _api, _args
 
 __all__ = ["attention"]
 
@@ -78,8 +78,6 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def attention(q, k, v, *, causal=False, scale=None, layout="bhsd"):
     """Scaled dot-product attention of jax.Arrays, differentiable (jax.grad / jax.vjp).  Arguments as for
     :func:`fattn.attention`; float16, bfloat16 or float32 on the CPU, float16 or bfloat16 on a GPU."""
-    if scale is not None:
-        scale = _api._as_float(scale)
-    if causal not in _api.CAUSAL:
-        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    scale = _args.scale_value(scale)
+    _args.causal_code(causal)
     return _attention(q, k, v, causal, scale, layout)

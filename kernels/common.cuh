@@ -45,6 +45,9 @@ DEV float warp_sum(float x) {
     const int64_t v_off = (b) * (p).v_stride_b + hk_ * (p).v_stride_h;                                         \
     const int64_t o_off = (b) * (p).o_stride_b + (h) * (p).o_stride_h
 
+/* The softcap in log2 units: a score S2 = s log2(e) becomes cap2 tanh(S2 / cap2), cap2 = c log2(e) (c tanh(s / c)). */
+DEV float softcap2(float s2, float cap2) { return cap2 * tanhf(s2 / cap2); }
+
 /* Natural-log LSE from the base-2 running max and sum; -inf for a row that saw no key. */
 DEV float lse_from(float m_log2, float l) { return l > 0.f ? (m_log2 + __log2f(l)) * FATTN_LN2 : -INFINITY; }
 

@@ -332,7 +332,10 @@ def test_autograd_meta_fake_jit_trace_and_opcheck():
     traced = torch.jit.trace(lambda x: fattn.attention(x, x, x, causal=True), (q,))
     assert torch.equal(traced(q), fattn.attention(q, q, q, causal=True))
     ql, kl, vl = leafs(q, k, v)
-    torch.library.opcheck(torch.ops.fattn.attention.default, (ql, kl, vl, 1, None, 0, -1, -1, None, False))
+    torch.library.opcheck(torch.ops.fattn.attention.default,
+                          (ql, kl, vl, 1, None, 0, -1, -1, 0.0, None, None, 0, 0, None, False))
+    torch.library.opcheck(torch.ops.fattn.attention.default,  # a window and a softcap
+                          (ql, kl, vl, 2, 0.5, 0, 4, 2, 3.0, None, None, 0, 0, None, False))
 
 
 def test_autograd_double_backward_is_a_clear_error():

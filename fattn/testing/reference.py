@@ -2,8 +2,10 @@
 float64 from the same low-precision inputs, for NumPy arrays or torch tensors (computed where they live).
 
     visible(sq, sk, causal=False, window=None)     -> bool array (sq, sk)
-    attention(q, k, v, causal=False, scale=None, window=None) -> (out, lse) in float64
-    gradients(q, k, v, dout, causal=False, scale=None, window=None) -> (dq, dk, dv) in float64
+    attention(q, k, v, causal=False, scale=None, window=None, softcap=0) -> (out, lse) in float64
+    gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0) -> (dq, dk, dv) in float64
+
+A softcap c > 0 maps each score s (after the scale) to c tanh(s / c).
 
 Tensors are (B, H, S, D) with H a multiple of H_kv (grouped-query attention).  A row that sees no key gives out 0
 and LSE -inf.
@@ -78,8 +80,11 @@ class _Ops:
     def sum(self, x):
         return x.sum(dim=-1, keepdim=True) if self.torch else x.sum(axis=-1, keepdims=True)
 
+    def tanh(self, x):
+        return x.tanh() if self.torch else self.lib.tanh(x)
 
-def attention(q, k, v, causal=False, scale=None, window=None, batches=None, heads=None):
+
+def attention(q, k, v, causal=False, scale=None, window=None, batches=None, heads=None, softcap=0.0):
     """(out, lse) in float64 for batches [:batches] and heads [:heads] (default all), in blocks of query rows."""
     ops = _Ops(q)
     lib = ops.lib
@@ -98,6 +103,8 @@ def attention(q, k, v, causal=False, scale=None, window=None, batches=None, head
         if sk == 0:
             continue
         s = (q64[:, :, i0:i1] @ ops.t(k64)) * scale
+        if softcap:
+            s = softcap * ops.tanh(s / softcap)
         s = lib.where(ops.mask(visible(sq, sk, causal, window, (i0, i1))), s, -math.inf)
         m = ops.amax(s)
         m = lib.where(m == -math.inf, 0.0, m)  # a row that sees nothing: exp(-inf) = 0, not NaN
@@ -109,7 +116,7 @@ def attention(q, k, v, causal=False, scale=None, window=None, batches=None, head
     return out, lse
 
 
-def gradients(q, k, v, dout, causal=False, scale=None, window=None):
+def gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0):
     """(dq, dk, dv) in float64 of attention(q, k, v) for the output gradient dout, from the formulas (P recomputed
     exactly; dk and dv summed over each group's query heads); rows that see no key get zero gradients."""
     ops = _Ops(q)
@@ -127,6 +134,9 @@ def gradients(q, k, v, dout, causal=False, scale=None, window=None):
     for i0 in range(0, sq if sk else 0, step):
         i1 = min(sq, i0 + step)
         s = (q64[:, :, i0:i1] @ ops.t(k64)) * scale
+        t = ops.tanh(s / softcap) if softcap else None
+        if softcap:
+            s = softcap * t
         s = lib.where(ops.mask(visible(sq, sk, causal, window, (i0, i1))), s, -math.inf)
         m = ops.amax(s)
         m = lib.where(m == -math.inf, 0.0, m)
@@ -137,6 +147,8 @@ def gradients(q, k, v, dout, causal=False, scale=None, window=None):
         o = p @ v64
         dp = g @ ops.t(v64)
         ds = p * (dp - ops.sum(g * o))
+        if softcap:
+            ds = ds * (1.0 - t * t)
         dq[:, :, i0:i1] = scale * (ds @ k64)
         dk = dk + scale * (ops.t(ds) @ q64[:, :, i0:i1])
         dv = dv + ops.t(p) @ g

@@ -3,6 +3,7 @@
  * Each thread walks every visible key of its row once with the online softmax (m_i, l_i, acc in registers /
  * local memory): the simplest kernel that is right, the baseline every later version is checked against.
  * No shared memory, no reuse of K/V between rows: every thread streams the whole K and V of its head.
+ * Each thread first takes its sequence's params (fattn_seq_params: dense, packed varlen, or a cache's used keys).
  * Speed (H100, evidence/bench/h100_v0v1_seeds.json): 0.2-2.7 TFLOP/s on the seeds grid (K/V re-read per row).
  */
 #include "../common.cuh"
@@ -13,10 +14,14 @@
 #endif
 
 template <typename T>
-__global__ void __launch_bounds__(V0_THREADS) v0_fwd(const attn_params p) {
+__global__ void __launch_bounds__(V0_THREADS) v0_fwd(const attn_params all) {
     const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* over (b, h, i) */
-    if (row >= p.b * p.h * p.sq) return;
-    const int64_t i = row % p.sq, bh = row / p.sq, h = bh % p.h, b = bh / p.h;
+    if (row >= all.b * all.h * all.sq) return;
+    const int64_t i = row % all.sq, bh = row / all.sq, h = bh % all.h;
+    attn_params p; /* sequence bh / h alone */
+    fattn_seq_params(&all, bh / all.h, &p);
+    if (i >= p.sq) return;
+    const int64_t b = 0;
     HEAD_OFFSETS(p, b, h);
     const T *q = (const T *)p.q + q_off + i * p.q_stride_s;
     const T *k = (const T *)p.k + k_off;
@@ -35,6 +40,7 @@ __global__ void __launch_bounds__(V0_THREADS) v0_fwd(const attn_params p) {
         const T *kj = k + j * p.k_stride_s, *vj = v + j * p.v_stride_s;
         float s = 0.f;
         for (int e = 0; e < d; e++) s += qs[e] * to_f32(kj[e]);
+        if (p.softcap > 0.f) s = softcap2(s, p.softcap * FATTN_LOG2E);
         const float m_new = fmaxf(m_i, s);
         const float alpha = exp2f(m_i - m_new), pj = exp2f(s - m_new); /* P = exp2(S2 - m) */
         l_i = l_i * alpha + pj;

@@ -8,7 +8,9 @@
  *   v1_dkdv    a block per tile of V1B_T keys of one kv head; walks the group's query heads and the query tiles that
  *              see its keys.  Per tile Q_i, dO_i, lane = query row:  P and dS as above; then lane = column:
  *              dV += P^T dO_i,  dK += dS^T Q_i.  dK = scale * dK.
- * S is recomputed twice (once per kernel): the price of having no atomics.  Every dtype (float32, float16, bfloat16),
+ * S is recomputed twice (once per kernel): the price of having no atomics.  A softcap c maps S to c tanh(S / c) and
+ * multiplies dS by 1 - tanh^2.  Each block first takes its sequence's params (fattn_seq_bwd_params): dense or
+ * packed variable-length batches alike.  Every dtype (float32, float16, bfloat16),
  * any alignment and stride; head dims bucketed at compile time (DMAX 64 / 128 / 256, columns past d zero).
  */
 #include "../common.cuh"
@@ -27,11 +29,14 @@ DEV int64_t row_of_ws(const attn_bwd_params &p, int64_t b, int64_t h, int64_t i)
     return (b * p.fwd.h + h) * p.ws_rows + i;
 }
 
-template <typename T> __global__ void __launch_bounds__(THREADS) v1_dpsum(const attn_bwd_params p) {
+template <typename T> __global__ void __launch_bounds__(THREADS) v1_dpsum(const attn_bwd_params all) {
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * V1B_WARPS + threadIdx.x / 32; /* over (b, h, i) */
-    if (row >= p.fwd.b * p.fwd.h * p.fwd.sq) return;
-    const int64_t i = row % p.fwd.sq, bh = row / p.fwd.sq, h = bh % p.fwd.h, b = bh / p.fwd.h;
+    if (row >= all.fwd.b * all.fwd.h * all.fwd.sq) return;
+    const int64_t i = row % all.fwd.sq, bh = row / all.fwd.sq, h = bh % all.fwd.h, b = 0;
+    attn_bwd_params p;
+    fattn_seq_bwd_params(&all, bh / all.fwd.h, &p);
+    if (i >= p.fwd.sq) return;
     const T *dout = (const T *)p.dout + b * p.do_stride_b + h * p.do_stride_h + i * p.do_stride_s;
     const T *o = (const T *)p.fwd.o + b * p.fwd.o_stride_b + h * p.fwd.o_stride_h + i * p.fwd.o_stride_s;
     float acc = 0.f;
@@ -49,9 +54,8 @@ DEV void stage(float *dst, int ld, const T *src, int64_t stride, int64_t valid, 
     }
 }
 
-template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dq(const attn_bwd_params p) {
+template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dq(const attn_bwd_params all) {
     constexpr int DPL = DMAX / 32;
-    const attn_params &f = p.fwd;
     extern __shared__ float smem[];
     float *Qs = smem;                   /* [T][DMAX], scaled by scale_log2 */
     float *dOs = Qs + T_ * DMAX;        /* [T][DMAX] */
@@ -59,9 +63,13 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dq
     float *Vs = Ks + T_ * (DMAX + 1);   /* [T][DMAX + 1] */
     float *dSs = Vs + T_ * (DMAX + 1);  /* [T][T] */
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = (int)f.d;
-    const int64_t nqt = (f.sq + T_ - 1) / T_, nbh = f.b * f.h;
-    const int64_t bh = blockIdx.x % nbh, i0 = (nqt - 1 - blockIdx.x / nbh) * T_, b = bh / f.h, h = bh % f.h;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = (int)all.fwd.d;
+    const int64_t nqt = (all.fwd.sq + T_ - 1) / T_, nbh = all.fwd.b * all.fwd.h;
+    const int64_t bh = blockIdx.x % nbh, i0 = (nqt - 1 - blockIdx.x / nbh) * T_, b = 0, h = bh % all.fwd.h;
+    attn_bwd_params p; /* sequence bh / h alone */
+    fattn_seq_bwd_params(&all, bh / all.fwd.h, &p);
+    const attn_params &f = p.fwd;
+    if (i0 >= f.sq) return;
     HEAD_OFFSETS(f, b, h);
     (void)o_off;
     const T *k = (const T *)f.k + k_off, *v = (const T *)f.v + v_off;
@@ -96,8 +104,14 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dq
                 dp += dOs[r * DMAX + e] * Vs[lane * (DMAX + 1) + e];
             }
             const int64_t j = j0 + lane;
+            float dcap = 1.f; /* d(c tanh(s / c)) / ds under a softcap */
+            if (f.softcap > 0.f) {
+                const float t = tanhf(s / (f.softcap * FATTN_LOG2E));
+                s = t * (f.softcap * FATTN_LOG2E);
+                dcap = 1.f - t * t;
+            }
             const float pr = (j >= lo[rr] && j < hi[rr]) ? exp2f(s - lse2[rr]) : 0.f;
-            dSs[r * T_ + lane] = pr * (dp - dsum[rr]);
+            dSs[r * T_ + lane] = pr * (dp - dsum[rr]) * dcap;
         }
         __syncwarp();
         for (int c = 0; c < T_; c++) { /* lane = column */
@@ -123,9 +137,8 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dq
     }
 }
 
-template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dkdv(const attn_bwd_params p) {
+template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dkdv(const attn_bwd_params all) {
     constexpr int DPL = DMAX / 32;
-    const attn_params &f = p.fwd;
     extern __shared__ float smem[];
     float *Ks = smem;                   /* [T][DMAX] */
     float *Vs = Ks + T_ * DMAX;         /* [T][DMAX] */
@@ -135,10 +148,13 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dk
     float *dSs = Ps + T_ * T_;          /* [key][row] */
     float *lse2s = dSs + T_ * T_, *dsums = lse2s + T_;
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = (int)f.d;
-    const int64_t nkt = (f.sk + T_ - 1) / T_, nbh = f.b * f.h_kv;
-    const int64_t bhk = blockIdx.x % nbh, j0 = (blockIdx.x / nbh) * T_, b = bhk / f.h_kv, hk = bhk % f.h_kv;
-    (void)nkt;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = (int)all.fwd.d;
+    const int64_t nbh = all.fwd.b * all.fwd.h_kv;
+    const int64_t bhk = blockIdx.x % nbh, j0 = (blockIdx.x / nbh) * T_, b = 0, hk = bhk % all.fwd.h_kv;
+    attn_bwd_params p; /* sequence bhk / h_kv alone */
+    fattn_seq_bwd_params(&all, bhk / all.fwd.h_kv, &p);
+    const attn_params &f = p.fwd;
+    if (j0 >= f.sk) return;
     const int64_t nk = f.sk - j0 < T_ ? f.sk - j0 : T_;
     stage<T, DMAX>(Ks, DMAX, (const T *)f.k + b * f.k_stride_b + hk * f.k_stride_h + j0 * f.k_stride_s, f.k_stride_s,
                    nk, d, 1.f);
@@ -181,9 +197,15 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dk
                     dp += Vs[c * DMAX + e] * dOs[lane * (DMAX + 1) + e];
                 }
                 const int64_t j = j0 + c;
-                const float pr = (row_in && j >= lo && j < hi) ? exp2f(s * f.scale_log2 - lse2s[lane]) : 0.f;
+                float s2 = s * f.scale_log2, dcap = 1.f;
+                if (f.softcap > 0.f) {
+                    const float t = tanhf(s2 / (f.softcap * FATTN_LOG2E));
+                    s2 = t * (f.softcap * FATTN_LOG2E);
+                    dcap = 1.f - t * t;
+                }
+                const float pr = (row_in && j >= lo && j < hi) ? exp2f(s2 - lse2s[lane]) : 0.f;
                 Ps[c * T_ + lane] = pr;
-                dSs[c * T_ + lane] = pr * (dp - dsums[lane]);
+                dSs[c * T_ + lane] = pr * (dp - dsums[lane]) * dcap;
             }
             __syncwarp();
             for (int r = 0; r < T_; r++) { /* lane = column */

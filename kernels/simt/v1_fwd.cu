@@ -8,7 +8,8 @@
  *   acc = alpha*acc + P V_j    lane holds acc[r][e] for e = lane + 32*t
  * with P passed through shared memory.  Two __syncthreads per tile (stage, then release), warp shuffles for the
  * row max.  Head dims are bucketed at compile time (DMAX 64 / 128 / 256); any multiple of 8 up to 256 works.
- * A block visits only the key tiles its rows see (mask.h); blocks are issued last-query-block first.
+ * A block visits only the key tiles its rows see (mask.h); blocks are issued last-query-block first.  A block first
+ * takes its sequence's params (fattn_seq_params: dense, packed varlen, or a cache's used keys); softcap in place.
  * Speed (H100, evidence/bench/h100_v0v1_fa3.json): 4-20 TFLOP/s on the fa3 grid, CUDA cores only.
  */
 #include "../common.cuh"
@@ -19,7 +20,7 @@
 #endif
 
 template <typename T, int DMAX>
-__global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params p) {
+__global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params all) {
     constexpr int DPL = DMAX / 32; /* head-dim elements per lane in the output accumulator */
     extern __shared__ float smem[];
     float *Qs = smem;                     /* [Br][DMAX], scaled by scale_log2 */
@@ -27,10 +28,13 @@ __global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params p) {
     float *Vs = Ks + V1_BC * (DMAX + 1);  /* [Bc][DMAX] */
     float *Ps = Vs + V1_BC * DMAX;        /* [Br][Bc] */
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, d = (int)p.d;
-    const int64_t nqb = (p.sq + V1_BR - 1) / V1_BR, nbh = p.b * p.h;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, d = (int)all.d;
+    const int64_t nqb = (all.sq + V1_BR - 1) / V1_BR, nbh = all.b * all.h;
     const int64_t bh = blockIdx.x % nbh, i0 = (nqb - 1 - blockIdx.x / nbh) * V1_BR;
-    const int64_t b = bh / p.h, h = bh % p.h;
+    const int64_t b = 0, h = bh % all.h;
+    attn_params p; /* sequence bh / h alone (fattn_seq_params) */
+    fattn_seq_params(&all, bh / all.h, &p);
+    if (i0 >= p.sq) return; /* a shorter sequence of a varlen batch */
     HEAD_OFFSETS(p, b, h);
     const T *q = (const T *)p.q + q_off, *k = (const T *)p.k + k_off, *v = (const T *)p.v + v_off;
 
@@ -80,6 +84,7 @@ __global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params p) {
         /* online softmax, P into shared memory */
 #pragma unroll
         for (int rr = 0; rr < V1_RW; rr++) {
+            if (p.softcap > 0.f) s[rr] = softcap2(s[rr], p.softcap * FATTN_LOG2E);
             const float sv = (j0 + lane >= lo_r[rr] && j0 + lane < hi_r[rr]) ? s[rr] : -INFINITY;
             const float m_new = fmaxf(m_i[rr], warp_max(sv));
             const float m_use = m_new == -INFINITY ? 0.f : m_new;

@@ -171,6 +171,8 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
 fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov,
                            fattn_plan *plan) {
     (void)tuned;
+    const char *missing = fattn_missing_feature(p, 0);
+    if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 does not take %s yet", missing);
     if (!tma_ok(p))
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 needs q, k, v and out 16-byte aligned with every stride a multiple "
                           "of 8 elements (TMA)");

@@ -1,0 +1,100 @@
+"""Arguments as the public functions take them, turned into what fattn._C takes -- one place for each rule -- and
+the choice between fattn's lean torch path and the registered torch op."""
+from . import _frameworks
+from ._frameworks import framework_of
+
+CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
+LAYOUT = {"bhsd": 0, "bshd": 1}
+
+
+def causal_code(causal):
+    try:
+        return CAUSAL[causal]
+    except (KeyError, TypeError):
+        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+
+
+def layout_code(layout):
+    try:
+        return LAYOUT[layout]
+    except (KeyError, TypeError):
+        raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}") from None
+
+
+def variant_name(variant):
+    if variant is not None and not isinstance(variant, str):
+        raise TypeError(f"variant: expected a str or None, got {type(variant).__name__}")
+    return variant
+
+
+def real(x, name):
+    """A number given as any real scalar (int, NumPy scalar, 0-d array or tensor) as a float."""
+    if isinstance(x, float):
+        return x
+    if isinstance(x, bool) or getattr(x, "ndim", 0) != 0 or not hasattr(x, "__float__"):
+        raise TypeError(f"{name}: expected a real number or None, got {type(x).__name__}")
+    return float(x)
+
+
+def scale_value(scale):
+    return None if scale is None else real(scale, "scale")
+
+
+def softcap_value(softcap):
+    """0.0 (none) or a softcap c > 0 (checked for range in C)."""
+    if softcap is None:
+        return 0.0
+    c = real(softcap, "softcap")
+    if not c >= 0.0:
+        raise ValueError(f"softcap: must be >= 0 (0: none), got {softcap!r}")
+    return c
+
+
+def window_pair(window):
+    """None (no window) or a (left, right) pair of ints >= -1, from what the caller gave."""
+    if window is None:
+        return None
+    try:
+        left, right = window
+        ok = all(not isinstance(x, bool) and float(x).is_integer() for x in window)
+        left, right = int(left), int(right)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise TypeError(f"window: expected a (left, right) pair of ints, got {window!r}")
+    if left < -1 or right < -1:
+        raise ValueError(f"window: ({left}, {right}): each side is a key count >= 0, or -1 for unbounded")
+    return None if left == -1 and right == -1 else (left, right)
+
+
+def refuse_jax(**arrays):
+    for name, arr in arrays.items():
+        if arr is not None and framework_of(arr) == "jax":
+            raise TypeError(f"{name}: JAX arrays are immutable, so fattn cannot write into one; pass a writable "
+                            "torch / CuPy / NumPy array")
+
+
+def torch_registered():
+    """Registers torch with fattn on the first torch tensor (a real import, also under torch.compile)."""
+    if not _frameworks.torch_ready:
+        from . import _torch  # noqa: F401
+
+
+def traced_or_fake(q):
+    """True under torch.compile or jit.trace tracing, and for fake or meta tensors: the call must be the registered
+    op."""
+    return (_frameworks.is_compiling() or type(q) is not _frameworks.torch_tensor or q.is_meta
+            or _frameworks.is_tracing())
+
+
+def needs_torch_op(q, k, v):
+    """True when a torch call must go through the registered op: traced_or_fake, or gradients to record.  Plain
+    tensors take the lean path."""
+    return traced_or_fake(q) or (_frameworks.grad_enabled() and (
+        q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))
+
+
+def same_device(q, **others):
+    for name, t in others.items():
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")

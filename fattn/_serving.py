@@ -1,0 +1,105 @@
+"""fattn's API for packed variable-length batches (flash-attention's conventions, what vLLM, SGLang and packed
+training call): attention_varlen() and attention_varlen_backward()."""
+from . import _C, _args, _tuned
+from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
+
+
+def _device(fw, q):
+    if fw == "torch":
+        dev = q.get_device()
+        return (CUDA, dev) if dev >= 0 else (CPU, 0)
+    return _C.dlpack_device(q)
+
+
+def _longest(cu_seqlens, given, name):
+    """max_seqlen as given, or the longest sequence of cu_seqlens (read from the array: a small device-to-host copy
+    on a GPU)."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 0:
+            raise TypeError(f"{name}: expected an int >= 0 or None, got {given!r}")
+        return given
+    return _C.longest_sequence(cu_seqlens)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+                     causal=False, scale=None, window=(-1, -1), softcap=0.0, out=None, return_lse=False, variant=None,
+                     deterministic=False):
+    r"""Attention over a batch of packed sequences of different lengths (no padding).
+
+    Args:
+        q: ``(total_q, H, D)``, the batch's queries one sequence after another; k, v: ``(total_k, H_kv, D)``.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` prefix sums: sequence b's queries are rows
+            ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q (and its keys rows of k, v likewise).  Checked when called
+            (non-decreasing, within the arrays): on a GPU that reads them back (a small synchronous copy).
+        max_seqlen_q, max_seqlen_k: the longest sequences (computed from cu_seqlens when None).
+        seqused_k: optional int32 ``(batch,)``: sequence b uses only its first ``seqused_k[b]`` keys (vLLM's).
+        causal, scale, window, softcap, variant, deterministic: as for :func:`fattn.attention`, per sequence
+            (causal and windows bottom-right aligned within each sequence).
+        out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
+
+    Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  The
+    tensor-core variants do not take packed batches yet: such calls run v1 on the GPU.
+    """
+    causal_code = _args.causal_code(causal)
+    variant, scale, window = _args.variant_name(variant), _args.scale_value(scale), _args.window_pair(window)
+    softcap = _args.softcap_value(softcap)
+    fw = framework_of(q)
+    if len(getattr(q, "shape", ())) != 3:
+        raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
+    max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
+    max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
+    if fw == "torch":
+        _args.torch_registered()
+        if _args.needs_torch_op(q, k, v):
+            if seqused_k is not None:
+                raise ValueError("seqused_k: not taken with gradients or under torch.compile (a KV cache is "
+                                 "inference only)")
+            from . import _torch
+
+            _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+            left, right = window or (-1, -1)
+            o, lse = _torch.attention(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
+                                      cu_seqlens_k, max_q, max_k, variant, bool(deterministic))
+            if out is not None:
+                out.copy_(o)
+                o = out
+            return (o, lse) if return_lse else o
+    dev_type, dev_id = _device(fw, q)
+    _args.refuse_jax(out=out)
+    if out is None:
+        out = EMPTY[fw](q, tuple(q.shape), False)
+    lse = EMPTY[fw](q, (q.shape[1], q.shape[0]), True) if return_lse else None
+    if (dev_type, dev_id) not in _tuned.LOADED:
+        _tuned.ensure(dev_type, dev_id)
+    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, window=window, softcap=softcap, variant=variant,
+               stream=stream, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+               max_seqlen_q=max_q, max_seqlen_k=max_k)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
+                              max_seqlen_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0, dq=None,
+                              dk=None, dv=None, deterministic=False, variant=None):
+    """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen` (packed like q, k, v) from dout, given its out and lse
+    (``return_lse=True``); the other arguments must be the forward's."""
+    causal_code = _args.causal_code(causal)
+    variant, scale, window = _args.variant_name(variant), _args.scale_value(scale), _args.window_pair(window)
+    softcap = _args.softcap_value(softcap)
+    fw = framework_of(q)
+    max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
+    max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
+    if fw == "torch":
+        _args.torch_registered()
+    dev_type, dev_id = _device(fw, q)
+    _args.refuse_jax(dq=dq, dk=dk, dv=dv)
+    grads = [g if g is not None else EMPTY[fw](x, tuple(x.shape), False) for g, x in ((dq, q), (dk, k), (dv, v))]
+    workspace, stream = None, None
+    if dev_type == CUDA:
+        stream = current_stream(fw, dev_id)
+        nseq = cu_seqlens_q.shape[0] - 1
+        workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(nseq, q.shape[1], max_q, q.shape[2]) // 4,), True)
+    _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
+                variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    return tuple(grads)

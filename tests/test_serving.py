@@ -1,0 +1,137 @@
+"""Serving and packed training (../shared/TESTING.md 26-27): softcap and packed variable-length batches on every
+target, forward and gradients, against the float64 reference with explicit masks; argument errors.
+`pytest -k serving`."""
+import math
+
+import numpy as np
+import pytest
+
+from conftest import HAS_CUDA, randn, repro, require, torch
+
+import fattn
+from fattn.testing import accuracy, reference
+
+
+def devices():
+    return [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def dtypes_for(device):
+    return ["fp32"] if device == "cpu" else ["fp16", "bf16"]
+
+
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("softcap", [1.0, 30.0])
+def test_serving_softcap_forward_and_grad(device, causal, softcap, seed, request):
+    """Scores x8 so that the cap bites (|s| well past c); gradients by the 3x rule."""
+    require(device)
+    for dname in dtypes_for(device):
+        dt = DT[dname]
+        q = randn((1, 4, 77, 64), dt, device, seed, 8.0)
+        k = randn((1, 2, 93, 64), dt, device, seed + 1, 8.0)
+        v = randn((1, 2, 93, 64), dt, device, seed + 2)
+        dout = randn((1, 4, 77, 64), dt, device, seed + 3)
+        out, lse = fattn.attention(q, k, v, causal=causal, softcap=softcap, return_lse=True)
+        why, _, _ = accuracy.check_attention(out, q, k, v, causal, None, lse, None, softcap)
+        assert why is None, f"{dname}: {why}. {repro(request)}"
+        g = fattn.attention_backward(dout, q, k, v, out, lse, causal=causal, softcap=softcap)
+        why, stats = accuracy.check_gradients(g, q, k, v, dout, causal, softcap=softcap)
+        assert why is None, f"{dname}: {why} {stats}. {repro(request)}"
+        leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+        fattn.attention(*leafs, causal=causal, softcap=softcap).backward(dout)
+        for a, b in zip(g, leafs):
+            assert torch.equal(a, b.grad)
+
+
+def test_serving_softcap_arguments():
+    q = torch.randn(1, 1, 4, 8)
+    for bad, exc in [(-1.0, ValueError), ("x", TypeError), (float("inf"), ValueError)]:
+        with pytest.raises(exc, match="softcap"):
+            fattn.attention(q, q, q, softcap=bad)
+
+
+LENGTHS = [[0, 1, 17, 300, 5], [64, 64, 64], [1], [3, 0, 0, 129]]
+
+
+def packed(lengths_q, lengths_k, h, hk, d, dt, device, seed, mag=1.0):
+    cq = torch.tensor([0] + list(np.cumsum(lengths_q)), dtype=torch.int32, device=device)
+    ck = torch.tensor([0] + list(np.cumsum(lengths_k)), dtype=torch.int32, device=device)
+    q = randn((int(cq[-1]), h, d), dt, device, seed, mag)
+    k = randn((int(ck[-1]), hk, d), dt, device, seed + 1, mag)
+    v = randn((int(ck[-1]), hk, d), dt, device, seed + 2)
+    return q, k, v, cq, ck
+
+
+def per_sequence(x, cu, b):
+    """Sequence b of a packed (total, H, D) array as (1, H, S, D)."""
+    return x[int(cu[b]):int(cu[b + 1])].transpose(0, 1).unsqueeze(0)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+@pytest.mark.parametrize("lengths", LENGTHS, ids=["ragged", "equal", "one", "empties"])
+@pytest.mark.parametrize("kv_extra", [0, 7], ids=["sq=sk", "sk>sq"])
+def test_serving_varlen_forward_and_grad(device, causal, lengths, kv_extra, seed, request):
+    """Each sequence of the packed batch equals the dense call on that sequence alone (against the reference, by
+    the accuracy rule); gradients by the 3x rule per sequence; lse is (H, total_q)."""
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    lk = [n + kv_extra for n in lengths]
+    q, k, v, cq, ck = packed(lengths, lk, 4, 2, 64, dt, device, seed)
+    dout = randn(tuple(q.shape), dt, device, seed + 3)
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal=causal, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal=causal)
+    for b in range(len(lengths)):
+        qs, ks, vs, os_ = (per_sequence(x, c, b) for x, c in ((q, cq), (k, ck), (v, ck), (out, cq)))
+        ls = lse[:, int(cq[b]):int(cq[b + 1])].unsqueeze(0)
+        why, _, _ = accuracy.check_attention(os_, qs, ks, vs, causal, None, ls)
+        assert why is None, f"sequence {b}: {why}. {repro(request)}"
+        gs = [per_sequence(x, c, b) for x, c in ((g[0], cq), (g[1], ck), (g[2], ck))]
+        why, stats = accuracy.check_gradients(gs, qs, ks, vs, per_sequence(dout, cq, b), causal)
+        assert why is None, f"sequence {b}: {why} {stats}. {repro(request)}"
+    leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+    fattn.attention_varlen(*leafs, cq, ck, causal=causal).backward(dout)
+    for a, b_ in zip(g, leafs):
+        assert torch.equal(a, b_.grad)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_serving_varlen_seqused_k_caps_the_keys(device, seed):
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, cq, ck = packed([5, 9], [40, 60], 2, 2, 32, dt, device, seed)
+    used = torch.tensor([13, 60], dtype=torch.int32, device=device)
+    out = fattn.attention_varlen(q, k, v, cq, ck, seqused_k=used, causal="bottom_right")
+    for b, n in enumerate((13, 60)):
+        qs = per_sequence(q, cq, b)
+        ks, vs = (per_sequence(x, ck, b)[:, :, :n] for x in (k, v))
+        why, _, _ = accuracy.check_attention(per_sequence(out, cq, b), qs, ks, vs, "bottom_right")
+        assert why is None, f"sequence {b}: {why}"
+
+
+def test_serving_varlen_errors_write_nothing():
+    q, k, v, cq, ck = packed([4, 6], [4, 6], 2, 2, 16, torch.float32, "cpu", 0)
+    out = torch.full_like(q, float("nan"))
+    cases = [
+        (cq.long(), ck, TypeError, "cu_seqlens_q: dtype must be int32"),
+        (torch.tensor([0, 6, 4], dtype=torch.int32), ck, ValueError, "cu_seqlens_q: decreases at entry 2"),
+        (cq, torch.tensor([0, 4, 99], dtype=torch.int32), ValueError, "cu_seqlens_k: the last offset 99 is past"),
+        (cq, ck[:2], ValueError, "cu_seqlens_k: expected 3 entries, got 2"),
+        (torch.tensor([-1, 4, 10], dtype=torch.int32), ck, ValueError, "cu_seqlens_q: entry 0 is -1"),
+    ]
+    for cu_q, cu_k, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            fattn.attention_varlen(q, k, v, cu_q, cu_k, out=out, max_seqlen_q=6, max_seqlen_k=6)
+        assert torch.isnan(out).all()
+    with pytest.raises(ValueError, match="max_seqlen_q: 3 is less than the longest query sequence"):
+        fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=3, out=out)
+    with pytest.raises(ValueError, match="q: expected a 3-D packed array"):
+        fattn.attention_varlen(q[None], k, v, cq, ck)
+    with pytest.raises(ValueError, match="seqused_k: entry 1 is 7, outside"):
+        fattn.attention_varlen(q, k, v, cq, ck, seqused_k=torch.tensor([1, 7], dtype=torch.int32), out=out)
+    assert torch.isnan(out).all()
