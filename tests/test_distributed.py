@@ -1,0 +1,344 @@
+"""Context parallelism (fattn.distributed): the distributed forward and backward against one process's fattn call
+on the whole sequence and the float64 reference, for each strategy, causal or not, with and without grouped-query
+heads, in both layouts, float32 and bfloat16; the LSE merge; shard / unshard round trips; the errors.
+
+Each world (2 or 3 CPU processes on gloo; 2 GPUs on NCCL) is spawned once per module and runs every case of its
+kind; each case reports its traceback (or None) from every rank through a queue, and a test fails with the text of
+the rank that failed.  Joins have deadlines and process groups a timeout, so nothing hangs."""
+import contextlib
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available():
+    pytest.skip("torch.distributed is not available in this torch build", allow_module_level=True)
+
+import torch.distributed as dist  # noqa: E402
+
+import fattn  # noqa: E402
+import fattn.distributed as fd  # noqa: E402
+from fattn.testing import accuracy  # noqa: E402
+
+B, H, D = 1, 4, 32
+CHUNK = 96  # sequence per rank (S = CHUNK * world)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SPAWN_DEADLINE_S = 150
+PG_TIMEOUT_S = 40
+
+
+def _case(strategy, causal, kv_heads, layout="bshd", dtype="fp32"):
+    return {"strategy": strategy, "causal": causal, "kv_heads": kv_heads, "layout": layout, "dtype": dtype}
+
+
+MATCH_CASES = {}
+for _strategy in ("ring", "allgather"):
+    for _causal in (False, True):
+        for _hk in (4, 2):
+            MATCH_CASES[f"{_strategy}-{'causal' if _causal else 'full'}-hkv{_hk}"] = _case(_strategy, _causal, _hk)
+MATCH_CASES["ring-causal-hkv2-bhsd"] = _case("ring", True, 2, "bhsd")
+MATCH_CASES["allgather-full-hkv4-bhsd"] = _case("allgather", False, 4, "bhsd")
+MATCH_CASES["auto-causal-hkv1"] = _case("auto", True, 1)
+MATCH_CASES["auto-full-hkv4"] = _case("auto", False, 4)
+MATCH_CASES["ring-causal-hkv2-bf16"] = _case("ring", True, 2, dtype="bf16")
+MATCH_CASES["allgather-causal-hkv1-bf16"] = _case("allgather", True, 1, dtype="bf16")
+
+ERROR_CASES = ["unequal_lengths", "odd_causal_length", "layout_mismatch", "one_rank_bad", "bad_strategy",
+               "bad_layout", "shard_indivisible"]
+ROUND_TRIP_CASES = ["round_trip"]
+GPU_CASES = {f"{s}-{'causal' if c else 'full'}-hkv{hk}": _case(s, c, hk, dtype="bf16")
+             for s in ("ring", "allgather") for c in (False, True) for hk in (4, 2)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What each rank runs
+
+
+def _inputs(world, case, device, dtype, seed):
+    """Full q, k, v, dout (the same on every rank) in the case's layout."""
+    s = CHUNK * world
+    g = torch.Generator().manual_seed(seed)
+
+    def make(heads):
+        shape = (B, s, heads, D) if case["layout"] == "bshd" else (B, heads, s, D)
+        return torch.randn(shape, generator=g).to(dtype=dtype, device=device)
+
+    return make(H), make(case["kv_heads"]), make(case["kv_heads"]), make(H)
+
+
+def _bhsd(x, layout):
+    return x.transpose(1, 2) if layout == "bshd" else x
+
+
+def run_match(case, rank, world, device):
+    """Distributed forward + autograd backward vs one process's fattn (float32: within 1e-5) and the float64
+    reference (the accuracy rule: 2x for the output, 3x for the gradients), checked on rank 0."""
+    layout, causal, dtype = case["layout"], case["causal"], DTYPES[case["dtype"]]
+    dim = fd.SEQ_DIM[layout]
+    q, k, v, dout = _inputs(world, case, device, dtype, seed=1000 + world)
+    local = [fd.shard(x, dim=dim, causal=causal).requires_grad_() for x in (q, k, v)]
+    out = fd.attention(*local, causal=causal, layout=layout, strategy=case["strategy"])
+    out.backward(fd.shard(dout, dim=dim, causal=causal))
+    got = [fd.unshard(t, dim=dim, causal=causal) for t in (out.detach(), local[0].grad, local[1].grad,
+                                                            local[2].grad)]
+    if rank != 0:
+        return
+    bq, bk, bv, bdout = (_bhsd(x, layout) for x in (q, k, v, dout))
+    out_d, dq, dk, dv = (_bhsd(x, layout) for x in got)
+    with torch.no_grad():
+        single = _bhsd(fattn.attention(q, k, v, causal=causal, layout=layout), layout)
+    if dtype == torch.float32:
+        err = (out_d - single).abs().max().item()
+        assert err <= 1e-5, f"forward: max |distributed - single process| = {err:.3g} > 1e-5"
+    why, err, err_low = accuracy.check_attention(out_d, bq, bk, bv, causal)
+    assert why is None, f"forward: {why}"
+    why, stats = accuracy.check_gradients((dq, dk, dv), bq, bk, bv, bdout, causal)
+    assert why is None, f"gradients: {why} (err, err_lowp per dq, dk, dv: {stats})"
+
+
+def run_round_trip(rank, world):
+    """unshard(shard(x)) == x exactly; the zigzag shard is chunks r and 2N-1-r."""
+    x = torch.arange(2 * 3 * 12 * world * 5, dtype=torch.float32).reshape(2, 3, 12 * world, 5)
+    for causal in (False, True):
+        for dim in (2, -2):
+            part = fd.shard(x, dim=dim, causal=causal)
+            assert part.is_contiguous()
+            assert torch.equal(fd.unshard(part, dim=dim, causal=causal), x), (causal, dim)
+    chunks = x.chunk(2 * world, dim=2)
+    assert torch.equal(fd.shard(x, dim=2, causal=True), torch.cat((chunks[rank], chunks[2 * world - 1 - rank]), 2))
+    assert torch.equal(fd.shard(x, dim=2, causal=False), x.chunk(world, dim=2)[rank])
+
+
+def run_error(name, rank, world):
+    """Each bad call raises the expected ValueError on every rank (no rank is left waiting)."""
+    def qkv(s, heads=H, kv=H, kv_layout="bshd"):
+        q = torch.randn(B, s, heads, D)
+        kshape = (B, s, kv, D) if kv_layout == "bshd" else (B, kv, s, D)
+        return q, torch.randn(kshape), torch.randn(kshape)
+
+    if name == "unequal_lengths":
+        with pytest.raises(ValueError, match=r"q: shards must have equal shapes.*rank 1"):
+            fd.attention(*qkv(8 if rank == 0 else 10))
+    elif name == "odd_causal_length":
+        with pytest.raises(ValueError, match=r"q: local sequence length 7 is odd"):
+            fd.attention(*qkv(7), causal=True)
+    elif name == "layout_mismatch":
+        with pytest.raises(ValueError, match=r"k: shape .* does not fit q's"):
+            fd.attention(*qkv(8, kv_layout="bhsd"), layout="bshd")
+    elif name == "one_rank_bad":
+        expect = r"k: shape" if rank == 1 else r"q: the shards of rank\(s\) \[1\] are invalid"
+        with pytest.raises(ValueError, match=expect):
+            fd.attention(*qkv(8, kv=3 if rank == 1 else H))
+    elif name == "bad_strategy":
+        with pytest.raises(ValueError, match=r"strategy: expected one of"):
+            fd.attention(*qkv(8), strategy="tree")
+    elif name == "bad_layout":
+        with pytest.raises(ValueError, match=r"layout: expected one of"):
+            fd.attention(*qkv(8), layout="sbhd")
+    elif name == "shard_indivisible":
+        with pytest.raises(ValueError, match=r"x: length 10 along dim 1 does not divide"):
+            fd.shard(torch.zeros(1, 10, 2, 8), causal=True)
+    else:
+        raise KeyError(name)
+
+
+def _worker(rank, world, port, backend, kind, names, results):
+    """One rank: join the group, run every case, put (case, rank, traceback or None) on `results`."""
+    try:
+        device = "cpu"
+        if backend == "nccl":
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+            torch.cuda.set_device(rank)
+            device = f"cuda:{rank}"
+        torch.set_num_threads(1)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    except Exception:
+        results.put(("<init>", rank, traceback.format_exc()))
+        return
+    try:
+        for name in names:
+            try:
+                if kind in ("match", "gpu"):
+                    run_match((MATCH_CASES if kind == "match" else GPU_CASES)[name], rank, world, device)
+                elif kind == "round_trip":
+                    run_round_trip(rank, world)
+                else:
+                    run_error(name, rank, world)
+                results.put((name, rank, None))
+            except BaseException:
+                results.put((name, rank, traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Spawning
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _child_env(**values):
+    """Environment for the spawned children (inherited at start), restored afterwards."""
+    old = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def spawn(world, backend, kind, names):
+    """Run `names` of `kind` on `world` spawned ranks; {case: [failure text of each failing rank]} with every case
+    present (a case some rank never reported fails with whatever the parent knows)."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    with _child_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)):
+        procs = [ctx.Process(target=_worker, args=(r, world, port, backend, kind, list(names), results), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+    expected = world * len(names)
+    reports, deadline = {}, time.monotonic() + SPAWN_DEADLINE_S
+    while len(reports) < expected and time.monotonic() < deadline:
+        try:
+            name, rank, text = results.get(timeout=1.0)
+        except Exception:  # queue.Empty: see whether everyone died
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        reports[(name, rank)] = text
+    for p in procs:
+        p.join(timeout=max(1.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    fatal = [text for (name, _), text in reports.items() if name == "<init>"]
+    codes = {r: p.exitcode for r, p in enumerate(procs)}
+    out = {}
+    for name in names:
+        fails = []
+        for r in range(world):
+            if (name, r) not in reports:
+                fails.append(f"rank {r}: no report (exit codes {codes}; "
+                             f"{'timed out' if time.monotonic() >= deadline else 'died'}){''.join(fatal)}")
+            elif reports[(name, r)] is not None:
+                fails.append(f"rank {r}:\n{reports[(name, r)]}")
+        out[name] = fails
+    return out
+
+
+def _assert_ok(report, name):
+    fails = report[name]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.fixture(scope="module")
+def gloo_match():
+    return {n: spawn(n, "gloo", "match", MATCH_CASES) for n in (2, 3)}
+
+
+@pytest.fixture(scope="module")
+def gloo_misc():
+    """Round trips on 2 and 3 ranks; the errors on 2."""
+    return {
+        2: {**spawn(2, "gloo", "round_trip", ROUND_TRIP_CASES), **spawn(2, "gloo", "error", ERROR_CASES)},
+        3: spawn(3, "gloo", "round_trip", ROUND_TRIP_CASES),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tests
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("name", list(MATCH_CASES))
+def test_matches_single_process(gloo_match, world, name):
+    _assert_ok(gloo_match[world], name)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shard_unshard_round_trip(gloo_misc, world):
+    _assert_ok(gloo_misc[world], "round_trip")
+
+
+@pytest.mark.parametrize("name", ERROR_CASES)
+def test_errors(gloo_misc, name):
+    _assert_ok(gloo_misc[2], name)
+
+
+def test_not_initialised():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    x = torch.zeros(1, 8, 4, 32)
+    for call in (lambda: fd.attention(x, x, x), lambda: fd.shard(x), lambda: fd.unshard(x)):
+        with pytest.raises(ValueError, match=r"group: torch.distributed is not initialised"):
+            call()
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_lse_merge_is_exact(layout):
+    """Two partials (keys split in two) merge into the one-call result; rows that see no key in either partial
+    stay 0 / -inf (no NaN); a row that sees keys in one partial only takes that partial."""
+    g = torch.Generator().manual_seed(7)
+    shape = (1, 40, 2, 16) if layout == "bshd" else (1, 2, 40, 16)
+    q, k, v = (torch.randn(shape, generator=g) for _ in range(3))
+    seq = fd.SEQ_DIM[layout]
+    whole, whole_lse = fattn.attention(q, k, v, layout=layout, return_lse=True)
+    parts = [fattn.attention(q, k.narrow(seq, a, n), v.narrow(seq, a, n), layout=layout, return_lse=True)
+             for a, n in ((0, 15), (15, 25))]
+    out, lse = parts[0][0].clone(), parts[0][1].clone()
+    fd._merge(out, lse, *parts[1], layout)
+    assert (out - whole).abs().max().item() <= 1e-6
+    assert (lse - whole_lse).abs().max().item() <= 1e-5
+    dead = torch.full_like(lse, -float("inf"))
+    out, lse = torch.zeros_like(out), dead.clone()
+    fd._merge(out, lse, torch.zeros_like(out), dead, layout)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, dead)
+    fd._merge(out, lse, parts[1][0], parts[1][1], layout)
+    assert torch.equal(out, parts[1][0]) and torch.equal(lse, parts[1][1])
+
+
+def test_auto_rule():
+    assert fd.choose_strategy(16, 16, 2) == "ring"
+    assert fd.choose_strategy(16, 8, 8) == "ring"
+    assert fd.choose_strategy(16, 4, 2) == "allgather"
+    assert fd.choose_strategy(16, 1, 4) == "allgather"
+    assert fd.choose_strategy(16, 16, 1) == "allgather"
+
+
+def test_import_fattn_leaves_torch_distributed_alone():
+    code = "import sys, fattn; sys.exit(1 if [m for m in sys.modules if m.startswith('torch')] else 0)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))).returncode == 0
+
+
+def _gpus():
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2 or not fattn.cuda_available() or not dist.is_nccl_available(),
+                    reason="needs 2 CUDA GPUs usable by fattn and NCCL")
+def test_nccl_two_gpus_bf16():
+    report = spawn(2, "nccl", "gpu", GPU_CASES)
+    fails = {name: text for name, text in report.items() if text}
+    assert not fails, "\n\n".join(f"{name}:\n" + "\n".join(text) for name, text in fails.items())
+
