@@ -453,8 +453,12 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
             "out: shape differs from q's (B=%lld, H=%lld, Sq=%lld, D=%lld in layout %s)", (long long)q.b,
             (long long)q.h, (long long)q.s, (long long)q.d, o->layout ? "bshd" : "bhsd");
     REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
-    REQUIRE(o->softcap >= 0 && isfinite(o->softcap) && isfinite((float)o->softcap), PyExc_ValueError,
-            "softcap: must be >= 0 and finite (0: none), got %g", o->softcap);
+    if (!(o->softcap >= 0 && isfinite(o->softcap) && isfinite((float)o->softcap))) {
+        char text[64];
+        snprintf(text, sizeof text, "%g", o->softcap);
+        PyErr_Format(PyExc_ValueError, "softcap: must be >= 0 and finite in float32 (0: none), got %s", text);
+        return -1;
+    }
 
     memset(p, 0, sizeof *p);
     if (varlen && take_varlen(o, &ts[0], &q, &k, &v, &out, p, stream)) return -1;

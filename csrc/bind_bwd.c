@@ -104,9 +104,11 @@ static int call_take(module_state *st, PyObject **a, call *c) {
         return -1;
     }
     PyObject *stream_obj = a[B_STREAM] ? a[B_STREAM] : Py_None;
-    for (int i = 0; i < NTENSORS; i++) {
+    for (int i = 0; i < NTENSORS; i++) { /* the workspace may have any dtype: taken through DLPack */
         PyObject *x = a[order[i]];
-        if (x && x != Py_None && fattn_take(&st->names, x, fattn_backward_arg_names[order[i]], stream_obj, &c->ts[i]))
+        if (x && x != Py_None &&
+            (order[i] == B_WORKSPACE ? fattn_take_dlpack : fattn_take)(&st->names, x, fattn_backward_arg_names[order[i]],
+                                                                       stream_obj, &c->ts[i]))
             return -1;
     }
     PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};

@@ -45,8 +45,8 @@ def softcap_value(softcap):
     if softcap is None:
         return 0.0
     c = real(softcap, "softcap")
-    if not c >= 0.0:
-        raise ValueError(f"softcap: must be >= 0 (0: none), got {softcap!r}")
+    if not 0.0 <= c < float("inf"):
+        raise ValueError(f"softcap: must be >= 0 and finite (0: none), got {softcap!r}")
     return c
 
 

@@ -74,7 +74,7 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
         else:
             b, x, y, d = q.shape
             h, sq = (x, y) if layout == 0 else (y, x)
-        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, d),), dtype=torch.uint8)
+        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, d) // 4,), dtype=torch.float32)
     if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
         dout = dout.contiguous()
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,

@@ -40,12 +40,12 @@ def _host(x, name):
     raise ValueError(f"{name}: fattn runs on cpu or cuda devices, not {platform}")
 
 
-def _jax(x):
-    """A fattn result (NumPy or CuPy, freshly allocated) as a jax.Array."""
+def _jax(x, like):
+    """A fattn result (NumPy or CuPy, freshly allocated) as a jax.Array on the device of the input `like`."""
     if type(x).__module__.split(".")[0] == "cupy":
         sys.modules["cupy"].cuda.get_current_stream().synchronize()
-        return jax.dlpack.from_dlpack(x)
-    return jax.numpy.asarray(x)
+        return jax.device_put(jax.dlpack.from_dlpack(x), next(iter(like.devices())))
+    return jax.device_put(x, next(iter(like.devices())))
 
 
 def _forward(q, k, v, causal, scale, layout):
@@ -56,12 +56,12 @@ def _forward(q, k, v, causal, scale, layout):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _attention(q, k, v, causal, scale, layout):
-    return _jax(_forward(q, k, v, causal, scale, layout)[0])
+    return _jax(_forward(q, k, v, causal, scale, layout)[0], q)
 
 
 def _attention_fwd(q, k, v, causal, scale, layout):
     out, lse = _forward(q, k, v, causal, scale, layout)
-    out_j, lse_j = _jax(out), _jax(lse)
+    out_j, lse_j = _jax(out, q), _jax(lse, q)
     return out_j, (q, k, v, out_j, lse_j)
 
 
@@ -69,7 +69,7 @@ def _attention_bwd(causal, scale, layout, saved, g):
     q, k, v, out, lse = saved
     grads = _api.attention_backward(_host(g, "dout"), _host(q, "q"), _host(k, "k"), _host(v, "v"), _host(out, "out"),
                                     _host(lse, "lse"), causal=causal, scale=scale, layout=layout)
-    return tuple(_jax(x) for x in grads)
+    return tuple(_jax(g, x) for g, x in zip(grads, (q, k, v)))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

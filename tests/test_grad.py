@@ -47,9 +47,10 @@ def grads(q, k, v, dout, variant, causal=False, scale=None, window=None, layout=
     """(out, lse, (dq, dk, dv)) from fattn's forward and backward (variant "<v>-det": deterministic)."""
     base = variant.split("-")[0]
     det = variant.endswith(DET)
+    fwd = None if scale == 0 else base  # the v2 forward does not take scale 0 (the default runs v1 then)
     with torch.no_grad():
         if window is None:
-            out, lse = fattn.attention(q, k, v, causal=causal, scale=scale, layout=layout, variant=base,
+            out, lse = fattn.attention(q, k, v, causal=causal, scale=scale, layout=layout, variant=fwd,
                                        return_lse=True)
             return out, lse, fattn.attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
                                                       layout=layout, variant=base, deterministic=det, **kw)

@@ -59,8 +59,11 @@ def sdpa_lowp(q, k, v, causal=False, scale=None, window=None, softcap=0.0):
         s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
         s = (softcap * torch.tanh(s / softcap)).masked_fill(~mask, -math.inf)
         out = torch.softmax(s.float(), -1).to(q.dtype).nan_to_num(0.0) @ v
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    else:  # torch's math backend: its fused kernels are not "plain same-dtype math" (and some give NaN for scale <= 0)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.MATH]):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.masked_fill(~mask.any(dim=1)[None, None, :, None], 0.0)
 
 

@@ -7,16 +7,19 @@
  *   v2_bwd_prep     D_i for every row of the workspace (0 past Sq) into dpsum; zeroes dq_accum (atomic mode only)
  *   v2_bwd_dkdv     a block per (key block j, b, kv head): K_j and V_j stay in shared memory, dK_j and dV_j in
  *                   registers, while the block walks the query blocks that see key block j (mask.h's rule: the rows
- *                   seeing a key form one range, found by bisection) over the kv head's h_per_kv query heads (GQA:
- *                   dK and dV summed without expanding K and V).  Per query block Q_i, dO_i (cp.async, XOR-swizzled,
- *                   double-buffered when shared memory allows):
+ *                   seeing a key form one range, found by bisection, as are the blocks that need no mask) over the kv
+ *                   head's h_per_kv query heads (GQA: dK and dV summed without expanding K and V), each block of a
+ *                   head starting at a different query block so that their dQ atomics do not meet on the same rows.
+ *                   Per query block Q_i, dO_i and the rows' LSE and D (cp.async, XOR-swizzled, double-buffered when
+ *                   shared memory allows, the next pair's copies issued mid-step between the products):
  *                     S = Q_i K_j^T, dP = dO_i V_j^T   mma.m16n8k16, both with one warp layout so that dS = P (dP - D)
  *                                                      is element-wise in registers; masked only on edge blocks
  *                     P, dS -> shared memory (fp16 / bf16): their transposes feed the next two products, whose
  *                                                      warps own key rows, not query rows
  *                     dV += P^T dO, dK += dS^T Q       A = P^T / dS^T and B = dO / Q by ldmatrix.trans
  *                     dQ_i += dS K_j                   A = dS by ldmatrix, B = K by ldmatrix.trans, added to the fp32
- *                                                      dq_accum by atomics (sm_90: one 8-byte red per pair)
+ *                                                      dq_accum by atomics (sm_90: one 8-byte red per pair), a few
+ *                                                      between each k-step of dV / dK (a burst stalls the warp)
  *                   then writes dV and scale * dK.  Two barriers per step (three single-buffered): P and dS are
  *                   written after the step's first barrier, which every warp passes only once done with the last
  *                   step's reads of them and of the buffer about to be refilled.
@@ -24,11 +27,11 @@
  *   v2_bwd_dq       deterministic mode (no order-dependent atomics anywhere): dkdv skips dQ, and a block per query
  *                   block walks its key blocks in order (as the forward: K_j, V_j double-buffered), recomputes S, P, dP
  *                   and dS in registers and accumulates dQ = dS K there (dS repacked into A fragments, no shared
- *                   memory), writing scale * dQ: bitwise repeatable, about 1.6x the MMAs.
+ *                   memory), writing scale * dQ: bitwise repeatable, 7 products instead of 5 (about 1.4x the MMAs).
  *
  * Tiles (v2_bwd_configs.h, FlashAttention-2's sm80 choices; 8 warps, one block per multiprocessor): D=64 Br = Bc = 128
- * (160 KiB), D=128 Br = 64, Bc = 128 (160 KiB), D=256 Br = Bc = 64 (208 KiB with Q/dO double-buffered on the H100,
- * 144 KiB single-buffered on the A100), and 80 KiB ones for 99 KiB parts.  What bounds them: the dK and dV
+ * (162 KiB), D=128 Br = 64, Bc = 128 (161 KiB), D=256 Br = Bc = 64 (209 KiB with Q/dO double-buffered on the H100,
+ * 144.5 KiB single-buffered on the A100), and 80 KiB ones for 99 KiB parts.  What bounds them: the dK and dV
  * accumulators (Bc x D x 2 floats per block) and S, dP beside them in 255 registers, and shared-memory bandwidth --
  * every product's operands come through ldmatrix, so the warp tiles are the largest the registers allow (a warp
  * tile of a x b m16n8 MMAs costs a + b / 2 ldmatrix.x4 per k-step).
@@ -36,6 +39,9 @@
  * -inf gets P = 0, so it contributes nothing.  Head dims are bucketed (DP = 64 / 128 / 256, columns past d
  * zero-filled and never written).  Needs 16-byte aligned q, k, v, o, dout, dq, dk, dv with b / h / s strides a
  * multiple of 8 elements (v2_bwd_plan.c refuses the rest; fattn then runs the scalar backward).
+ * Speed (H100 80GB HBM3, fa3 grid, against torch 2.11's FlashAttention-2 backward, fp16 / bf16 alike; measured with
+ * a standalone harness before integration): D=64 0.92-1.12x, D=128 0.96-1.18x, D=256 0.91-1.15x -- ahead at S <= 2k
+ * and causal, 2-9% behind on long non-causal calls.  Not yet measured through fattn.bench.
  */
 #include "../mma.cuh"
 #include "v2_bwd_configs.h"
@@ -67,8 +73,8 @@ template <int DP> DEV int64_t load_origin(int64_t stride, int tid) {
 /* Rows [0, ROWS) of a ROWS x DP tile into swizzled shared memory by cp.async; rows >= valid and columns >= d are
  * zero-filled without reading.  `src` is this thread's first element (tile + load_origin).  Thread tid copies chunk
  * tid % CHUNKS of rows r0 + RSTEP * it; that row has the swizzle of row r0 + RSTEP * (it % PER), PER * RSTEP being a
- * multiple of 8. */
-template <typename T, int DP, int ROWS, int THREADS>
+ * multiple of 8.  A whole tile copies without bounds tests unless ALWAYS_PRED (one straight-line path, no branch). */
+template <typename T, int DP, int ROWS, int THREADS, bool ALWAYS_PRED = false>
 DEV void load_tile(T *smem, const T *src, int64_t stride, int64_t valid, int d, int tid) {
     constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
     constexpr int PER = RSTEP % 8 == 0 ? 1 : 8 / RSTEP;
@@ -80,7 +86,7 @@ DEV void load_tile(T *smem, const T *src, int64_t stride, int64_t valid, int d, 
     for (int k = 0; k < PER; k++) soff[k] = sw_off<DP>(r0 + k * RSTEP, c);
     auto dst = [&](int it) { return smem + soff[it % PER] + (it / PER) * PER * RSTEP * DP; };
     const bool col_in = c * 8 < d;
-    if (valid >= ROWS && col_in) { /* every tile but a sequence's last: no bounds test */
+    if (!ALWAYS_PRED && valid >= ROWS && col_in) { /* every tile but a sequence's last: no bounds test */
 #pragma unroll
         for (int it = 0; it < ITERS; it++) cp_async_16(dst(it), src + (int64_t)it * RSTEP * stride, 16);
     } else {
@@ -94,6 +100,8 @@ DEV void load_tile(T *smem, const T *src, int64_t stride, int64_t valid, int d, 
 }
 
 /* ---- small pieces ----------------------------------------------------------------------------------------------- */
+
+template <bool B> struct bool_tag { static constexpr bool value = B; }; /* a compile-time flag passed to a lambda */
 
 /* 4-byte global -> shared copy (through L1); src_bytes = 0 writes a zero and reads nothing. */
 DEV void cp_async_4(void *smem, const void *gmem, int src_bytes) {
@@ -202,9 +210,12 @@ __global__ void __launch_bounds__(256) v2_bwd_convert(const attn_bwd_params p) {
 }
 
 /* ---- dK, dV (and dQ by atomics): a block per key block ------------------------------------------------------------
+ * ATOMIC_DQ: dQ too (the default mode); deterministic mode compiles it out (a template flag, not a run-time test, so
+ * that the three products after the barrier are one basic block the scheduler can interleave).
  * Warp layouts (v2_bwd_configs.h): S and dP in WM_S x WN_S warps of MS m16 x NS n8 tiles; dV and dK in WM_KV x WN_KV
  * warps of MKV x NKV (rows are keys); dQ in WM_Q x WN_Q warps of MQ x NQ.  Fragment layouts: kernels/mma.cuh. */
-template <typename T, int DP, int BR, int BC, int WARPS, int WM_S, int WM_KV, int WM_Q, int STAGES>
+template <typename T, int DP, int BR, int BC, int WARPS, int WM_S, int WM_KV, int WM_Q, int STAGES, bool DQ_FIRST,
+          bool ATOMIC_DQ>
 __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_params p, const int heads_fastest) {
     constexpr int THREADS = WARPS * 32;
     constexpr int WN_S = WARPS / WM_S, MS = BR / (16 * WM_S), NS = BC / (8 * WN_S);
@@ -246,29 +257,27 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
     const int64_t kb = heads_fastest ? blockIdx.x / nbh : blockIdx.x % nkb;
     const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv;
     const int j0 = (int)kb * BC, d = (int)f.d; /* the planner keeps Sq, Sk below 2^30: rows and keys fit an int */
-    const bool atomic_dq = !p.deterministic;
 
-    /* query blocks [m_begin, m_end) hold the rows that see key block kb; the steps run over them for each query head
-     * of the kv head's group: step (gi, i0) is query head hk * h_per_kv + gi, rows i0 + [0, BR) */
+    /* the nm query blocks of rows [i_begin, i_end) hold the rows that see key block kb; the steps run over them for
+     * each query head of the kv head's group: step (gi, i0) is query head hk * h_per_kv + gi, rows i0 + [0, BR) */
     int64_t i_lo, i_hi;
     rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
     const int i_begin = (int)(i_lo / BR) * BR, i_end = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) * BR : i_begin;
-    const int n_it = (i_end - i_begin) / BR * (int)f.h_per_kv;
+    const int nm = (i_end - i_begin) / BR, n_it = nm * (int)f.h_per_kv;
     const int64_t h0 = hk * f.h_per_kv; /* the group's first query head */
     /* The query blocks whose pair with key block kb needs no mask: kb in [n_full_min, n_full_max) of the block's
      * span.  Both ends grow with the block, so they are one range [i_full_a, i_full_b), found once by bisection
      * rather than asking the span every step. */
     int i_full_a, i_full_b;
     {
-        const int nblk = (i_end - i_begin) / BR;
-        int a = 0, z = nblk;
+        int a = 0, z = nm;
         while (a < z) { /* first block with kb < n_full_max */
             const int mid = (a + z) >> 1;
             if (kb < fattn_key_span(&f.mask, f.sq, f.sk, i_begin + (int64_t)mid * BR, BR, BC).n_full_max) z = mid;
             else a = mid + 1;
         }
         i_full_a = i_begin + a * BR;
-        z = nblk;
+        z = nm;
         while (a < z) { /* from there, the first block with n_full_min > kb */
             const int mid = (a + z) >> 1;
             if (fattn_key_span(&f.mask, f.sq, f.sk, i_begin + (int64_t)mid * BR, BR, BC).n_full_min > kb) z = mid;
@@ -291,20 +300,27 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
     const unsigned aKt = sw_addr<DP>(smem_u32(sK), r8 + (mi & 1) * 8, wn_q * NQ + (mi >> 1));
 
     const int64_t q_org = load_origin<DP>(f.q_stride_s, tid), do_org = load_origin<DP>(p.do_stride_s, tid);
-    auto load_qdo = [&](int gi, int i0, int stage) {
+    /* Q_i, and dO_i with its rows' LSE and D.  Inside the loop they are issued at different points of a step and
+     * without branches (ALWAYS_PRED: every copy predicated), so the copies interleave with the MMAs around them. */
+    auto load_q = [&](int gi, int i0, int stage) {
         const T *q = (const T *)f.q + b * f.q_stride_b + (h0 + gi) * f.q_stride_h + i0 * f.q_stride_s + q_org;
+        load_tile<T, DP, BR, THREADS, true>(sQ + stage * BR * DP, q, f.q_stride_s, f.sq - i0, d, tid);
+    };
+    auto load_do = [&](int gi, int i0, int stage) {
         const T *dO = (const T *)p.dout + b * p.do_stride_b + (h0 + gi) * p.do_stride_h + i0 * p.do_stride_s + do_org;
-        load_tile<T, DP, BR, THREADS>(sQ + stage * BR * DP, q, f.q_stride_s, f.sq - i0, d, tid);
-        load_tile<T, DP, BR, THREADS>(sdO + stage * BR * DP, dO, p.do_stride_s, f.sq - i0, d, tid);
+        load_tile<T, DP, BR, THREADS, true>(sdO + stage * BR * DP, dO, p.do_stride_s, f.sq - i0, d, tid);
         /* LSE and D of the block's rows travel with it (in the same group), so no global load sits on the path of
-         * a step: D of rows past Sq is 0 in the workspace, LSE there is zero-filled (and not used)           */
-        if (tid < BR) {
-            const int64_t i = i0 + tid;
-            cp_async_4(sLse + stage * BR + tid, f.lse + b * f.lse_stride_b + (h0 + gi) * f.lse_stride_h + (i < f.sq ? i : 0),
-                       i < f.sq ? 4 : 0);
-        } else if (tid < 2 * BR) {
-            cp_async_4(sD + stage * BR + tid - BR, p.dpsum + (b * f.h + h0 + gi) * p.ws_rows + i0 + tid - BR, 4);
-        }
+         * a step: D of rows past Sq is 0 in the workspace, LSE there is zero-filled (and not used) */
+        const int row = tid < BR ? tid : tid - BR;
+        const int64_t i = i0 + row;
+        const bool lse_in = tid < BR && i < f.sq;
+        const float *src = tid < BR ? f.lse + b * f.lse_stride_b + (h0 + gi) * f.lse_stride_h + (lse_in ? i : 0)
+                                    : p.dpsum + (b * f.h + h0 + gi) * p.ws_rows + i;
+        if (tid < 2 * BR) cp_async_4((tid < BR ? sLse : sD) + stage * BR + row, src, tid >= BR || lse_in ? 4 : 0);
+    };
+    auto load_qdo = [&](int gi, int i0, int stage) {
+        load_q(gi, i0, stage);
+        load_do(gi, i0, stage);
     };
     {
         const T *k = (const T *)f.k + b * f.k_stride_b + hk * f.k_stride_h + j0 * f.k_stride_s;
@@ -312,7 +328,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         load_tile<T, DP, BC, THREADS>(sK, k + load_origin<DP>(f.k_stride_s, tid), f.k_stride_s, f.sk - j0, d, tid);
         load_tile<T, DP, BC, THREADS>(sV, v + load_origin<DP>(f.v_stride_s, tid), f.v_stride_s, f.sk - j0, d, tid);
     }
-    if (n_it > 0) load_qdo(0, i_begin, 0);
+    /* Each block starts its walk at a different query block (kb's share of the range, wrapping around): the blocks
+     * of a head run side by side, and starting together they would add into the same rows of dq_accum at the same
+     * moment, serialising their atomics on the same addresses in L2. */
+    const int i_first = nm > 0 ? i_begin + (int)(kb * nm / nkb % nm) * BR : i_begin;
+    if (n_it > 0) load_qdo(0, i_first, 0);
     cp_async_commit();
 
     float dv[MKV][NKV][4], dk[MKV][NKV][4];
@@ -324,17 +344,17 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
             for (int x = 0; x < 4; x++) dv[mk][nk][x] = dk[mk][nk][x] = 0.f;
     const float sl = f.scale_log2;
 
-    for (int it = 0, gi = 0, i0 = i_begin; it < n_it; it++) {
+    for (int it = 0, gi = 0, i0 = i_first; it < n_it; it++) {
         const int stage = STAGES == 2 ? it & 1 : 0;
-        const int gi_next = i0 + BR < i_end ? gi : gi + 1, i0_next = i0 + BR < i_end ? i0 + BR : i_begin;
+        /* the next step's block and head (the last step refetches its own block into the idle stage: harmless, and
+         * it keeps the copies free of branches) */
+        const bool last = it + 1 == n_it;
+        const int i0_wrap = i0 + BR < i_end ? i0 + BR : i_begin; /* the next block, wrapping */
+        const int gi_next = last || i0_wrap != i_first ? gi : gi + 1, i0_next = last ? i0 : i0_wrap;
         const int64_t bh = b * f.h + h0 + gi;
         const bool masked = i0 < i_full_a || i0 >= i_full_b; /* an edge pair: the mask applies */
         cp_async_wait<0>();
         __syncthreads(); /* Q_i, dO_i (and K, V) landed; every warp is done with the last step's P, dS and stage */
-        if (STAGES == 2) {
-            if (it + 1 < n_it) load_qdo(gi_next, i0_next, stage ^ 1);
-            cp_async_commit();
-        }
         const unsigned aQs = aQ + stage * QSTAGE, adOts = adOt + stage * QSTAGE;
 
         /* S = Q_i K_j^T */
@@ -375,36 +395,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
 #pragma unroll
                     for (int x = 2 * r; x < 2 * r + 2; x++) s[ms][ns][x] = fast_exp2(fmaf(s[ms][ns][x], sl, -lse2));
             }
-        /* masked keys: P = 0 (after the exponent: -inf * a negative scale would be +inf), edge blocks only */
-        if (masked) {
-            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + srow + g, j0);
-#pragma unroll
-            for (int ms = 0; ms < MS; ms++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    int lo, hi;
-                    fattn_block_cols(&bm, 16 * ms + 8 * r, BC, &lo, &hi);
-#pragma unroll
-                    for (int ns = 0; ns < NS; ns++) {
-                        const int c = scol + 8 * ns + 2 * t;
-                        if (c < lo || c >= hi) s[ms][ns][2 * r] = 0.f;
-                        if (c + 1 < lo || c + 1 >= hi) s[ms][ns][2 * r + 1] = 0.f;
-                    }
-                }
-        }
-
-        /* P to shared memory now (its stores overlap dP's MMAs), dS = P (dP - D) after: this thread's (row, 2 t..
-         * 2 t+1) pairs, rows srow + g + 16 ms + 8 r (row & 7 = g), keys scol + 8 ns + 2 t (chunk wn_s NS + ns) */
-        T *const ps = sP + (srow + g) * BC + 2 * t;
-#pragma unroll
-        for (int ms = 0; ms < MS; ms++)
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int ns = 0; ns < NS; ns++)
-                    *(unsigned *)(ps + (16 * ms + 8 * r) * BC + (((wn_s * NS + ns) ^ g) << 3)) =
-                        pack2(s[ms][ns][2 * r], s[ms][ns][2 * r + 1], T());
-
+        if (STAGES == 2) load_q(gi_next, i0_next, stage ^ 1); /* the idle stage: every warp left it last step */
         /* dP = dO_i V_j^T */
         float ds[MS][NS][4];
 #pragma unroll
@@ -428,6 +419,37 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                 }
             }
         }
+        /* masked keys: P = 0 (after the exponent: -inf * a negative scale would be +inf), edge blocks only.
+         * Applied after dP: S, exp2 and dP stay one basic block, so the exponentials interleave with dP's MMAs */
+        if (masked) {
+            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + srow + g, j0);
+#pragma unroll
+            for (int ms = 0; ms < MS; ms++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    int lo, hi;
+                    fattn_block_cols(&bm, 16 * ms + 8 * r, BC, &lo, &hi);
+#pragma unroll
+                    for (int ns = 0; ns < NS; ns++) {
+                        const int c = scol + 8 * ns + 2 * t;
+                        if (c < lo || c >= hi) s[ms][ns][2 * r] = 0.f;
+                        if (c + 1 < lo || c + 1 >= hi) s[ms][ns][2 * r + 1] = 0.f;
+                    }
+                }
+        }
+
+        /* P and dS = P (dP - D) to shared memory: this thread's (row, 2 t..2 t+1) pairs, rows srow + g + 16 ms + 8 r
+         * (row & 7 = g), keys scol + 8 ns + 2 t (chunk wn_s NS + ns) */
+        T *const ps = sP + (srow + g) * BC + 2 * t;
+#pragma unroll
+        for (int ms = 0; ms < MS; ms++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int ns = 0; ns < NS; ns++)
+                    *(unsigned *)(ps + (16 * ms + 8 * r) * BC + (((wn_s * NS + ns) ^ g) << 3)) =
+                        pack2(s[ms][ns][2 * r], s[ms][ns][2 * r + 1], T());
+
 #pragma unroll
         for (int ms = 0; ms < MS; ms++)
 #pragma unroll
@@ -440,92 +462,117 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                               T());
             }
         __syncthreads(); /* P and dS complete */
+        if (STAGES == 2) {
+            load_do(gi_next, i0_next, stage ^ 1);
+            cp_async_commit();
+        }
 
-        /* dV += P^T dO_i, dQ_i += dS K_j (atomics), dK += dS^T Q_i.  dQ goes second so that its atomics drain
-         * while dK runs; single-buffered, dK goes second instead, so that Q_i and dO_i are refilled while dQ runs. */
-        auto dk_step = [&]() { /* dK += dS^T Q_i: k-steps over the BR query rows */
+        /* dV += P^T dO_i, dK += dS^T Q_i and dQ_i += dS K_j (atomics).  The atomics cost: without them a step took
+         * 0.80x (D=128) and 0.69x (D=256) of its time on the H100.  Issued as a burst they fill the SM's global-memory
+         * queue and stall the warp in front of MMAs that do not need them, so they go out a few at a time between the
+         * k-steps of the product that follows dQ (dq_first, v2_bwd_configs.h: which one).  Single-buffered, dQ runs
+         * last instead, so that Q_i and dO_i are refilled under it.  (Tried and dropped: sm_90 bulk reductions,
+         * cp.reduce.async.bulk, of a shared-memory dQ tile, a row per lane of one warp: 0.62-0.91x of this.) */
+        constexpr int NQP = NQ / DQ_PASSES; /* n8 tiles of dQ per pass */
+        constexpr int NRED = MQ * 2 * NQP;  /* 8-byte atomics per thread per pass */
+        constexpr int KK = BR / 16;         /* dV's and dK's k-steps */
+        float dq[MQ][NQP][4] = {}; /* each pass zeroes it; initialised here for the front end (use before set) */
+        float *const acc = p.dq_accum + (bh * p.ws_rows + i0 + wm_q * 16 * MQ + g) * DP + wn_q * 8 * NQ + 2 * t;
+        /* atomic j (0 <= j < NRED) of pass `pass`: tile (mq, nq), row half r; rows past Sq add zeros into the
+         * workspace's padding rows (ws_rows covers every block's end): no test */
+        auto red_one = [&](int pass, int j) {
+            const int mq = j / (2 * NQP), r = j / NQP % 2, nq = j % NQP;
+            red_add2(acc + (16 * mq + 8 * r) * DP + 8 * (pass * NQP + nq), dq[mq][nq][2 * r], dq[mq][nq][2 * r + 1]);
+        };
+        auto dq_pass = [&](int pass) { /* dq = dS K_j, columns of this pass: k-steps over the BC keys */
 #pragma unroll
-            for (int kk = 0; kk < BR / 16; kk++) {
-                unsigned a[MKV][4];
+            for (int mq = 0; mq < MQ; mq++)
 #pragma unroll
-                for (int mk = 0; mk < MKV; mk++) ldmatrix_x4_trans(a[mk], sw_step(aPt + DS_OFF, mk) + kk * 16 * BC * 2);
+                for (int nq = 0; nq < NQP; nq++) dq[mq][nq][0] = dq[mq][nq][1] = dq[mq][nq][2] = dq[mq][nq][3] = 0.f;
 #pragma unroll
-                for (int np = 0; np < NKV / 2; np++) {
+            for (int kk = 0; kk < BC / 16; kk++) {
+                unsigned a[MQ][4];
+#pragma unroll
+                for (int mq = 0; mq < MQ; mq++) ldmatrix_x4(a[mq], sw_step(adS, kk) + mq * 16 * BC * 2);
+#pragma unroll
+                for (int np = 0; np < NQP / 2; np++) {
                     unsigned bf[4];
-                    ldmatrix_x4_trans(bf, sw_step(adOts - DO_OFF, np) + kk * 16 * DP * 2);
+                    ldmatrix_x4_trans(bf, sw_step(aKt, pass * NQP / 2 + np) + kk * 16 * DP * 2);
                     const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
 #pragma unroll
-                    for (int mk = 0; mk < MKV; mk++) {
-                        mma_16816(dk[mk][2 * np], a[mk], b0, T());
-                        mma_16816(dk[mk][2 * np + 1], a[mk], b1, T());
+                    for (int mq = 0; mq < MQ; mq++) {
+                        mma_16816(dq[mq][2 * np], a[mq], b0, T());
+                        mma_16816(dq[mq][2 * np + 1], a[mq], b1, T());
                     }
                 }
             }
         };
-        /* dV += P^T dO_i: k-steps over the BR query rows */
+        /* dV += P^T dO_i (DK false) or dK += dS^T Q_i (DK true): k-steps over the BR query rows.  Atomics
+         * [j0, j1) of dQ pass `pass` go out between the k-steps, a share after each, behind a __syncwarp that keeps
+         * the scheduler from hoisting them back into one burst. */
+        auto kv_step = [&](auto is_dk, int pass, int j0, int j1) {
+            constexpr bool DK = decltype(is_dk)::value;
+            float(&acc_kv)[MKV][NKV][4] = DK ? dk : dv;
+            const unsigned a_base = DK ? aPt + DS_OFF : aPt, b_base = DK ? adOts - DO_OFF : adOts;
 #pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++) {
-            unsigned a[MKV][4];
+            for (int kk = 0; kk < KK; kk++) {
+                unsigned a[MKV][4];
 #pragma unroll
-            for (int mk = 0; mk < MKV; mk++) ldmatrix_x4_trans(a[mk], sw_step(aPt, mk) + kk * 16 * BC * 2);
+                for (int mk = 0; mk < MKV; mk++) ldmatrix_x4_trans(a[mk], sw_step(a_base, mk) + kk * 16 * BC * 2);
 #pragma unroll
-            for (int np = 0; np < NKV / 2; np++) {
-                unsigned bf[4];
-                ldmatrix_x4_trans(bf, sw_step(adOts, np) + kk * 16 * DP * 2);
-                const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+                for (int np = 0; np < NKV / 2; np++) {
+                    unsigned bf[4];
+                    ldmatrix_x4_trans(bf, sw_step(b_base, np) + kk * 16 * DP * 2);
+                    const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
 #pragma unroll
-                for (int mk = 0; mk < MKV; mk++) {
-                    mma_16816(dv[mk][2 * np], a[mk], b0, T());
-                    mma_16816(dv[mk][2 * np + 1], a[mk], b1, T());
-                }
-            }
-        }
-        if (STAGES == 1) {
-            dk_step();
-            __syncthreads(); /* every warp is done with Q_i and dO_i: fetch the next pair while dQ runs */
-            if (it + 1 < n_it) load_qdo(gi_next, i0_next, 0);
-            cp_async_commit();
-        }
-
-        if (atomic_dq) { /* dQ_i += dS K_j into dq_accum: k-steps over the BC keys, in DQ_PASSES column passes */
-            float *acc = p.dq_accum + (bh * p.ws_rows + i0 + wm_q * 16 * MQ + g) * DP + wn_q * 8 * NQ + 2 * t;
-#pragma unroll
-            for (int pass = 0; pass < DQ_PASSES; pass++) {
-                constexpr int NQP = NQ / DQ_PASSES; /* n8 tiles per pass */
-                float dq[MQ][NQP][4];
-#pragma unroll
-                for (int mq = 0; mq < MQ; mq++)
-#pragma unroll
-                    for (int nq = 0; nq < NQP; nq++) dq[mq][nq][0] = dq[mq][nq][1] = dq[mq][nq][2] = dq[mq][nq][3] = 0.f;
-#pragma unroll
-                for (int kk = 0; kk < BC / 16; kk++) {
-                    unsigned a[MQ][4];
-#pragma unroll
-                    for (int mq = 0; mq < MQ; mq++) ldmatrix_x4(a[mq], sw_step(adS, kk) + mq * 16 * BC * 2);
-#pragma unroll
-                    for (int np = 0; np < NQP / 2; np++) {
-                        unsigned bf[4];
-                        ldmatrix_x4_trans(bf, sw_step(aKt, pass * NQP / 2 + np) + kk * 16 * DP * 2);
-                        const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-#pragma unroll
-                        for (int mq = 0; mq < MQ; mq++) {
-                            mma_16816(dq[mq][2 * np], a[mq], b0, T());
-                            mma_16816(dq[mq][2 * np + 1], a[mq], b1, T());
-                        }
+                    for (int mk = 0; mk < MKV; mk++) {
+                        mma_16816(acc_kv[mk][2 * np], a[mk], b0, T());
+                        mma_16816(acc_kv[mk][2 * np + 1], a[mk], b1, T());
                     }
                 }
-                /* rows past Sq add zeros into the workspace's padding rows (ws_rows >= every block's end): no test */
+                if (j0 < j1) {
+                    __syncwarp();
+                    const int per = (j1 - j0 + KK - 1) / KK;
 #pragma unroll
-                for (int mq = 0; mq < MQ; mq++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++)
-#pragma unroll
-                        for (int nq = 0; nq < NQP; nq++)
-                            red_add2(acc + (16 * mq + 8 * r) * DP + 8 * (pass * NQP + nq), dq[mq][nq][2 * r],
-                                     dq[mq][nq][2 * r + 1]);
+                    for (int j = j0 + kk * per; j < j0 + (kk + 1) * per && j < j1; j++) red_one(pass, j);
+                }
             }
+        };
+        using dv_t = bool_tag<false>;
+        using dk_t = bool_tag<true>;
+        if (STAGES == 1) {
+            kv_step(dv_t(), 0, 0, 0);
+            kv_step(dk_t(), 0, 0, 0);
+            __syncthreads(); /* every warp is done with Q_i and dO_i: fetch the next pair while dQ runs */
+            load_qdo(gi_next, i0_next, 0);
+            cp_async_commit();
+            if (ATOMIC_DQ) {
+#pragma unroll
+                for (int pass = 0; pass < DQ_PASSES; pass++) {
+                    dq_pass(pass);
+#pragma unroll
+                    for (int j = 0; j < NRED; j++) red_one(pass, j);
+                }
+            }
+        } else if (ATOMIC_DQ && DQ_PASSES == 1) { /* dQ's atomics spread over dV and dK, or over dK */
+            if (DQ_FIRST) {
+                dq_pass(0);
+                kv_step(dv_t(), 0, 0, NRED / 2);
+                kv_step(dk_t(), 0, NRED / 2, NRED);
+            } else {
+                kv_step(dv_t(), 0, 0, 0);
+                dq_pass(0);
+                kv_step(dk_t(), 0, 0, NRED);
+            }
+        } else if (ATOMIC_DQ) { /* two passes: each one's atomics spread over the product that follows it */
+            dq_pass(0);
+            kv_step(dv_t(), 0, 0, NRED);
+            dq_pass(1);
+            kv_step(dk_t(), 1, 0, NRED);
+        } else {
+            kv_step(dv_t(), 0, 0, 0);
+            kv_step(dk_t(), 0, 0, 0);
         }
-        if (STAGES == 2) dk_step();
         gi = gi_next;
         i0 = i0_next;
     }
@@ -699,14 +746,16 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
 
 /* v2_bwd_configs.h's table, kernel by kernel, [fp16, bf16] */
 typedef struct {
-    const void *dkdv[2], *dq[2], *prep[2], *convert[2];
+    const void *dkdv[2][2], *dq[2], *prep[2], *convert[2]; /* dkdv[deterministic][dtype] */
     int dp, br, bc, warps;
     size_t smem, dq_smem;
 } v2_bwd_row;
 
 #define V2B_PAIR(kernel, ...) {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
-#define V2B_ROW(dp, br, bc, w, ws, wkv, wq, st, dqbc)                                                            \
-    {V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st), V2B_PAIR(v2_bwd_dq, dp, dqbc), V2B_PAIR(v2_bwd_prep, dp), \
+#define V2B_ROW(dp, br, bc, w, ws, wkv, wq, st, dqf, dqbc)                                                       \
+    {{V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, true),                                            \
+      V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, false)},                                          \
+     V2B_PAIR(v2_bwd_dq, dp, dqbc), V2B_PAIR(v2_bwd_prep, dp),                                                     \
      V2B_PAIR(v2_bwd_convert, dp), dp, br, bc, w, V2_BWD_SMEM(dp, br, bc, st), V2_BWD_DQ_SMEM(dp, dqbc)},
 static const v2_bwd_row v2_bwd_rows[V2_BWD_NCONFIGS] = {V2_BWD_CONFIGS(V2B_ROW)};
 #undef V2B_ROW
@@ -720,7 +769,9 @@ extern "C" fattn_status fattn_prepare_bwd_v2(int device) {
         for (int t = 0; t < 2; t++) {
             const v2_bwd_row *r = &v2_bwd_rows[i];
             if (r->smem > 48 * 1024 && r->smem <= (size_t)limit)
-                FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dkdv[t], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->smem));
+                for (int det = 0; det < 2; det++)
+                    FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dkdv[det][t], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          (int)r->smem));
             if (r->dq_smem > 48 * 1024 && r->dq_smem <= (size_t)limit)
                 FATTN_CUDA_CHECK(
                     cudaFuncSetAttribute(r->dq[t], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->dq_smem));
@@ -752,7 +803,7 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {(void *)p, (void *)&heads_fastest};
     if (plan->grid_x > 0)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[ti], dim3(plan->grid_x, plan->grid_y ? plan->grid_y : 1),
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x, plan->grid_y ? plan->grid_y : 1),
                                           dim3(plan->threads), args, plan->smem, s));
     if (p->deterministic) {
         if (dq_blocks > 0)

@@ -5,7 +5,7 @@
 #include "v2_bwd_configs.h"
 
 static const v2_bwd_config v2_bwd_table[V2_BWD_NCONFIGS] = {
-#define ROW(dp, br, bc, w, ws, wkv, wq, st, dqbc) {dp, br, bc, w, ws, wkv, wq, st, dqbc},
+#define ROW(dp, br, bc, w, ws, wkv, wq, st, dqf, dqbc) {dp, br, bc, w, ws, wkv, wq, st, dqf, dqbc},
     V2_BWD_CONFIGS(ROW)
 #undef ROW
 };
@@ -79,6 +79,8 @@ fattn_status fattn_plan_bwd_v2(const attn_bwd_params *p, const struct fattn_tune
                                fattn_plan *plan) {
     (void)tuned; /* no tuned backward configs yet */
     const attn_params *f = &p->fwd;
+    const char *missing = fattn_missing_feature(f, 0);
+    if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v2 backward does not take %s yet", missing);
     if (f->dtype != FATTN_F16 && f->dtype != FATTN_BF16)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 backward runs fp16 and bf16 only");
     if (!f->lse) return FATTN_FAIL(FATTN_ERR_INVALID, "the backward needs the forward's LSE");

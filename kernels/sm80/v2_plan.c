@@ -185,6 +185,8 @@ static int v2_splits(const fattn_overrides *ov, int sm_count, int64_t blocks, in
 fattn_status fattn_plan_v2(const attn_params *p, const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
     const char *missing = fattn_missing_feature(p, 0);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 does not take %s yet", missing);
+    /* its online softmax scales (m_old - m_new) by |scale log2 e|: -inf * 0 would be NaN on a row's first block */
+    if (p->scale == 0.f) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 needs a non-zero scale (scale 0 runs v1)");
     fattn_status st = v2_check_tensors(p);
     v2_config c;
     int idx = 0;
