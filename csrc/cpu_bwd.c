@@ -131,32 +131,29 @@ static void store_rows(void *dst, int64_t off, int64_t stride, const float *src,
         for (int64_t e = 0; e < d; e++) store_elem(dst, off + r * stride + e, src[r * dp + e] * mul, dt);
 }
 
-/* Zeros into dq rows [0, rows) of head h of sequence params p (rows that see no key). */
-static void zero_rows(const attn_bwd_params *p, int64_t h, int64_t rows) {
+/* Zeros into dq rows [0, rows) of head (b, h) (rows that see no key). */
+static void zero_rows(const attn_bwd_params *p, int64_t b, int64_t h, int64_t rows) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t e = 0; e < p->fwd.d; e++)
-            store_elem(p->dq, h * p->dq_stride_h + i * p->dq_stride_s + e, 0.f, p->fwd.dtype);
+            store_elem(p->dq, b * p->dq_stride_b + h * p->dq_stride_h + i * p->dq_stride_s + e, 0.f, p->fwd.dtype);
 }
 
-/* One task: keys of key blocks [cb0, cb1) of kv head (b, hk), against every query head of its group, on sequence
- * b alone (fattn_seq_bwd_params).  part: NULL (the task covers every key: dQ written directly) or this chunk's
- * float32 dQ partial [b][h][sq][dp] (sq the longest sequence's). */
-static void bwd_task(const attn_bwd_params *all, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
-                     int64_t cb0, int64_t cb1, float *part) {
-    attn_bwd_params seq;
-    fattn_seq_bwd_params(all, b, &seq);
-    const attn_bwd_params *bp = &seq;
-    const attn_params *p = &seq.fwd;
+/* Keys of key blocks [cb0, cb1) of kv head (sb, hk) of params bp, against every query head of its group.  part:
+ * NULL (the task covers every key: dQ written directly) or this chunk's float32 dQ partial [b][h][sq][dp] (sq the
+ * longest sequence's), at batch b of the whole call. */
+static void task_keys(const attn_bwd_params *bp, int64_t sq_all, const fattn_cpu_config *cfg, scratch *w, int64_t sb,
+                      int64_t b, int64_t hk, int64_t cb0, int64_t cb1, float *part) {
+    const attn_params *p = &bp->fwd;
     const int64_t d = p->d, dp = round_up(d, NR), bc = cfg->bc, br = cfg->br;
     const int64_t nkb = (p->sk + bc - 1) / bc;
     cb1 = cb1 < nkb ? cb1 : nkb;
     if (cb0 >= cb1) { /* no keys of this sequence in the chunk: its partial stays zero, or dq is zero */
         if (!part && cb0 == 0)
-            for (int64_t g = 0; g < p->h_per_kv; g++) zero_rows(bp, hk * p->h_per_kv + g, p->sq);
+            for (int64_t g = 0; g < p->h_per_kv; g++) zero_rows(bp, sb, hk * p->h_per_kv + g, p->sq);
         return;
     }
     const int64_t k0 = cb0 * bc, k1 = cb1 * bc < p->sk ? cb1 * bc : p->sk;
-    pack_keys(p, bc, 0, hk, k0, k1, w);
+    pack_keys(p, bc, sb, hk, k0, k1, w);
     memset(w->dk, 0, sizeof(float) * (cb1 - cb0) * bc * dp);
     memset(w->dv, 0, sizeof(float) * (cb1 - cb0) * bc * dp);
     const int64_t nqb = (p->sq + br - 1) / br;
@@ -168,7 +165,7 @@ static void bwd_task(const attn_bwd_params *all, const fattn_cpu_config *cfg, sc
             const fattn_span sp = fattn_key_span(&p->mask, p->sq, p->sk, i0, rows, bc);
             const int64_t n0 = sp.n_min > cb0 ? sp.n_min : cb0, n1 = sp.n_max < cb1 ? sp.n_max : cb1;
             if (n0 >= n1 && part) continue; /* the partial stays zero */
-            load_rows(bp, w, 0, h, i0, rows);
+            load_rows(bp, w, sb, h, i0, rows);
             for (int64_t n = n0; n < n1; n++) {
                 const int64_t j0 = n * bc, rel = j0 - k0, len = sp.k_end - j0 < bc ? sp.k_end - j0 : bc;
                 block_step(p, bc, w, rows, i0, j0, len, w->kt + (rel / bc) * dp * bc, w->vt + (rel / bc) * dp * bc,
@@ -176,17 +173,31 @@ static void bwd_task(const attn_bwd_params *all, const fattn_cpu_config *cfg, sc
                            n >= sp.n_full_min && n < sp.n_full_max);
             }
             if (part)
-                memcpy(part + ((b * p->h + h) * all->fwd.sq + i0) * dp, w->dq, sizeof(float) * rows * dp);
+                memcpy(part + ((b * p->h + h) * sq_all + i0) * dp, w->dq, sizeof(float) * rows * dp);
             else
-                store_rows(bp->dq, h * bp->dq_stride_h + i0 * bp->dq_stride_s, bp->dq_stride_s, w->dq, dp, rows, d,
-                           p->scale, p->dtype);
+                store_rows(bp->dq, sb * bp->dq_stride_b + h * bp->dq_stride_h + i0 * bp->dq_stride_s, bp->dq_stride_s,
+                           w->dq, dp, rows, d, p->scale, p->dtype);
         }
     }
     /* dK = scale * dS^T Q = ln 2 * dS^T (Q * scale_log2) */
-    store_rows(bp->dk, hk * bp->dk_stride_h + k0 * bp->dk_stride_s, bp->dk_stride_s, w->dk, dp, k1 - k0, d, FATTN_LN2,
-               p->dtype);
-    store_rows(bp->dv, hk * bp->dv_stride_h + k0 * bp->dv_stride_s, bp->dv_stride_s, w->dv, dp, k1 - k0, d, 1.f,
-               p->dtype);
+    store_rows(bp->dk, sb * bp->dk_stride_b + hk * bp->dk_stride_h + k0 * bp->dk_stride_s, bp->dk_stride_s, w->dk, dp,
+               k1 - k0, d, FATTN_LN2, p->dtype);
+    store_rows(bp->dv, sb * bp->dv_stride_b + hk * bp->dv_stride_h + k0 * bp->dv_stride_s, bp->dv_stride_s, w->dv, dp,
+               k1 - k0, d, 1.f, p->dtype);
+}
+
+/* One task: keys of key blocks [cb0, cb1) of kv head (b, hk).  A dense call works on batch b of the caller's
+ * params, a packed one on a copy for sequence b (fattn_seq_bwd_params): the CPU forward's hot loops ran 10-35%
+ * slower reading params through a local copy, so dense calls never see one. */
+static void bwd_task(const attn_bwd_params *all, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
+                     int64_t cb0, int64_t cb1, float *part) {
+    if (!all->fwd.cu_seqlens_q && !all->fwd.seqused_k) {
+        task_keys(all, all->fwd.sq, cfg, w, b, b, hk, cb0, cb1, part);
+        return;
+    }
+    attn_bwd_params seq;
+    fattn_seq_bwd_params(all, b, &seq);
+    task_keys(&seq, all->fwd.sq, cfg, w, 0, b, hk, cb0, cb1, part);
 }
 
 /* dQ = scale * sum of the chunks' partials, in chunk order, for every sequence's rows. */

@@ -73,7 +73,8 @@ static inline v8f tanh_v8(v8f x) {
 
 /* The softcap on rows [0, rows) of an ld-strided score tile (n columns, a multiple of 8), in the tile's units: s ->
  * cap tanh(s / cap).  t (NULL: not kept): the tanh values, same layout, for the backward's chain rule. */
-static inline void softcap_rows(float *s, int64_t ld, int rows, int64_t n, float cap, float *t) {
+static __attribute__((unused, noinline)) void softcap_rows(float *s, int64_t ld, int rows, int64_t n, float cap,
+                                                         float *t) {
     const float inv = 1.f / cap;
     for (int r = 0; r < rows; r++)
         for (int64_t c = 0; c < n; c += 8) {
@@ -153,14 +154,15 @@ static inline __attribute__((always_inline)) void gemm_all_rows(const float *A, 
 }
 
 /* C[m][0:n] (+)= sum_k A[m][k] * B(k, 0:n) for m < rows: A row-major (lda), B packed in strips (kdim x NR each,
- * strips bstrip floats apart); n a multiple of NR; C row-major. */
-static __attribute__((unused)) void gemm_rows(const float *A, int64_t lda, const float *B, int64_t bstrip, float *C,
+ * strips bstrip floats apart); n a multiple of NR; C row-major.  Never inlined: inlined into its callers' loops the
+ * micro-kernel lost a third of its speed (the CPU forward ran 0.6x on 2 AVX2 cores, gcc -O3). */
+static __attribute__((unused, noinline)) void gemm_rows(const float *A, int64_t lda, const float *B, int64_t bstrip, float *C,
                                               int64_t ldc, int rows, int n, int kdim, int accumulate) {
     gemm_all_rows(A, lda, 1, B, NR, bstrip, C, ldc, rows, n, kdim, accumulate);
 }
 
 /* C[m][0:n] (+)= sum_k At[k][m] * B[k][0:n]: A transposed (At row-major, row stride ldat), B row-major (ldb). */
-static __attribute__((unused)) void gemm_rows_t(const float *At, int64_t ldat, const float *B, int64_t ldb, float *C,
+static __attribute__((unused, noinline)) void gemm_rows_t(const float *At, int64_t ldat, const float *B, int64_t ldb, float *C,
                                                 int64_t ldc, int rows, int n, int kdim, int accumulate) {
     gemm_all_rows(At, 1, ldat, B, ldb, NR, C, ldc, rows, n, kdim, accumulate);
 }
