@@ -177,7 +177,7 @@ def collect_meta(device, timer_name="events", command=None):
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
         gpu = f"cpu: {model}"
     driver = _sh("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(fattn.__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(fattn.__file__)))  # the checkout holding fattn/
     sha = _sh("git", "rev-parse", "HEAD", cwd=repo)
     if sha and _sh("git", "status", "--porcelain", cwd=repo):
         sha += "-dirty"
