@@ -98,7 +98,9 @@ class BuildExt(build_ext):
             cmd += [f"-gencode={g}" for g in gencodes(src)]
             # Rebuild unless the source, every header and the command are byte-identical to the last build's
             # (contents, not mtimes: trees copied between machines keep stale mtimes).
-            key = hashlib.sha256(open(src, "rb").read() + header_bytes + " ".join(cmd).encode()).hexdigest()
+            # The key names paths relative to the tree, so objects carried to another checkout are reused.
+            flags = [c.replace(ROOT, ".") for c in cmd if c not in (obj, "-o")]
+            key = hashlib.sha256(open(src, "rb").read() + header_bytes + " ".join(flags).encode()).hexdigest()
             stamp = obj + ".sha256"
             if not (os.path.exists(obj) and os.path.exists(stamp) and open(stamp).read() == key):
                 print(" ".join(cmd), flush=True)

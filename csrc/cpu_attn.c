@@ -58,18 +58,10 @@ typedef struct {
  * (block 0 holds keys [k0, k0 + bc)) in the micro-kernel's strips: K^T as dp x bc, V as bc x dp.  Padding keys and
  * columns are zero. */
 static void pack_kv(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t k0, int64_t k1, scratch *w) {
-    const int64_t d = p->d, dp = round_up(d, NR), n = k1 - k0, nkb = (n + bc - 1) / bc;
-    const int64_t k_off = b * p->k_stride_b + hk * p->k_stride_h, v_off = b * p->v_stride_b + hk * p->v_stride_h;
-    memset(w->kt, 0, sizeof(float) * nkb * dp * bc);
-    memset(w->v, 0, sizeof(float) * nkb * dp * bc);
-    for (int64_t j = 0; j < n; j++) {
-        float *kt = w->kt + (j / bc) * dp * bc, *vb = w->v + (j / bc) * dp * bc;
-        const int64_t ko = k_off + (k0 + j) * p->k_stride_s, vo = v_off + (k0 + j) * p->v_stride_s, c = j % bc;
-        for (int64_t e = 0; e < d; e++) {
-            kt[strip_at(e, c, dp)] = load_elem(p->k, ko + e, p->dtype);
-            vb[strip_at(c, e, bc)] = load_elem(p->v, vo + e, p->dtype);
-        }
-    }
+    pack_rows(p->k, b * p->k_stride_b + hk * p->k_stride_h + k0 * p->k_stride_s, p->k_stride_s, p->dtype, k1 - k0,
+              p->d, bc, w->kt, NULL);
+    pack_rows(p->v, b * p->v_stride_b + hk * p->v_stride_h + k0 * p->v_stride_s, p->v_stride_s, p->dtype, k1 - k0,
+              p->d, bc, NULL, w->v);
 }
 
 /* S = Q_i K_j^T of one key block, masked -> softmax update -> acc += P V_j, for query rows [i0, i0 + br); the

@@ -50,21 +50,10 @@ typedef struct {
 /* K^T, V^T and K of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32, per key block of bc
  * keys in the micro-kernel's strips: K^T and V^T as dp x bc, K as bc x dp.  Padding keys and columns are zero. */
 static void pack_keys(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t k0, int64_t k1, scratch *w) {
-    const int64_t d = p->d, dp = round_up(d, NR), n = k1 - k0, nkb = (n + bc - 1) / bc;
-    const int64_t k_off = b * p->k_stride_b + hk * p->k_stride_h, v_off = b * p->v_stride_b + hk * p->v_stride_h;
-    memset(w->kt, 0, sizeof(float) * nkb * dp * bc);
-    memset(w->vt, 0, sizeof(float) * nkb * dp * bc);
-    memset(w->kr, 0, sizeof(float) * nkb * bc * dp);
-    for (int64_t j = 0; j < n; j++) {
-        const int64_t blk = (j / bc) * dp * bc, c = j % bc;
-        const int64_t ko = k_off + (k0 + j) * p->k_stride_s, vo = v_off + (k0 + j) * p->v_stride_s;
-        for (int64_t e = 0; e < d; e++) {
-            const float kv = load_elem(p->k, ko + e, p->dtype);
-            w->kt[blk + strip_at(e, c, dp)] = kv;
-            w->kr[blk + strip_at(c, e, bc)] = kv;
-            w->vt[blk + strip_at(e, c, dp)] = load_elem(p->v, vo + e, p->dtype);
-        }
-    }
+    pack_rows(p->k, b * p->k_stride_b + hk * p->k_stride_h + k0 * p->k_stride_s, p->k_stride_s, p->dtype, k1 - k0,
+              p->d, bc, w->kt, w->kr);
+    pack_rows(p->v, b * p->v_stride_b + hk * p->v_stride_h + k0 * p->v_stride_s, p->v_stride_s, p->dtype, k1 - k0,
+              p->d, bc, w->vt, NULL);
 }
 
 /* Q_i (scaled), dO_i, LSE2 and D of query rows [i0, i0 + br) of head (b, h); dQ_i zeroed. */

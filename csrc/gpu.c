@@ -68,17 +68,35 @@ fattn_status fattn_gpu_device_count(int *count) {
     return FATTN_FAIL(FATTN_ERR_CUDA, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+/* Makes `device` current; *prev is the device that was. */
+static fattn_status enter_device(int device, int *prev) {
+    *prev = -1;
+    FATTN_CUDA_CHECK(cudaGetDevice(prev));
+    if (*prev != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
+    return FATTN_OK;
+}
+
+/* After work on `device` that ended with st: clears any CUDA error it left (never pending for the caller's next
+ * call) and makes `prev` current again; st, or the switch's failure. */
+static fattn_status leave_device(int prev, int device, fattn_status st) {
+    if (st) cudaGetLastError();
+    if (prev != device) {
+        const cudaError_t e = cudaSetDevice(prev);
+        if (!st && e != cudaSuccess)
+            st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaSetDevice(%d): %s", prev, cudaGetErrorString(e));
+    }
+    return st;
+}
+
 fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device, void *stream) {
-    int current = -1;
-    FATTN_CUDA_CHECK(cudaGetDevice(&current));
-    if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
+    int prev;
+    fattn_status st = enter_device(device, &prev);
+    if (st) return st;
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream);
-    if (e != cudaSuccess) cudaGetLastError();
-    if (current != device) cudaSetDevice(current);
     if (e != cudaSuccess)
-        return FATTN_FAIL(FATTN_ERR_CUDA, "reading %zu bytes from cuda:%d: %s", bytes, device, cudaGetErrorString(e));
-    return FATTN_OK;
+        st = FATTN_FAIL(FATTN_ERR_CUDA, "reading %zu bytes from cuda:%d: %s", bytes, device, cudaGetErrorString(e));
+    return leave_device(prev, device, st);
 }
 
 /* ---- device queries: compute capability and multiprocessors, read once per device --------------------------- */
@@ -115,24 +133,34 @@ fattn_status fattn_gpu_device(int device, fattn_device *dev, char *name, int nam
 
 /* ---- planning ------------------------------------------------------------------------------------------------ */
 
-static fattn_status runs_on(const fattn_variant *v, const fattn_device *dev) {
-    if (fattn_variant_runs_on(v, dev->sm)) return FATTN_OK;
-    if (v->max_sm)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s needs compute capability %d.%d to %d.%d; cuda:%d has %d.%d", v->name,
-                          v->min_sm / 10, v->min_sm % 10, v->max_sm / 10, v->max_sm % 10, dev->id, dev->sm / 10,
-                          dev->sm % 10);
-    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s needs compute capability %d.%d; cuda:%d has %d.%d", v->name,
-                      v->min_sm / 10, v->min_sm % 10, dev->id, dev->sm / 10, dev->sm % 10);
+/* FATTN_OK if compute capabilities [min_sm, max_sm] (max 0: no limit) include dev's, else why not; `what` names the
+ * kernel ("v2", "backward v2"). */
+static fattn_status sm_in_range(const char *what, int min_sm, int max_sm, const fattn_device *dev) {
+    if (dev->sm >= min_sm && (!max_sm || dev->sm <= max_sm)) return FATTN_OK;
+    if (max_sm)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s needs compute capability %d.%d to %d.%d; cuda:%d has %d.%d", what,
+                          min_sm / 10, min_sm % 10, max_sm / 10, max_sm % 10, dev->id, dev->sm / 10, dev->sm % 10);
+    return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s needs compute capability %d.%d; cuda:%d has %d.%d", what, min_sm / 10,
+                      min_sm % 10, dev->id, dev->sm / 10, dev->sm % 10);
 }
 
-static fattn_status plan_one(const fattn_variant *v, const attn_params *p, const fattn_device *dev,
-                             const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
+static fattn_status runs_on(const fattn_variant *v, const fattn_device *dev) {
+    return sm_in_range(v->name, v->min_sm, v->max_sm, dev);
+}
+
+/* A cleared plan on dev with the defaults every planner starts from. */
+static void plan_start(fattn_plan *plan, const fattn_device *dev) {
     memset(plan, 0, sizeof *plan);
-    plan->variant = v;
     plan->dev = *dev;
     plan->config = -1;
     plan->splits = 1;
     plan->head_group = 1;
+}
+
+static fattn_status plan_one(const fattn_variant *v, const attn_params *p, const fattn_device *dev,
+                             const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
+    plan_start(plan, dev);
+    plan->variant = v;
     return v->plan(p, tuned, ov, plan);
 }
 
@@ -253,40 +281,23 @@ static fattn_status run_on_device(const attn_params *p, const fattn_tuned *tuned
 
 fattn_status fattn_run_gpu(const attn_params *p, const fattn_tuned *tuned, const char *forced,
                            const fattn_overrides *ov, fattn_plan *plan, void *stream) {
-    int current = -1;
-    const int device = plan->dev.id;
-    FATTN_CUDA_CHECK(cudaGetDevice(&current));
-    if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
-    fattn_status st = run_on_device(p, tuned, forced, ov, plan, stream);
-    if (st) cudaGetLastError(); /* never leave an error pending for the caller's next call */
-    if (current != device) {
-        const cudaError_t e = cudaSetDevice(current);
-        if (!st && e != cudaSuccess)
-            st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaSetDevice(%d): %s", current, cudaGetErrorString(e));
-    }
-    return st;
+    int prev;
+    fattn_status st = enter_device(plan->dev.id, &prev);
+    if (st) return st;
+    return leave_device(prev, plan->dev.id, run_on_device(p, tuned, forced, ov, plan, stream));
 }
 
 /* ---- the backward ------------------------------------------------------------------------------------------ */
 
-static fattn_status bwd_runs(const fattn_bwd_variant *v, const attn_bwd_params *p, const fattn_device *dev) {
-    if (dev->sm < v->min_sm || (v->max_sm && dev->sm > v->max_sm))
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "backward %s needs compute capability %d.%d; cuda:%d has %d.%d", v->name,
-                          v->min_sm / 10, v->min_sm % 10, dev->id, dev->sm / 10, dev->sm % 10);
-    if (!(v->dtypes >> p->fwd.dtype & 1))
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "backward %s does not take this dtype", v->name);
-    return FATTN_OK;
-}
-
 static fattn_status plan_bwd_one(const fattn_bwd_variant *v, const attn_bwd_params *p, const fattn_device *dev,
                                  const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
-    memset(plan, 0, sizeof *plan);
+    plan_start(plan, dev);
     plan->bwd = v;
-    plan->dev = *dev;
-    plan->config = -1;
-    plan->splits = 1;
-    plan->head_group = 1;
-    fattn_status st = bwd_runs(v, p, dev);
+    char what[64];
+    snprintf(what, sizeof what, "backward %s", v->name);
+    fattn_status st = sm_in_range(what, v->min_sm, v->max_sm, dev);
+    if (!st && !(v->dtypes >> p->fwd.dtype & 1))
+        st = FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "backward %s does not take this dtype", v->name);
     return st ? st : v->plan(p, tuned, ov, plan);
 }
 
@@ -320,18 +331,10 @@ static fattn_status run_bwd_on_device(const attn_bwd_params *p, const fattn_plan
 }
 
 fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {
-    int current = -1;
-    const int device = plan->dev.id;
-    FATTN_CUDA_CHECK(cudaGetDevice(&current));
-    if (current != device) FATTN_CUDA_CHECK(cudaSetDevice(device));
-    fattn_status st = run_bwd_on_device(p, plan, stream);
-    if (st) cudaGetLastError();
-    if (current != device) {
-        const cudaError_t e = cudaSetDevice(current);
-        if (!st && e != cudaSuccess)
-            st = FATTN_FAIL(FATTN_ERR_CUDA, "cudaSetDevice(%d): %s", current, cudaGetErrorString(e));
-    }
-    return st;
+    int prev;
+    fattn_status st = enter_device(plan->dev.id, &prev);
+    if (st) return st;
+    return leave_device(prev, plan->dev.id, run_bwd_on_device(p, plan, stream));
 }
 
 #else /* built without CUDA */

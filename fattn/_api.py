@@ -58,9 +58,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
         TypeError / ValueError naming the offending argument for bad input; RuntimeError for errors from the
         kernels or the CUDA runtime (never left pending).
     """
-    causal_code, layout_code = _args.causal_code(causal), _args.layout_code(layout)
-    variant, scale, window = _args.variant_name(variant), _args.scale_value(scale), _args.window_pair(window)
-    softcap = _args.softcap_value(softcap)
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
+    layout_code = _args.layout_code(layout)
 
     fw = framework_of(q)
     if fw == "torch":
@@ -83,8 +82,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
         if out is None:
             out = EMPTY[fw](q, shape, False)
         if (return_lse or lse is not None) and lse is None:
-            b, h, s = (shape[0], shape[1], shape[2]) if layout_code == 0 else (shape[0], shape[2], shape[1])
-            lse = EMPTY[fw](q, (b, h, s), True)
+            lse = EMPTY[fw](q, _args.bhs(shape, layout_code), True)
 
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
@@ -131,9 +129,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     Rows that see no key get zero gradients.  Runs on the caller's current CUDA stream; a GPU call's float32
     workspace is allocated by the caller's framework (so it is safe under CUDA graph capture).
     """
-    causal_code, layout_code = _args.causal_code(causal), _args.layout_code(layout)
-    variant, scale, window = _args.variant_name(variant), _args.scale_value(scale), _args.window_pair(window)
-    softcap = _args.softcap_value(softcap)
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
+    layout_code = _args.layout_code(layout)
     fw = framework_of(q)
     if fw == "torch":
         _args.torch_registered()
@@ -145,10 +142,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             left, right = window or (-1, -1)
             return _torch.attention_backward(dout, q, k, v, out, lse, causal_code, scale, layout_code, left, right,
                                              softcap, None, None, 0, 0, variant, bool(deterministic))
-        dev = q.get_device()
-        dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
-    else:
-        dev_type, dev_id = _C.dlpack_device(q)
+    dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(dq=dq, dk=dk, dv=dv)
     grads = []
     for name, like, given in (("dq", q, dq), ("dk", k, dk), ("dv", v, dv)):
@@ -161,9 +155,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     workspace, stream = None, None
     if dev_type == CUDA:
         stream = current_stream(fw, dev_id)
-        b, x, y, d = q.shape
-        h, sq = (x, y) if layout_code == 0 else (y, x)
-        workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(b, h, sq, d) // 4,), True)
+        workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(*_args.bhs(q.shape, layout_code), q.shape[3]) // 4,), True)
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,
                 softcap=softcap, variant=variant, stream=stream, deterministic=bool(deterministic),
                 workspace=workspace)

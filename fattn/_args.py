@@ -1,6 +1,6 @@
 """Arguments as the public functions take them, turned into what fattn._C takes -- one place for each rule -- and
 the choice between fattn's lean torch path and the registered torch op."""
-from . import _frameworks
+from . import _C, _frameworks
 from ._frameworks import framework_of
 
 CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
@@ -42,7 +42,7 @@ def scale_value(scale):
 
 def softcap_value(softcap):
     """0.0 (none) or a softcap c > 0 (checked for range in C)."""
-    if softcap is None:
+    if softcap is None or (softcap == 0.0 and type(softcap) is float):
         return 0.0
     c = real(softcap, "softcap")
     if not 0.0 <= c < float("inf"):
@@ -52,7 +52,7 @@ def softcap_value(softcap):
 
 def window_pair(window):
     """None (no window) or a (left, right) pair of ints >= -1, from what the caller gave."""
-    if window is None:
+    if window is None or (type(window) is tuple and window == (-1, -1)):  # the default: no checks (the lean path)
         return None
     try:
         left, right = window
@@ -65,6 +65,16 @@ def window_pair(window):
     if left < -1 or right < -1:
         raise ValueError(f"window: ({left}, {right}): each side is a key count >= 0, or -1 for unbounded")
     return None if left == -1 and right == -1 else (left, right)
+
+
+def bhs(shape, layout_code):
+    """(B, H, S) of a 4-D q / out shape in the layout's order."""
+    return (shape[0], shape[1], shape[2]) if layout_code == 0 else (shape[0], shape[2], shape[1])
+
+
+def call_options(causal, scale, window, softcap, variant):
+    """(causal code, scale, window, softcap, variant) as fattn._C takes them, each checked naming its argument."""
+    return causal_code(causal), scale_value(scale), window_pair(window), softcap_value(softcap), variant_name(variant)
 
 
 def refuse_jax(**arrays):
@@ -92,6 +102,14 @@ def needs_torch_op(q, k, v):
     tensors take the lean path."""
     return traced_or_fake(q) or (_frameworks.grad_enabled() and (
         q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))
+
+
+def device_of(fw, q):
+    """(DLPack device type, device id) of q: torch's get_device() for torch tensors, else DLPack's."""
+    if fw == "torch":
+        dev = q.get_device()
+        return (_frameworks.CUDA, dev) if dev >= 0 else (_frameworks.CPU, 0)
+    return _C.dlpack_device(q)
 
 
 def same_device(q, **others):

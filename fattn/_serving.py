@@ -1,14 +1,7 @@
 """fattn's API for packed variable-length batches (flash-attention's conventions, what vLLM, SGLang and packed
 training call): attention_varlen() and attention_varlen_backward()."""
 from . import _C, _args, _tuned
-from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
-
-
-def _device(fw, q):
-    if fw == "torch":
-        dev = q.get_device()
-        return (CUDA, dev) if dev >= 0 else (CPU, 0)
-    return _C.dlpack_device(q)
+from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 
 def _longest(cu_seqlens, given, name):
@@ -40,9 +33,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  The
     tensor-core variants do not take packed batches yet: such calls run v1 on the GPU.
     """
-    causal_code = _args.causal_code(causal)
-    variant, scale, window = _args.variant_name(variant), _args.scale_value(scale), _args.window_pair(window)
-    softcap = _args.softcap_value(softcap)
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)
     if len(getattr(q, "shape", ())) != 3:
         raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
@@ -64,7 +55,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
                 out.copy_(o)
                 o = out
             return (o, lse) if return_lse else o
-    dev_type, dev_id = _device(fw, q)
+    dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(out=out)
     if out is None:
         out = EMPTY[fw](q, tuple(q.shape), False)
@@ -83,15 +74,13 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                               dk=None, dv=None, deterministic=False, variant=None):
     """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen` (packed like q, k, v) from dout, given its out and lse
     (``return_lse=True``); the other arguments must be the forward's."""
-    causal_code = _args.causal_code(causal)
-    variant, scale, window = _args.variant_name(variant), _args.scale_value(scale), _args.window_pair(window)
-    softcap = _args.softcap_value(softcap)
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)
     max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
     max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
     if fw == "torch":
         _args.torch_registered()
-    dev_type, dev_id = _device(fw, q)
+    dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(dq=dq, dk=dk, dv=dv)
     grads = [g if g is not None else EMPTY[fw](x, tuple(x.shape), False) for g, x in ((dq, q), (dk, k), (dv, v))]
     workspace, stream = None, None

@@ -12,7 +12,7 @@ torch tensor arrives; `import fattn` never imports torch.
 """
 import torch
 
-from . import _C, _frameworks
+from . import _C, _args, _frameworks
 from ._frameworks import current_stream
 
 _frameworks.register_torch(_C)
@@ -30,10 +30,7 @@ def _window(left, right):
 
 
 def _lse_shape(q, layout, varlen):
-    if varlen:
-        return (q.shape[1], q.shape[0])
-    b, x, y = q.shape[0], q.shape[1], q.shape[2]
-    return (b, x, y) if layout == 0 else (b, y, x)
+    return (q.shape[1], q.shape[0]) if varlen else _args.bhs(q.shape, layout)
 
 
 def _seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
@@ -69,12 +66,9 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     workspace = None
     if q.is_cuda:
-        if cu_seqlens_q is not None:
-            b, h, sq, d = cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, q.shape[2]
-        else:
-            b, x, y, d = q.shape
-            h, sq = (x, y) if layout == 0 else (y, x)
-        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, d) // 4,), dtype=torch.float32)
+        b, h, sq = (cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q) if cu_seqlens_q is not None \
+            else _args.bhs(q.shape, layout)
+        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1]) // 4,), dtype=torch.float32)
     if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
         dout = dout.contiguous()
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,

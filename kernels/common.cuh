@@ -48,6 +48,17 @@ DEV float warp_sum(float x) {
 /* The softcap in log2 units: a score S2 = s log2(e) becomes cap2 tanh(S2 / cap2), cap2 = c log2(e) (c tanh(s / c)). */
 DEV float softcap2(float s2, float cap2) { return cap2 * tanhf(s2 / cap2); }
 
+/* The same for the backward: the capped score, with *dcap = d(capped) / d(s2) = 1 - tanh^2 (1 when cap2 <= 0: no cap). */
+DEV float softcap2_grad(float s2, float cap2, float *dcap) {
+    if (!(cap2 > 0.f)) {
+        *dcap = 1.f;
+        return s2;
+    }
+    const float t = tanhf(s2 / cap2);
+    *dcap = 1.f - t * t;
+    return t * cap2;
+}
+
 /* Natural-log LSE from the base-2 running max and sum; -inf for a row that saw no key. */
 DEV float lse_from(float m_log2, float l) { return l > 0.f ? (m_log2 + __log2f(l)) * FATTN_LN2 : -INFINITY; }
 

@@ -104,12 +104,8 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dq
                 dp += dOs[r * DMAX + e] * Vs[lane * (DMAX + 1) + e];
             }
             const int64_t j = j0 + lane;
-            float dcap = 1.f; /* d(c tanh(s / c)) / ds under a softcap */
-            if (f.softcap > 0.f) {
-                const float t = tanhf(s / (f.softcap * FATTN_LOG2E));
-                s = t * (f.softcap * FATTN_LOG2E);
-                dcap = 1.f - t * t;
-            }
+            float dcap;
+            s = softcap2_grad(s, f.softcap * FATTN_LOG2E, &dcap);
             const float pr = (j >= lo[rr] && j < hi[rr]) ? exp2f(s - lse2[rr]) : 0.f;
             dSs[r * T_ + lane] = pr * (dp - dsum[rr]) * dcap;
         }
@@ -197,12 +193,8 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dk
                     dp += Vs[c * DMAX + e] * dOs[lane * (DMAX + 1) + e];
                 }
                 const int64_t j = j0 + c;
-                float s2 = s * f.scale_log2, dcap = 1.f;
-                if (f.softcap > 0.f) {
-                    const float t = tanhf(s2 / (f.softcap * FATTN_LOG2E));
-                    s2 = t * (f.softcap * FATTN_LOG2E);
-                    dcap = 1.f - t * t;
-                }
+                float dcap;
+                const float s2 = softcap2_grad(s * f.scale_log2, f.softcap * FATTN_LOG2E, &dcap);
                 const float pr = (row_in && j >= lo && j < hi) ? exp2f(s2 - lse2s[lane]) : 0.f;
                 Ps[c * T_ + lane] = pr;
                 dSs[c * T_ + lane] = pr * (dp - dsums[lane]) * dcap;

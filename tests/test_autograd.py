@@ -1,0 +1,159 @@
+"""torch autograd through the registered op torch.ops.fattn.attention (../shared/TESTING.md 25): gradients equal
+fattn.attention_backward's, torch.compile(fullgraph=True), torch.export, checkpointing, meta / fake tensors,
+jit.trace, opcheck, double backward refused, out= / lse= buffers, and a transformer block trained beside SDPA."""
+import math
+
+import pytest
+
+from conftest import require, torch
+from test_grad import inputs
+
+import fattn
+
+
+def autograd_targets():
+    return [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def leafs(*xs):
+    return [x.detach().clone().requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("device", autograd_targets())
+def test_autograd_matches_attention_backward(device, seed):
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, dout = inputs(2, 4, 2, 77, 91, 64, dt, device, seed)
+    ql, kl, vl = leafs(q, k, v)
+    out = fattn.attention(ql, kl, vl, causal="bottom_right")
+    out.backward(dout)
+    with torch.no_grad():
+        o, lse = fattn.attention(q, k, v, causal="bottom_right", return_lse=True)
+        want = fattn.attention_backward(dout, q, k, v, o, lse, causal="bottom_right")
+    assert torch.equal(out.detach(), o)
+    for a, b_ in zip((ql.grad, kl.grad, vl.grad), want):
+        assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("device", autograd_targets())
+def test_autograd_compile_fullgraph_export_and_checkpoint(device, seed):
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v, dout = inputs(1, 2, 1, 64, 64, 32, dt, device, seed)
+
+    def f(q, k, v):
+        return fattn.attention(q, k, v, causal=True)
+
+    ql, kl, vl = leafs(q, k, v)
+    f(ql, kl, vl).backward(dout)
+    eager = (ql.grad, kl.grad, vl.grad)
+    qc, kc, vc = leafs(q, k, v)
+    torch.compile(f, fullgraph=True)(qc, kc, vc).backward(dout)
+    for a, b_ in zip(eager, (qc.grad, kc.grad, vc.grad)):
+        assert torch.equal(a, b_)
+
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            return f(q, k, v)
+
+    ep = torch.export.export(M(), (q, k, v))
+    assert "fattn.attention" in str(ep.graph_module.code)
+    assert torch.equal(ep.module()(q, k, v), f(q, k, v))
+
+    from torch.utils.checkpoint import checkpoint
+
+    qk, kk, vk = leafs(q, k, v)
+    checkpoint(f, qk, kk, vk, use_reentrant=False).backward(dout)
+    for a, b_ in zip(eager, (qk.grad, kk.grad, vk.grad)):
+        assert torch.equal(a, b_)
+
+
+def test_autograd_meta_fake_jit_trace_and_opcheck():
+    q, k, v, _ = inputs(1, 2, 2, 16, 16, 32, torch.float32, "cpu", 5)
+    m = fattn.attention(q.to("meta"), k.to("meta"), v.to("meta"), return_lse=True)
+    assert m[0].device.type == "meta" and m[0].shape == q.shape and m[1].shape == (1, 2, 16)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        f = mode.from_tensor(q)
+        assert fattn.attention(f, f, f).shape == q.shape
+    traced = torch.jit.trace(lambda x: fattn.attention(x, x, x, causal=True), (q,))
+    assert torch.equal(traced(q), fattn.attention(q, q, q, causal=True))
+    ql, kl, vl = leafs(q, k, v)
+    torch.library.opcheck(torch.ops.fattn.attention.default,
+                          (ql, kl, vl, 1, None, 0, -1, -1, 0.0, None, None, 0, 0, None, False))
+    torch.library.opcheck(torch.ops.fattn.attention.default,  # a window and a softcap
+                          (ql, kl, vl, 2, 0.5, 0, 4, 2, 3.0, None, None, 0, 0, None, False))
+
+
+def test_autograd_double_backward_is_a_clear_error():
+    q, k, v, _ = inputs(1, 2, 2, 16, 16, 32, torch.float32, "cpu", 6)
+    ql = q.requires_grad_()
+    (gq,) = torch.autograd.grad(fattn.attention(ql, k, v).sum(), ql, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        gq.sum().backward()
+
+
+def test_autograd_lse_and_out_buffers():
+    """return_lse with gradients: out is differentiable, lse is not; out= is written and stays in the graph."""
+    q, k, v, dout = inputs(1, 2, 2, 16, 20, 32, torch.float32, "cpu", 7)
+    ql, kl, vl = leafs(q, k, v)
+    out, lse = fattn.attention(ql, kl, vl, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+    given = torch.empty_like(q)
+    o2 = fattn.attention(ql, kl, vl, out=given)
+    assert o2 is given and torch.equal(given, out.detach())
+    o2.backward(dout)
+    assert ql.grad is not None and not torch.isnan(ql.grad).any()
+
+
+@pytest.mark.parametrize("device", autograd_targets())
+def test_training_a_transformer_block_matches_sdpa(device):
+    """A few optimizer steps of a small pre-norm transformer block (GQA attention, causal) with fattn and with torch
+    SDPA from the same weights and data: the losses agree step by step."""
+    require(device)
+    torch.manual_seed(0)
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    dim, heads, kv_heads, seq, batch = 128, 4, 2, 96, 4
+
+    class Block(torch.nn.Module):
+        def __init__(self, attn):
+            super().__init__()
+            self.attn = attn
+            self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+            self.qkv = torch.nn.Linear(dim, dim + 2 * dim * kv_heads // heads)
+            self.proj = torch.nn.Linear(dim, dim)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            hd = dim // heads
+            q, k, v = self.qkv(self.norm1(x)).split([dim, dim * kv_heads // heads, dim * kv_heads // heads], -1)
+            q = q.view(b, s, heads, hd).transpose(1, 2)
+            k = k.view(b, s, kv_heads, hd).transpose(1, 2)
+            v = v.view(b, s, kv_heads, hd).transpose(1, 2)
+            x = x + self.proj(self.attn(q, k, v).transpose(1, 2).reshape(b, s, dim))
+            return x + self.mlp(self.norm2(x))
+
+    def sdpa(q, k, v):
+        rep = q.shape[1] // k.shape[1]
+        return torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
+                                                                v.repeat_interleave(rep, 1), is_causal=True)
+
+    a = Block(lambda q, k, v: fattn.attention(q, k, v, causal=True)).to(device, dt)
+    b = Block(sdpa).to(device, dt)
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (a, b))
+    data = torch.randn(batch, seq, dim, device=device, dtype=dt)
+    target = torch.randn(batch, seq, dim, device=device, dtype=dt)
+    tol = 1e-5 if dt == torch.float32 else 2e-2
+    for step in range(5):
+        losses = []
+        for m, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(data).float(), target.float())
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert math.isfinite(losses[0])
+        assert abs(losses[0] - losses[1]) <= tol * abs(losses[1]), f"step {step}: {losses}"
