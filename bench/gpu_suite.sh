@@ -4,6 +4,7 @@
 #   bash bench/gpu_suite.sh "$OUT"                          # seeds + fa3 + decode
 #   bash bench/gpu_suite.sh "$OUT" "seeds fa3 fa3_bf16"     # a subset (fa3_bf16: the fa3 grid in bfloat16)
 #   bash bench/gpu_suite.sh "$OUT" "fa3_bwd fa3_fwdbwd"     # --mode bwd / fwdbwd on fa3 (fa3_bf16_bwd in bf16)
+#   bash bench/gpu_suite.sh "$OUT" cp                       # context parallelism over every GPU (torchrun, NCCL)
 #   FATTN_AB_OLD=.ab/old bash bench/gpu_suite.sh "$OUT" none    # this tree against an older one (bench/ab.py)
 #   FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT" none    # also compute-sanitizer
 #   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
@@ -78,6 +79,13 @@ for g in $GRIDS; do
       mode=${g##*_}; dt=fp16; [ "$g" = fa3_bf16_bwd ] && dt=bf16
       bv=${FATTN_BWD_VARIANTS:-v2}; [ "$mode" = fwdbwd ] && bv=${FATTN_BWD_VARIANTS:-v2,v3}
       args=(--grid fa3 --mode "$mode" --dtype $dt --variants "$bv" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,cudnn}" --reps 10 --warmup 2) ;;
+    cp)  # context parallelism on every GPU of the host; FATTN_CP_ARGS overrides the grid's defaults
+      n=$(nvidia-smi -L | wc -l)
+      say "bench cp on $n GPUs: ${FATTN_CP_ARGS:-}"
+      # shellcheck disable=SC2086
+      NCCL_NVLS_ENABLE=0 timeout "${FATTN_CP_TIMEOUT:-400}" torchrun --nproc-per-node="$n" -m fattn.bench --grid cp \
+        ${FATTN_CP_ARGS:-} --json "$OUT/cp.json" --plot "$OUT/cp.png" 2>>"$LOG" | tee -a "$LOG"
+      continue ;;
     *)      args=(--grid "$g" --variants "$VARIANTS") ;;
   esac
   say "bench $g: ${args[*]}"

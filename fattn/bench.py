@@ -13,8 +13,11 @@ never imports it).  The engine is fattn.testing.suite; this is its command line.
     python -m fattn.bench --grid decode --both-causal --causal-mode bottom_right
     python -m fattn.bench --grid cpu --reps 3
     python -m fattn.bench --grid fa3 --mode bwd                  # the backward alone; --mode fwdbwd: both
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node=2 -m fattn.bench --grid cp --json cp.json --plot cp.png
 
-Grids (fattn.testing.grids): seeds, fa3, decode, cpu.  fattn:X / best torch = fastest torch p50 (of the backends
+Grid cp (context parallelism, fattn.testing.cp) runs under torchrun and takes its own options (--grid cp --help).
+
+Grids (fattn.testing.grids): seeds, fa3, decode, cpu; and cp.  fattn:X / best torch = fastest torch p50 (of the backends
 that passed validation) / fattn:X's p50, >1 = fattn faster.  --shape, --sk and --hkv apply to --shape runs only.
 Exit status: 0; 1 when a fattn variant fails validation or cannot run a requested point; 2 for usage errors.
 """
@@ -111,7 +114,23 @@ def missing_fattn_rows(points, impls, rows):
     return [(i, p) for p in points for i in impls if i.startswith("fattn:") and (i, grids.key(p)) not in have]
 
 
+def cp_grid_args(argv):
+    """The arguments after removing `--grid cp` (or `--grid=cp`), or None when the grid is not cp."""
+    for i, a in enumerate(argv):
+        if a == "--grid=cp":
+            return argv[:i] + argv[i + 1:]
+        if a == "--grid" and i + 1 < len(argv) and argv[i + 1] == "cp":
+            return argv[:i] + argv[i + 2:]
+    return None
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest = cp_grid_args(argv)
+    if rest is not None:
+        from fattn.testing import cp
+
+        return cp.main(rest)
     args = parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -122,7 +141,7 @@ def main(argv=None):
     meta, rows = suite.run(points, impls, reps=args.reps, warmup=args.warmup, rounds=args.rounds,
                            timer_name=args.timer, seed=args.seed,
                            quiet=args.quiet,
-                           command=" ".join(["python", "-m", "fattn.bench"] + list(sys.argv[1:] if argv is None else argv)))
+                           command=" ".join(["python", "-m", "fattn.bench"] + argv))
     if rows:
         print(report.format_table(rows))
     for path, writer in ((args.json, report.write_json), (args.csv, report.write_csv), (args.md, report.write_md)):

@@ -54,6 +54,10 @@ ERROR_CASES = ["unequal_lengths", "odd_causal_length", "layout_mismatch", "one_r
 ROUND_TRIP_CASES = ["round_trip"]
 GPU_CASES = {f"{s}-{'causal' if c else 'full'}-hkv{hk}": _case(s, c, hk, dtype="bf16")
              for s in ("ring", "allgather") for c in (False, True) for hk in (4, 2)}
+# 128k tokens, causal, bf16, GQA 4:1: the distributed output and gradients against the single-GPU call's, both
+# measured against a float32 computation of the same (fattn in float32 on one GPU; float64 does not fit).
+LONG = {"tokens": 131072, "heads": 4, "kv_heads": 1, "dim": 128}
+LONG_CASES = ["ring-long", "allgather-long"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -100,6 +104,41 @@ def run_match(case, rank, world, device):
     assert why is None, f"forward: {why}"
     why, stats = accuracy.check_gradients((dq, dk, dv), bq, bk, bv, bdout, causal)
     assert why is None, f"gradients: {why} (err, err_lowp per dq, dk, dv: {stats})"
+
+
+def _attention_and_grads(fn, q, k, v, dout):
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = fn(*leaves)
+    return [out.detach(), *torch.autograd.grad(out, leaves, dout)]
+
+
+def run_long(strategy, rank, world, device):
+    """LONG (1024 tokens on the CPU): every distributed tensor within 3x the single-GPU call's error, both against float32."""
+    g = torch.Generator(device=device).manual_seed(77)
+    t, hd = (LONG["tokens"] if device != "cpu" else 1024), LONG["dim"]  # on gloo: the same check, shorter
+
+    def make(heads):
+        return torch.randn((1, t, heads, hd), generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+
+    q, k, v, dout = make(LONG["heads"]), make(LONG["kv_heads"]), make(LONG["kv_heads"]), make(LONG["heads"])
+
+    def distributed(a, b, c):
+        return fd.attention(a, b, c, causal=True, strategy=strategy)
+
+    local = _attention_and_grads(distributed, *(fd.shard(x, causal=True) for x in (q, k, v)),
+                                 fd.shard(dout, causal=True))
+    got = [fd.unshard(x, causal=True) for x in local]
+    if rank != 0:
+        return
+    def one_gpu(a, b, c):
+        return fattn.attention(a, b, c, causal=True, layout="bshd")
+
+    single = _attention_and_grads(one_gpu, q, k, v, dout)
+    ref = _attention_and_grads(one_gpu, *(x.float() for x in (q, k, v, dout)))
+    for name, d, s1, r in zip(("out", "dq", "dk", "dv"), got, single, ref):
+        err, err_single = (d.float() - r).abs().max().item(), (s1.float() - r).abs().max().item()
+        bound = accuracy.bound(err_single, torch.bfloat16, r.abs().max().item(), hd, factor=3.0)
+        assert err <= bound, f"{name}: max|distributed - fp32| = {err:.3g} > 3 x single-GPU's {err_single:.3g} + eps"
 
 
 def run_round_trip(rank, world):
@@ -158,14 +197,16 @@ def _worker(rank, world, port, backend, kind, names, results):
             device = f"cuda:{rank}"
         torch.set_num_threads(1)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+                                timeout=datetime.timedelta(seconds=PG_TIMEOUT_S if kind != "long" else 300))
     except Exception:
         results.put(("<init>", rank, traceback.format_exc()))
         return
     try:
         for name in names:
             try:
-                if kind in ("match", "gpu"):
+                if kind == "long":
+                    run_long(name.split("-")[0], rank, world, device)
+                elif kind in ("match", "gpu"):
                     run_match((MATCH_CASES if kind == "match" else GPU_CASES)[name], rank, world, device)
                 elif kind == "round_trip":
                     run_round_trip(rank, world)
@@ -203,7 +244,7 @@ def _child_env(**values):
                 os.environ[key] = value
 
 
-def spawn(world, backend, kind, names):
+def spawn(world, backend, kind, names, deadline_s=SPAWN_DEADLINE_S):
     """Run `names` of `kind` on `world` spawned ranks; {case: [failure text of each failing rank]} with every case
     present (a case some rank never reported fails with whatever the parent knows)."""
     ctx = torch.multiprocessing.get_context("spawn")
@@ -215,7 +256,7 @@ def spawn(world, backend, kind, names):
         for p in procs:
             p.start()
     expected = world * len(names)
-    reports, deadline = {}, time.monotonic() + SPAWN_DEADLINE_S
+    reports, deadline = {}, time.monotonic() + deadline_s
     while len(reports) < expected and time.monotonic() < deadline:
         try:
             name, rank, text = results.get(timeout=1.0)
@@ -342,3 +383,18 @@ def test_nccl_two_gpus_bf16():
     fails = {name: text for name, text in report.items() if text}
     assert not fails, "\n\n".join(f"{name}:\n" + "\n".join(text) for name, text in fails.items())
 
+
+def test_long_exact_gloo():
+    """run_long's check itself, on 2 CPU processes at 1024 tokens."""
+    report = spawn(2, "gloo", "long", LONG_CASES)
+    fails = {name: text for name, text in report.items() if text}
+    assert not fails, "\n\n".join(f"{name}:\n" + "\n".join(text) for name, text in fails.items())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2 or not fattn.cuda_available() or not dist.is_nccl_available(),
+                    reason="needs 2 CUDA GPUs usable by fattn and NCCL")
+def test_nccl_two_gpus_128k_exact():
+    report = spawn(2, "nccl", "long", LONG_CASES, deadline_s=400)
+    fails = {name: text for name, text in report.items() if text}
+    assert not fails, "\n\n".join(f"{name}:\n" + "\n".join(text) for name, text in fails.items())

@@ -1,8 +1,11 @@
-"""cp_bench.py -- context parallelism (fattn.distributed) against one GPU and against torch's own context parallelism.
+"""fattn.testing.cp -- the cp grid: context parallelism (fattn.distributed) against one GPU and against torch's own
+context parallelism.  Run under torchrun, through fattn.bench:
 
-    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node=8 bench/cp_bench.py --tokens 131072,262144,524288 --heads 16 \\
-        --kv-heads 16,4 --dim 128 --dtype bf16 --causal --modes fwd,fwdbwd --json cp.json
-    torchrun --nproc-per-node=2 bench/cp_bench.py --device cpu --tokens 512 --heads 4 --dim 32 --dtype fp32  # smoke
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node=2 -m fattn.bench --grid cp --causal --json cp.json --plot cp.png
+    torchrun --nproc-per-node=2 -m fattn.bench --grid cp --device cpu --tokens 512 --heads 4 --dim 32 --dtype fp32
+
+The defaults are the context-parallelism grid: causal tokens 128k, 256k, 512k; B=1, H=16, H_kv 16 and 4, D=128,
+bf16; modes fwd and fwdbwd.
 
 For each point (tokens, kv heads, mode) it times, with the same inputs (batch --batch, layout bshd):
 
@@ -31,23 +34,22 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import fattn  # noqa: E402
-import fattn.distributed as fd  # noqa: E402
-from fattn.testing import timer  # noqa: E402
+import fattn
+import fattn.distributed as fd
+from fattn.testing import timer
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", default="131072", help="global sequence lengths, comma-separated")
+    ap = argparse.ArgumentParser(prog="python -m fattn.bench --grid cp", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", default="131072,262144,524288", help="global sequence lengths, comma-separated")
     ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", help="kv head counts, comma-separated (default: --heads)")
+    ap.add_argument("--kv-heads", help="kv head counts, comma-separated (default: --heads and --heads / 4)")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True, help="causal (default)")
     ap.add_argument("--modes", default="fwd,fwdbwd", help="fwd and / or fwdbwd")
     ap.add_argument("--strategies", default="ring,allgather")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -58,9 +60,11 @@ def parse_args(argv=None):
     ap.add_argument("--torch-rotate", default="allgather,alltoall",
                     help="K/V rotations of torch's context parallelism to time (allgather is its default)")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--plot", metavar="PATH", help="PNG: efficiency against tokens (needs matplotlib)")
     args = ap.parse_args(argv)
     args.tokens = [int(x) for x in args.tokens.split(",")]
-    args.kv_heads = [int(x) for x in args.kv_heads.split(",")] if args.kv_heads else [args.heads]
+    args.kv_heads = ([int(x) for x in args.kv_heads.split(",")] if args.kv_heads else
+                     [args.heads] + ([args.heads // 4] if args.heads % 4 == 0 and args.heads >= 4 else []))
     args.modes = args.modes.split(",")
     args.strategies = args.strategies.split(",")
     args.torch_rotate = [x for x in args.torch_rotate.split(",") if x]
@@ -319,6 +323,34 @@ def print_table(rows, header=True):
               f"{r['impl']:>10} {ms} {eff} {e}  {r.get('note', '')}", flush=True)
 
 
+def plot_efficiency(rows, meta_, path):
+    """PNG: efficiency T_1 / (gpus * T) against tokens, a panel per mode, a line per (impl, strategy, kv heads)."""
+    from fattn.plot import _plt
+
+    plt = _plt()
+    modes = sorted({r["mode"] for r in rows})
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        lines = {}
+        for r in rows:
+            if r["mode"] == mode and r["gpus"] > 1 and r["efficiency"]:
+                lines.setdefault((r["impl"], r["strategy"], r["kv_heads"]), []).append((r["tokens"], r["efficiency"]))
+        for (impl, strategy, kv), pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([t for t, _ in pts], [e for _, e in pts], "-o" if impl == "fattn" else "--s",
+                    label=f"{impl} {strategy} H_kv={kv}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("efficiency T_1 / (gpus T)")
+        ax.set_ylim(0, 1.1)
+        ax.set_title(f"{mode}, {meta_['gpus']} x {meta_['device']}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"context parallelism, torch {meta_['torch']}, git {str(meta_['fattn_git_sha'])[:7]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None):
     args = parse_args(argv)
     device = init(args)
@@ -335,6 +367,9 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump({"meta": meta(args, device), "rows": rows}, f, indent=1)
             print(f"wrote {args.json} ({len(rows)} rows)", flush=True)
+        if dist.get_rank() == 0 and args.plot:
+            plot_efficiency(rows, meta(args, device), args.plot)
+            print(f"wrote {args.plot}", flush=True)
     finally:
         dist.destroy_process_group()
     return 0
