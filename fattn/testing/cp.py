@@ -18,9 +18,9 @@ For each point (tokens, kv heads, mode) it times, with the same inputs (batch --
 
 Mode fwd times the forward; fwdbwd the forward and the backward (torch autograd).  Each distributed repeat starts
 after a device sync and a barrier, is timed on every rank (CUDA events; the monotonic clock on the CPU) and counts
-as the slowest rank's time; p50 over --reps after --warmup.  efficiency = T_1 / (gpus * T), T_1 fattn's single-GPU
-p50 (1.0 for that row; empty when the single run did not fit).  max_abs_err: the distributed output, unsharded,
-against fattn's single-GPU output.  Rank 0 prints a table and writes --json: {"meta": {...}, "rows": [...]}, meta
+as the slowest rank's time; p50 over --reps after --warmup.  efficiency = T_1 / (gpus * T), T_1 the same library's
+single-GPU p50 (fattn's for fattn rows, torch SDPA's for torch's; 1.0 for those rows; empty when it did not fit).
+max_abs_err: the distributed output, unsharded, against fattn's single-GPU output.  Rank 0 prints a table and writes --json: {"meta": {...}, "rows": [...]}, meta
 stamped with the device, torch version, FATTN_GIT_SHA (from the environment) and the date.
 """
 import argparse
@@ -259,11 +259,11 @@ def run_point(args, tokens, kv_heads, mode, device):
                      note=f"tokens do not divide into {pieces} chunks")]
     q, k, v, dout = make_inputs(args, tokens, kv_heads, device)
     rows = []
-    single_out, t1 = None, None
+    single_out, t1 = None, {}
     if not args.no_single:
         if rank == 0:
             singles, single_out = single_runs(args, mode, causal, q, k, v, dout, device)
-            t1 = next((us for impl, us, _ in singles if impl == "fattn"), None)
+            t1 = {impl: us for impl, us, _ in singles}
             for impl, us, note in singles:
                 rows.append(dict(base, gpus=1, strategy="single", impl=impl, p50_us=us, note=note))
         barrier(device)
@@ -297,7 +297,8 @@ def run_point(args, tokens, kv_heads, mode, device):
     for row in rows:
         row.setdefault("max_abs_err", None)
         us = row["p50_us"]
-        row["efficiency"] = t1 / (row["gpus"] * us) if t1 and us else None
+        own = t1.get("torch-sdpa" if row["impl"].startswith("torch") else "fattn")
+        row["efficiency"] = own / (row["gpus"] * us) if own and us else None
     return rows
 
 
