@@ -86,6 +86,10 @@ for g in $GRIDS; do
       NCCL_NVLS_ENABLE=0 timeout "${FATTN_CP_TIMEOUT:-400}" torchrun --nproc-per-node="$n" -m fattn.bench --grid cp \
         ${FATTN_CP_ARGS:-} --json "$OUT/cp.json" --plot "$OUT/cp.png" 2>>"$LOG" | tee -a "$LOG"
       continue ;;
+    paged)  # decode over a paged KV cache (its own runner)
+      say "bench paged"
+      python3 -m fattn.bench --grid paged --json "$OUT/paged.json" 2>>"$LOG" | tee -a "$LOG"
+      continue ;;
     *)      args=(--grid "$g" --variants "$VARIANTS") ;;
   esac
   say "bench $g: ${args[*]}"

@@ -2,6 +2,7 @@
 #include "args.h"
 
 #include "variants.h" /* fattn_gpu_read */
+#include "views.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -147,7 +148,7 @@ int fattn_take_dlpack(const fattn_names *names, PyObject *obj, const char *arg, 
     return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
 }
 
-static int dtype_of(const fattn_tensor *t, fattn_dtype *dt) {
+int fattn_dtype_of(const fattn_tensor *t, fattn_dtype *dt) {
     const DLDataType x = t->t->dtype;
     if (x.lanes == 1 && x.code == kDLFloat && x.bits == 32) *dt = FATTN_F32;
     else if (x.lanes == 1 && x.code == kDLFloat && x.bits == 16) *dt = FATTN_F16;
@@ -162,7 +163,7 @@ static int dtype_of(const fattn_tensor *t, fattn_dtype *dt) {
 }
 
 /* Strides in elements, compact row-major when the producer gave none. */
-static void strides_of(const DLTensor *t, int64_t *st) {
+void fattn_strides_of(const DLTensor *t, int64_t *st) {
     int64_t acc = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         st[i] = t->strides ? t->strides[i] : acc;
@@ -170,24 +171,16 @@ static void strides_of(const DLTensor *t, int64_t *st) {
     }
 }
 
-/* Shape and strides of a 4-D q/k/v/out in (b, h, s, d) order, whatever the layout. */
-typedef struct {
-    int64_t b, h, s, d;
-    int64_t sb, sh, ss;
-    char *data;
-    fattn_dtype dtype;
-} bhsd_view;
-
-static int view_4d(const fattn_tensor *t, int layout, bhsd_view *v) {
+int fattn_view_4d(const fattn_tensor *t, int layout, bhsd_view *v) {
     const DLTensor *x = t->t;
     if (x->ndim != 4) {
         PyErr_Format(PyExc_ValueError, "%s: expected a 4-D array (%s), got %d-D", t->arg, layout ? "B, S, H, D" : "B, H, S, D",
                      x->ndim);
         return -1;
     }
-    if (dtype_of(t, &v->dtype) < 0) return -1;
+    if (fattn_dtype_of(t, &v->dtype) < 0) return -1;
     int64_t st[4];
-    strides_of(x, st);
+    fattn_strides_of(x, st);
     const int hi = layout ? 2 : 1, si = layout ? 1 : 2;
     v->b = x->shape[0]; v->h = x->shape[hi]; v->s = x->shape[si]; v->d = x->shape[3];
     v->sb = st[0]; v->sh = st[hi]; v->ss = st[si];
@@ -211,7 +204,7 @@ static int view_4d(const fattn_tensor *t, int layout, bhsd_view *v) {
     return 0;
 }
 
-static int same_device(const fattn_tensor *a, const fattn_tensor *ref) {
+int fattn_same_device(const fattn_tensor *a, const fattn_tensor *ref) {
     const DLDevice x = a->t->device, y = ref->t->device;
     if (x.device_type != y.device_type || x.device_id != y.device_id) {
         char dx[48], dy[48];
@@ -224,35 +217,27 @@ static int same_device(const fattn_tensor *a, const fattn_tensor *ref) {
     return 0;
 }
 
-static const char *dtype_name(fattn_dtype dt) {
+const char *fattn_dtype_name(fattn_dtype dt) {
     return dt == FATTN_F32 ? "float32" : dt == FATTN_F16 ? "float16" : "bfloat16";
 }
 
-#define REQUIRE(cond, exc, ...)                                                                                    \
-    do {                                                                                                           \
-        if (!(cond)) {                                                                                             \
-            PyErr_Format(exc, __VA_ARGS__);                                                                        \
-            return -1;                                                                                             \
-        }                                                                                                          \
-    } while (0)
-
-static int same_dtype(const bhsd_view *x, const bhsd_view *q, const char *arg) {
+int fattn_same_dtype(const bhsd_view *x, const bhsd_view *q, const char *arg) {
     REQUIRE(x->dtype == q->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s; q, k, v and out must share one "
-            "dtype", arg, dtype_name(x->dtype), dtype_name(q->dtype));
+            "dtype", arg, fattn_dtype_name(x->dtype), fattn_dtype_name(q->dtype));
     return 0;
 }
 
 /* A packed (total, H, D) varlen array as a view of batch 0 (s = total rows; the caller sets b and s). */
-static int view_3d(const fattn_tensor *t, bhsd_view *v) {
+int fattn_view_3d(const fattn_tensor *t, bhsd_view *v) {
     const DLTensor *x = t->t;
     if (x->ndim != 3) {
         PyErr_Format(PyExc_ValueError, "%s: expected a 3-D packed array (total, H, D) with cu_seqlens, got %d-D",
                      t->arg, x->ndim);
         return -1;
     }
-    if (dtype_of(t, &v->dtype) < 0) return -1;
+    if (fattn_dtype_of(t, &v->dtype) < 0) return -1;
     int64_t st[3];
-    strides_of(x, st);
+    fattn_strides_of(x, st);
     v->b = 1; v->s = x->shape[0]; v->h = x->shape[1]; v->d = x->shape[2];
     v->sb = 0; v->ss = st[0]; v->sh = st[1];
     const int empty = v->s == 0 || v->h == 0;
@@ -270,16 +255,13 @@ static int view_3d(const fattn_tensor *t, bhsd_view *v) {
     return 0;
 }
 
-/* An int32 1-D contiguous array of n entries on q's device (n < 0: any length >= 1), its values copied to `host`
- * (at most FATTN_MAX_SEQS). */
-#define FATTN_MAX_SEQS (1 << 20)
-static int take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, int32_t **host, int64_t *count,
+int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, int32_t **host, int64_t *count,
                       void *stream) {
     const DLTensor *x = t->t;
     REQUIRE(x->ndim == 1, PyExc_ValueError, "%s: expected a 1-D int32 array, got %d-D", t->arg, x->ndim);
     REQUIRE(x->dtype.code == kDLInt && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
             "%s: dtype must be int32", t->arg);
-    if (same_device(t, q)) return -1;
+    if (fattn_same_device(t, q)) return -1;
     REQUIRE(n < 0 ? x->shape[0] >= 1 : x->shape[0] == n, PyExc_ValueError,
             n < 0 ? "%s: needs at least one entry" : "%s: expected %lld entries, got %lld", t->arg, (long long)n,
             (long long)x->shape[0]);
@@ -306,103 +288,6 @@ static int take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, i
     return 0;
 }
 
-/* cu_seqlens values: >= 0, non-decreasing, the last within `total` rows; the longest difference in *longest. */
-static int check_prefix_sums(const char *arg, const int32_t *cu, int64_t n, int64_t total, int64_t *longest) {
-    *longest = 0;
-    REQUIRE(cu[0] >= 0, PyExc_ValueError, "%s: entry 0 is %d; offsets must be >= 0", arg, cu[0]);
-    for (int64_t i = 1; i < n; i++) {
-        REQUIRE(cu[i] >= cu[i - 1], PyExc_ValueError, "%s: decreases at entry %lld (%d after %d); it must be "
-                "non-decreasing prefix sums of the lengths", arg, (long long)i, cu[i], cu[i - 1]);
-        if (cu[i] - cu[i - 1] > *longest) *longest = cu[i] - cu[i - 1];
-    }
-    REQUIRE(cu[n - 1] <= total, PyExc_ValueError, "%s: the last offset %d is past the end of the packed array (%lld "
-            "rows)", arg, cu[n - 1], (long long)total);
-    return 0;
-}
-
-/* The variable-length part of a call: the sequences' offsets checked, q/k/v/out views set to their sequence
- * count and longest lengths. */
-static int take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_view *q, bhsd_view *k, bhsd_view *v,
-                       bhsd_view *out, attn_params *p, void *stream) {
-    int32_t *cq = NULL, *ck = NULL;
-    int64_t n = 0, nk = 0, longest_q = 0, longest_k = 0;
-    int rc = -1;
-    if (!o->cu_seqlens_k || !o->cu_seqlens_k->t) {
-        PyErr_SetString(PyExc_ValueError, "cu_seqlens_k: needed with cu_seqlens_q");
-        return -1;
-    }
-    if (take_int32(o->cu_seqlens_q, q_t, -1, &cq, &n, stream) ||
-        take_int32(o->cu_seqlens_k, q_t, n, &ck, &nk, stream) ||
-        check_prefix_sums("cu_seqlens_q", cq, n, q->s, &longest_q) ||
-        check_prefix_sums("cu_seqlens_k", ck, n, k->s, &longest_k))
-        goto done;
-    if (o->max_seqlen_q >= 0 && o->max_seqlen_q < longest_q) {
-        PyErr_Format(PyExc_ValueError, "max_seqlen_q: %lld is less than the longest query sequence (%lld)",
-                     (long long)o->max_seqlen_q, (long long)longest_q);
-        goto done;
-    }
-    if (o->max_seqlen_k >= 0 && o->max_seqlen_k < longest_k) {
-        PyErr_Format(PyExc_ValueError, "max_seqlen_k: %lld is less than the longest key sequence (%lld)",
-                     (long long)o->max_seqlen_k, (long long)longest_k);
-        goto done;
-    }
-    q->b = k->b = v->b = out->b = n - 1;
-    q->s = out->s = o->max_seqlen_q >= 0 ? o->max_seqlen_q : longest_q;
-    k->s = v->s = o->max_seqlen_k >= 0 ? o->max_seqlen_k : longest_k;
-    p->cu_seqlens_q = (const int32_t *)((const char *)o->cu_seqlens_q->t->data + o->cu_seqlens_q->t->byte_offset);
-    p->cu_seqlens_k = (const int32_t *)((const char *)o->cu_seqlens_k->t->data + o->cu_seqlens_k->t->byte_offset);
-    rc = 0;
-done:
-    PyMem_Free(cq);
-    PyMem_Free(ck);
-    return rc;
-}
-
-int fattn_longest_sequence(const fattn_tensor *cu, int64_t *longest, void *stream) {
-    int32_t *host = NULL;
-    int64_t n = 0;
-    if (take_int32(cu, cu, -1, &host, &n, stream)) return -1;
-    const int rc = check_prefix_sums(cu->arg, host, n, (int64_t)1 << 62, longest);
-    PyMem_Free(host);
-    return rc;
-}
-
-/* seqused_k: int32 (B,), each in [0, Sk] (Sk: the longest key sequence). */
-static int take_seqused(const fattn_call_opts *o, const fattn_tensor *q_t, attn_params *p, void *stream) {
-    int32_t *used = NULL;
-    int64_t n = 0;
-    if (take_int32(o->seqused_k, q_t, p->b, &used, &n, stream)) return -1;
-    for (int64_t i = 0; i < n; i++)
-        if (used[i] < 0 || used[i] > p->sk) {
-            PyErr_Format(PyExc_ValueError, "seqused_k: entry %lld is %d, outside [0, %lld]", (long long)i, used[i],
-                         (long long)p->sk);
-            PyMem_Free(used);
-            return -1;
-        }
-    PyMem_Free(used);
-    p->seqused_k = (const int32_t *)((const char *)o->seqused_k->t->data + o->seqused_k->t->byte_offset);
-    return 0;
-}
-
-static int take_lse_varlen(const fattn_tensor *l, const bhsd_view *q, int64_t total, int read_only, attn_params *p) {
-    const DLTensor *x = l->t;
-    REQUIRE(x->ndim == 2, PyExc_ValueError, "lse: expected a 2-D float32 array (H, total_q) with cu_seqlens, got %d-D",
-            x->ndim);
-    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
-            "lse: dtype must be float32");
-    REQUIRE(x->shape[0] == q->h && x->shape[1] == total, PyExc_ValueError, "lse: shape must be (H=%lld, total_q=%lld)",
-            (long long)q->h, (long long)total);
-    REQUIRE(!l->readonly || read_only, PyExc_ValueError, "lse: the array is read-only");
-    int64_t st[2];
-    strides_of(x, st);
-    REQUIRE(st[1] == 1 || total <= 1, PyExc_ValueError, "lse: the last dimension must be contiguous");
-    p->lse = (float *)((char *)x->data + x->byte_offset);
-    REQUIRE((uintptr_t)p->lse % 4 == 0, PyExc_ValueError, "lse: data pointer is not 4-byte aligned");
-    p->lse_stride_b = 0;
-    p->lse_stride_h = st[0];
-    return 0;
-}
-
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
@@ -412,7 +297,7 @@ static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, at
             "lse: shape must be (B=%lld, H=%lld, Sq=%lld)", (long long)q->b, (long long)q->h, (long long)q->s);
     REQUIRE(!l->readonly || read_only, PyExc_ValueError, "lse: the array is read-only");
     int64_t st[3];
-    strides_of(x, st);
+    fattn_strides_of(x, st);
     REQUIRE(st[2] == 1 || q->s <= 1 || q->b * q->h == 0, PyExc_ValueError, "lse: the last dimension must be contiguous");
     p->lse = (float *)((char *)x->data + x->byte_offset);
     REQUIRE((uintptr_t)p->lse % 4 == 0, PyExc_ValueError, "lse: data pointer is not 4-byte aligned");
@@ -428,15 +313,25 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
         PyErr_SetString(PyExc_ValueError, "cu_seqlens_q: needed with cu_seqlens_k");
         return -1;
     }
-    if (varlen ? view_3d(&ts[0], &q) || view_3d(&ts[1], &k) || view_3d(&ts[2], &v) || view_3d(&ts[3], &out)
-               : view_4d(&ts[0], o->layout, &q) || view_4d(&ts[1], o->layout, &k) || view_4d(&ts[2], o->layout, &v) ||
-                     view_4d(&ts[3], o->layout, &out))
+    if (varlen ? fattn_view_3d(&ts[0], &q) || fattn_view_3d(&ts[1], &k) || fattn_view_3d(&ts[2], &v) ||
+                     fattn_view_3d(&ts[3], &out)
+               : fattn_view_4d(&ts[0], o->layout, &q) || fattn_view_4d(&ts[1], o->layout, &k) ||
+                     fattn_view_4d(&ts[2], o->layout, &v) || fattn_view_4d(&ts[3], o->layout, &out))
         return -1;
+    fattn_pages pages = {NULL, 0, 0};
+    if (o->block_table && o->block_table->t) {
+        REQUIRE(!varlen, PyExc_ValueError, "block_table: not taken with cu_seqlens");
+        REQUIRE(o->layout == 1, PyExc_ValueError, "block_table: a paged cache is (num_pages, page_size, H_kv, D): "
+                "layout bshd");
+        if (fattn_same_device(&ts[1], &ts[0]) || fattn_same_device(&ts[2], &ts[0]) ||
+            fattn_take_pages(o->block_table, &ts[0], q.b, &k, &v, &pages, stream))
+            return -1;
+    }
     const int64_t total_q = q.s;
     const int has_lse = ts[4].t != NULL;
     for (int i = 1; i < 4 + has_lse; i++)
-        if (same_device(&ts[i], &ts[0])) return -1;
-    if (same_dtype(&k, &q, "k") || same_dtype(&v, &q, "v") || same_dtype(&out, &q, "out")) return -1;
+        if (fattn_same_device(&ts[i], &ts[0])) return -1;
+    if (fattn_same_dtype(&k, &q, "k") || fattn_same_dtype(&v, &q, "v") || fattn_same_dtype(&out, &q, "out")) return -1;
     REQUIRE(q.d % 8 == 0 && q.d >= 8 && q.d <= FATTN_MAX_HEADDIM, PyExc_ValueError,
             "q: head dim %lld is not supported; use a multiple of 8 from 8 to %d", (long long)q.d, FATTN_MAX_HEADDIM);
     REQUIRE(k.d == q.d, PyExc_ValueError, "k: head dim %lld differs from q's %lld", (long long)k.d, (long long)q.d);
@@ -461,7 +356,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     }
 
     memset(p, 0, sizeof *p);
-    if (varlen && take_varlen(o, &ts[0], &q, &k, &v, &out, p, stream)) return -1;
+    if (varlen && fattn_take_varlen(o, &ts[0], &q, &k, &v, &out, p, stream)) return -1;
     p->q = q.data; p->k = k.data; p->v = v.data; p->o = out.data;
     p->q_stride_b = q.sb; p->q_stride_h = q.sh; p->q_stride_s = q.ss;
     p->k_stride_b = k.sb; p->k_stride_h = k.sh; p->k_stride_s = k.ss;
@@ -470,10 +365,19 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     p->b = q.b; p->h = q.h; p->h_kv = k.h; p->sq = q.s; p->sk = k.s; p->d = q.d;
     p->h_per_kv = k.h ? q.h / k.h : 1;
     p->dtype = q.dtype;
-    if (has_lse && (varlen ? take_lse_varlen(&ts[4], &q, total_q, o->read_only, p)
+    p->block_table = pages.table;
+    p->block_table_stride = pages.stride;
+    p->page_size = pages.page_size;
+    if (has_lse && (varlen ? fattn_take_lse_varlen(&ts[4], &q, total_q, o->read_only, p)
                            : take_lse(&ts[4], &q, o->read_only, p)))
         return -1;
-    if (o->seqused_k && o->seqused_k->t && take_seqused(o, &ts[0], p, stream)) return -1;
+    if (o->k_new && o->k_new->t) {
+        REQUIRE(o->append, PyExc_ValueError, "k_new: not taken here");
+        if (fattn_take_new_kv(o->k_new, o->v_new, &ts[1], &ts[2], o->seqused_k, p, o->append)) return -1;
+    } else {
+        REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "v_new: needed with k_new");
+    }
+    if (o->seqused_k && o->seqused_k->t && fattn_take_seqused(o->seqused_k, &ts[0], p, stream)) return -1;
     p->softcap = (float)o->softcap;
     const double scale = isnan(o->scale) ? 1.0 / sqrt((double)q.d) : o->scale;
     p->scale = (float)scale;
@@ -493,18 +397,18 @@ static int grad_view(const fattn_tensor *t, const fattn_tensor *q, int layout, c
                      bhsd_view *v) {
     if (p->cu_seqlens_q) {
         const DLTensor *like = (q + of_k)->t; /* q, or k right after it */
-        if (view_3d(t, v) || same_device(t, q)) return -1;
+        if (fattn_view_3d(t, v) || fattn_same_device(t, q)) return -1;
         REQUIRE(v->dtype == p->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s", t->arg,
-                dtype_name(v->dtype), dtype_name(p->dtype));
+                fattn_dtype_name(v->dtype), fattn_dtype_name(p->dtype));
         REQUIRE(t->t->shape[0] == like->shape[0] && t->t->shape[1] == like->shape[1] && t->t->shape[2] == like->shape[2],
                 PyExc_ValueError, "%s: shape must be %s's (total=%lld, H=%lld, D=%lld)", t->arg, of_k ? "k" : "q",
                 (long long)like->shape[0], (long long)like->shape[1], (long long)like->shape[2]);
         REQUIRE(read || !t->readonly, PyExc_ValueError, "%s: the array is read-only", t->arg);
         return 0;
     }
-    if (view_4d(t, layout, v) || same_device(t, q)) return -1;
-    REQUIRE(v->dtype == p->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s", t->arg, dtype_name(v->dtype),
-            dtype_name(p->dtype));
+    if (fattn_view_4d(t, layout, v) || fattn_same_device(t, q)) return -1;
+    REQUIRE(v->dtype == p->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s", t->arg, fattn_dtype_name(v->dtype),
+            fattn_dtype_name(p->dtype));
     const int64_t h = of_k ? p->h_kv : p->h, s = of_k ? p->sk : p->sq;
     REQUIRE(v->b == p->b && v->h == h && v->s == s && v->d == p->d, PyExc_ValueError,
             "%s: shape must be %s's (B=%lld, H=%lld, S=%lld, D=%lld in layout %s)", t->arg, of_k ? "k" : "q",
@@ -516,8 +420,10 @@ static int grad_view(const fattn_tensor *t, const fattn_tensor *q, int layout, c
 int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
                            attn_bwd_params *bp) {
     bhsd_view g, dq, dk, dv;
-    if (p->seqused_k) {
-        PyErr_SetString(PyExc_ValueError, "seqused_k: the backward takes no seqused_k (a KV cache is inference only)");
+    if (p->seqused_k || p->block_table) {
+        PyErr_SetString(PyExc_ValueError, p->block_table ? "block_table: the backward takes no paged cache (a KV cache "
+                        "is inference only)" : "seqused_k: the backward takes no seqused_k (a KV cache is inference "
+                        "only)");
         return -1;
     }
     if (grad_view(&ts[0], q, layout, p, 0, 1, &g) || grad_view(&ts[1], q, layout, p, 0, 0, &dq) ||

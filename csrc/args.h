@@ -4,6 +4,7 @@
 #ifndef FATTN_ARGS_H
 #define FATTN_ARGS_H
 
+#include "kvcache.h"
 #include "tensor.h"
 
 /* Parses a METH_FASTCALL | METH_KEYWORDS call of `fname`: names[0..n) may come positionally (in order) or by
@@ -43,8 +44,13 @@ typedef struct {
     int read_only;           /* 1: out and lse are only read (the backward): read-only arrays are fine */
     double softcap;          /* 0: none */
     /* variable-length batches: the int32 tensors (NULL .t: absent) and the longest lengths the caller gave (-1) */
-    const fattn_tensor *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
+    const fattn_tensor *cu_seqlens_q, *cu_seqlens_k, *seqused_k; /* seqused_k: or cache_seqlens (its arg name) */
     int64_t max_seqlen_q, max_seqlen_k;
+    /* a KV cache (attention_with_kvcache; NULL .t: absent): k and v are the cache, paged with block_table (layout
+     * bshd); k_new / v_new are appended at cache_seqlens (the seqused_k slot), described in *append for the caller
+     * to run after planning (a refused call writes nothing) */
+    const fattn_tensor *block_table, *k_new, *v_new;
+    fattn_append *append;
 } fattn_call_opts;
 
 /* Fills p from the taken tensors (q, k, v, out, and lse when ts[4].t is set); every mismatch raises naming the

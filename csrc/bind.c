@@ -2,14 +2,17 @@
  *
  *   _C.forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None,
  *              softcap=0, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=None,
- *              max_seqlen_k=None)
+ *              max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None)
  *   _C._dev.forward(..., config=None, splits=0, order=0) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan(...)                                   -> the plan a call would run, without running it
  *
  * q, k, v, out (and lse) are DLPack arrays (or capsules) on one device; causal is 0 (none), 1 (top-left) or 2
  * (bottom-right); layout 0 is (B, H, S, D), 1 is (B, S, H, D); window a (left, right) pair; softcap c > 0 caps
  * the scores at c tanh(s / c).  With cu_seqlens_q and cu_seqlens_k (int32 prefix sums, B + 1 entries) q, k, v, out
- * are packed (total, H, D) and lse is (H, total_q); seqused_k (int32, B) caps each sequence's keys.  Overrides: config (a GPU
+ * are packed (total, H, D) and lse is (H, total_q); seqused_k (int32, B) caps each sequence's keys.  A KV cache
+ * (attention_with_kvcache; layout 1): k and v are the cache, paged (num_pages, page_size, H_kv, D) with block_table
+ * (int32, B x max_pages); k_new / v_new (B, S_new, H_kv, D) are written at cache_seqlens (int32, B: the lengths
+ * before the call) once the call is planned, and attended to.  Overrides: config (a GPU
  * variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's), order (block
  * order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
  * head_group, workspace. */
@@ -20,11 +23,14 @@
 
 const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS] = {
     "q", "k", "v", "out", "lse", "causal", "scale", "layout", "window", "variant", "stream", "softcap",
-    "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "config", "splits", "order"};
-#define NARGS_PUBLIC 17
+    "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "cache_seqlens", "block_table",
+    "k_new", "v_new", "config", "splits", "order"};
+#define NARGS_PUBLIC 21
 #define NARGS_DEV FATTN_FORWARD_ARGS
 enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_SOFTCAP, A_CU_Q,
-       A_CU_K, A_USED_K, A_MAX_Q, A_MAX_K, A_CONFIG, A_SPLITS, A_ORDER };
+       A_CU_K, A_USED_K, A_MAX_Q, A_MAX_K, A_CACHE_SEQLENS, A_BLOCK_TABLE, A_K_NEW, A_V_NEW, A_CONFIG, A_SPLITS,
+       A_ORDER };
+#define NCACHE 4 /* cache_seqlens, block_table, k_new, v_new */
 
 PyObject *fattn_raise_status(void) {
     PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
@@ -95,6 +101,8 @@ int fattn_take_varlen_args(const fattn_names *names, PyObject **objs, PyObject *
 typedef struct {
     fattn_tensor ts[5];
     fattn_tensor seqs[3]; /* cu_seqlens_q, cu_seqlens_k, seqused_k */
+    fattn_tensor cache[NCACHE];
+    fattn_append append;  /* k_new / v_new, written after planning */
     attn_params p;
     const char *variant;
     fattn_overrides ov;
@@ -105,6 +113,31 @@ typedef struct {
 static void call_release(call *c) {
     for (int i = 0; i < 5; i++) fattn_tensor_release(&c->ts[i]);
     for (int i = 0; i < 3; i++) fattn_tensor_release(&c->seqs[i]);
+    for (int i = 0; i < NCACHE; i++) fattn_tensor_release(&c->cache[i]);
+}
+
+static int given(PyObject *obj) { return obj && obj != Py_None; }
+
+/* A KV cache's arguments (attention_with_kvcache): cache_seqlens in the seqused_k slot, the pages, the new keys. */
+static int take_cache_args(module_state *st, PyObject **a, PyObject *stream_obj, call *c, fattn_call_opts *o) {
+    static const char *names[NCACHE] = {"cache_seqlens", "block_table", "k_new", "v_new"};
+    if (given(a[A_CACHE_SEQLENS]) && given(a[A_USED_K])) {
+        PyErr_SetString(PyExc_TypeError, "cache_seqlens: not taken with seqused_k (give one)");
+        return -1;
+    }
+    for (int i = 0; i < NCACHE; i++) {
+        PyObject *obj = a[A_CACHE_SEQLENS + i];
+        if (!given(obj)) continue;
+        if (i < 2 ? fattn_take_dlpack(&st->names, obj, names[i], stream_obj, &c->cache[i])
+                  : fattn_take(&st->names, obj, names[i], stream_obj, &c->cache[i]))
+            return -1;
+    }
+    if (c->cache[0].t) o->seqused_k = &c->cache[0];
+    o->block_table = &c->cache[1];
+    o->k_new = &c->cache[2];
+    o->v_new = &c->cache[3];
+    o->append = &c->append;
+    return 0;
 }
 
 int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_obj, fattn_overrides *ov) {
@@ -138,6 +171,9 @@ int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_o
 static int call_take(module_state *st, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
     static const char *tensor_names[5] = {"q", "k", "v", "out", "lse"};
+    static const char *cache_names[5] = {"q", "k_cache", "v_cache", "out", "lse"};
+    int cache = 0;
+    for (int i = A_CACHE_SEQLENS; i < A_CACHE_SEQLENS + NCACHE; i++) cache |= given(a[i]);
     long causal = 0, layout = 0;
     fattn_call_opts o = {0, 0, -1, -1, 0.0, 0, 0.0, NULL, NULL, NULL, -1, -1};
     if (fattn_arg_long(a[A_CAUSAL], "causal", 0, 2, &causal) || fattn_arg_long(a[A_LAYOUT], "layout", 0, 1, &layout) ||
@@ -150,10 +186,10 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     if (fattn_arg_variant(a[A_VARIANT], &c->variant)) return -1;
     PyObject *stream_obj = a[A_STREAM] ? a[A_STREAM] : Py_None;
     for (int i = 0; i < 5; i++)
-        if (a[i] && a[i] != Py_None && fattn_take(&st->names, a[i], tensor_names[i], stream_obj, &c->ts[i]))
+        if (given(a[i]) && fattn_take(&st->names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))
             return -1;
     if (fattn_take_varlen_args(&st->names, a + A_CU_Q, a[A_MAX_Q], a[A_MAX_K], stream_obj, c->seqs, &o) ||
-        fattn_build_params(c->ts, &o, &c->p, c->stream))
+        (cache && take_cache_args(st, a, stream_obj, c, &o)) || fattn_build_params(c->ts, &o, &c->p, c->stream))
         return -1;
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
     if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
@@ -207,6 +243,13 @@ int fattn_raise_plan_status(fattn_status s, const char *variant, const fattn_ove
     return 0;
 }
 
+/* k_new / v_new into the cache, on the call's device and stream. */
+static fattn_status append_kv(const call *c) {
+    if (c->gpu) return fattn_gpu_append_kv(&c->p, &c->append, c->device, c->stream);
+    fattn_cpu_append_kv(&c->p, &c->append);
+    return FATTN_OK;
+}
+
 /* run: 0 plans only; 1 runs.  want_plan: return the plan dict (else None). */
 static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int nnames,
                          int run, int want_plan) {
@@ -223,14 +266,19 @@ static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nar
     memset(&plan, 0, sizeof plan);
     if (call_take(st, a, &c)) goto done;
     const attn_params *p = &c.p;
-    if (p->b * p->h * p->sq == 0) { /* nothing to compute */
+    fattn_status s = FATTN_OK;
+    if (p->b * p->h * p->sq == 0) { /* nothing to compute; new keys are still appended */
+        if (run && c.append.s_new && (s = append_kv(&c))) {
+            fattn_raise_status();
+            goto done;
+        }
         result = Py_NewRef(Py_None);
         goto done;
     }
-    fattn_status s = FATTN_OK;
     if (c.gpu) {
         if (plan_gpu(st, &c, &plan)) goto done;
-        if (run) s = fattn_run_gpu(p, &st->tuned, c.variant, &c.ov, &plan, c.stream);
+        if (run && c.append.s_new) s = append_kv(&c);
+        if (run && !s) s = fattn_run_gpu(p, &st->tuned, c.variant, &c.ov, &plan, c.stream);
     } else {
         if (c.variant && strcmp(c.variant, "cpu")) {
             PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
@@ -240,7 +288,8 @@ static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nar
         fattn_cpu_plan(p, &st->tuned, &c.ov, &plan);
         if (run) {
             Py_BEGIN_ALLOW_THREADS
-            s = fattn_cpu_forward(p, &plan.cpu);
+            if (c.append.s_new) s = append_kv(&c);
+            if (!s) s = fattn_cpu_forward(p, &plan.cpu);
             Py_END_ALLOW_THREADS
         }
     }

@@ -58,10 +58,10 @@ typedef struct {
  * (block 0 holds keys [k0, k0 + bc)) in the micro-kernel's strips: K^T as dp x bc, V as bc x dp.  Padding keys and
  * columns are zero. */
 static void pack_kv(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t k0, int64_t k1, scratch *w) {
-    pack_rows(p->k, b * p->k_stride_b + hk * p->k_stride_h + k0 * p->k_stride_s, p->k_stride_s, p->dtype, k1 - k0,
-              p->d, bc, w->kt, NULL);
-    pack_rows(p->v, b * p->v_stride_b + hk * p->v_stride_h + k0 * p->v_stride_s, p->v_stride_s, p->dtype, k1 - k0,
-              p->d, bc, NULL, w->v);
+    pack_rows(p, p->k, b * p->k_stride_b + hk * p->k_stride_h, p->k_stride_b, p->k_stride_s, k0, k1 - k0, bc, w->kt,
+              NULL);
+    pack_rows(p, p->v, b * p->v_stride_b + hk * p->v_stride_h, p->v_stride_b, p->v_stride_s, k0, k1 - k0, bc, NULL,
+              w->v);
 }
 
 /* S = Q_i K_j^T of one key block, masked -> softmax update -> acc += P V_j, for query rows [i0, i0 + br); the
@@ -161,7 +161,7 @@ static void task_blocks(const attn_params *p, const fattn_cpu_config *cfg, scrat
  * slower on 2 AVX2 cores (gcc -O3), so dense calls never see one. */
 static void attn_task(const attn_params *p, const fattn_cpu_config *cfg, scratch *w, int64_t b, int64_t hk,
                       int64_t qb0, int64_t qb1) {
-    if (!p->cu_seqlens_q && !p->seqused_k) {
+    if (!p->cu_seqlens_q && !p->seqused_k && !p->block_table) {
         task_blocks(p, cfg, w, b, hk, qb0, qb1);
         return;
     }

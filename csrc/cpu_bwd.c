@@ -50,10 +50,10 @@ typedef struct {
 /* K^T, V^T and K of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32, per key block of bc
  * keys in the micro-kernel's strips: K^T and V^T as dp x bc, K as bc x dp.  Padding keys and columns are zero. */
 static void pack_keys(const attn_params *p, int64_t bc, int64_t b, int64_t hk, int64_t k0, int64_t k1, scratch *w) {
-    pack_rows(p->k, b * p->k_stride_b + hk * p->k_stride_h + k0 * p->k_stride_s, p->k_stride_s, p->dtype, k1 - k0,
-              p->d, bc, w->kt, w->kr);
-    pack_rows(p->v, b * p->v_stride_b + hk * p->v_stride_h + k0 * p->v_stride_s, p->v_stride_s, p->dtype, k1 - k0,
-              p->d, bc, w->vt, NULL);
+    pack_rows(p, p->k, b * p->k_stride_b + hk * p->k_stride_h, p->k_stride_b, p->k_stride_s, k0, k1 - k0, bc, w->kt,
+              w->kr);
+    pack_rows(p, p->v, b * p->v_stride_b + hk * p->v_stride_h, p->v_stride_b, p->v_stride_s, k0, k1 - k0, bc, w->vt,
+              NULL);
 }
 
 /* Q_i (scaled), dO_i, LSE2 and D of query rows [i0, i0 + br) of head (b, h); dQ_i zeroed. */

@@ -175,20 +175,21 @@ static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * 
 /* n floats, 64-byte aligned (NULL when out of memory); free() releases them. */
 static inline void *alloc_floats(int64_t n) { return aligned_alloc(64, (size_t)round_up(n > 0 ? n * 4 : 4, 64)); }
 
-/* Rows [0, n) of one head of a K or V array (`src` from element `off` on, row stride `stride`, d columns), converted
- * to float32 in blocks of bc rows (block 0: rows [0, bc)), each block in the micro-kernel's strips:
+/* Key rows [j0, j0 + n) of one head of K or V (`src`, the head's offset `base`, its batch / page and row strides;
+ * rows found by fattn_key_offset, so through the block table of a paged cache), s->d columns, converted to float32
+ * in blocks of bc rows (block 0: rows [j0, j0 + bc)), each block in the micro-kernel's strips:
  *   t (NULL: not made): the block transposed, dp x bc (a right-hand operand over the head dim: S = Q K^T)
  *   r (NULL: not made): the block as it is, bc x dp (a right-hand operand over the rows: P V, dS K)
  * Padding rows and columns are zero. */
-static inline void pack_rows(const void *src, int64_t off, int64_t stride, fattn_dtype dt, int64_t n, int64_t d,
-                             int64_t bc, float *t, float *r) {
-    const int64_t dp = round_up(d, NR), nkb = (n + bc - 1) / bc;
+static inline void pack_rows(const attn_params *s, const void *src, int64_t base, int64_t stride_b, int64_t stride_s,
+                             int64_t j0, int64_t n, int64_t bc, float *t, float *r) {
+    const int64_t d = s->d, dp = round_up(d, NR), nkb = (n + bc - 1) / bc;
     if (t) memset(t, 0, sizeof(float) * nkb * dp * bc);
     if (r) memset(r, 0, sizeof(float) * nkb * bc * dp);
     for (int64_t j = 0; j < n; j++) {
-        const int64_t blk = (j / bc) * dp * bc, c = j % bc, o = off + j * stride;
+        const int64_t blk = (j / bc) * dp * bc, c = j % bc, o = base + fattn_key_offset(s, j0 + j, stride_b, stride_s);
         for (int64_t e = 0; e < d; e++) {
-            const float x = load_elem(src, o + e, dt);
+            const float x = load_elem(src, o + e, s->dtype);
             if (t) t[blk + strip_at(e, c, dp)] = x;
             if (r) r[blk + strip_at(c, e, bc)] = x;
         }

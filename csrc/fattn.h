@@ -63,31 +63,78 @@ typedef struct attn_params {
      * sq and sk are the longest, batch strides are 0.  seqused_k[b] (also for dense calls): sequence b uses only
      * its first seqused_k[b] keys (a KV cache's filled length).  Device pointers on the GPU. */
     const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
+    int64_t seqused_k_plus;           /* added to every seqused_k entry (a cache's new keys, appended by this call) */
+    /* A paged KV cache (NULL: contiguous).  k and v are pools of pages (num_pages, page_size, h_kv, d); key j of
+     * sequence b is row j % page_size of page block_table[b * block_table_stride + j / page_size]; k_stride_b and
+     * v_stride_b are the pools' page strides, sk the longest sequence's capacity.  Dense q only (no cu_seqlens). */
+    const int32_t *block_table;
+    int64_t block_table_stride, page_size;
 } attn_params;
 
 FATTN_HD int64_t fattn_elem_bytes(fattn_dtype t) { return t == FATTN_F32 ? 4 : 2; }
 
-/* The params of sequence (batch) b alone, as a batch of one: q, k, v, o and lse moved to its first query and key,
- * sq and sk its own lengths.  Every kernel and the CPU backend start here and then work on batch 0, so a dense
- * batch, a packed variable-length batch and a partly filled cache are one code path. */
-FATTN_HD void fattn_seq_params(const attn_params *p, int64_t b, attn_params *s) {
-    *s = *p;
+/* What differs between sequence (batch) b and the call: where its q, k, v, o and lse start, its block-table row and
+ * its own lengths.  Kernels that keep reading strides and the mask from the call's params (in the kernel's parameter
+ * space) take just this. */
+typedef struct {
+    const void *q, *k, *v;
+    void *o;
+    float *lse;
+    const int32_t *block_table;       /* this sequence's row (paged caches), else NULL */
+    int64_t sq, sk;
+} fattn_seq;
+
+FATTN_HD fattn_seq fattn_seq_of(const attn_params *p, int64_t b) {
+    fattn_seq s;
     int64_t q0 = 0, k0 = 0;
+    s.sq = p->sq;
+    s.sk = p->sk;
     if (p->cu_seqlens_q) {
         q0 = p->cu_seqlens_q[b];
         k0 = p->cu_seqlens_k[b];
-        s->sq = p->cu_seqlens_q[b + 1] - q0;
-        s->sk = p->cu_seqlens_k[b + 1] - k0;
+        s.sq = p->cu_seqlens_q[b + 1] - q0;
+        s.sk = p->cu_seqlens_k[b + 1] - k0;
     }
-    if (p->seqused_k && p->seqused_k[b] < s->sk) s->sk = p->seqused_k[b];
+    if (p->seqused_k && p->seqused_k[b] + p->seqused_k_plus < s.sk) s.sk = p->seqused_k[b] + p->seqused_k_plus;
     const int64_t e = fattn_elem_bytes(p->dtype);
-    s->q = (const char *)p->q + (b * p->q_stride_b + q0 * p->q_stride_s) * e;
-    s->k = (const char *)p->k + (b * p->k_stride_b + k0 * p->k_stride_s) * e;
-    s->v = (const char *)p->v + (b * p->v_stride_b + k0 * p->v_stride_s) * e;
-    s->o = (char *)p->o + (b * p->o_stride_b + q0 * p->o_stride_s) * e;
-    if (p->lse) s->lse = p->lse + b * p->lse_stride_b + q0;
+    s.q = (const char *)p->q + (b * p->q_stride_b + q0 * p->q_stride_s) * e;
+    s.block_table = p->block_table ? p->block_table + b * p->block_table_stride : 0;
+    if (p->block_table) { /* k and v stay the pools */
+        s.k = p->k;
+        s.v = p->v;
+    } else {
+        s.k = (const char *)p->k + (b * p->k_stride_b + k0 * p->k_stride_s) * e;
+        s.v = (const char *)p->v + (b * p->v_stride_b + k0 * p->v_stride_s) * e;
+    }
+    s.o = (char *)p->o + (b * p->o_stride_b + q0 * p->o_stride_s) * e;
+    s.lse = p->lse ? p->lse + b * p->lse_stride_b + q0 : 0;
+    return s;
+}
+
+/* The params of sequence (batch) b alone, as a batch of one: q, k, v, o and lse moved to its first query and key,
+ * sq and sk its own lengths.  Every kernel and the CPU backend start here (or at fattn_seq_of) and then work on
+ * batch 0, so a dense batch, a packed variable-length batch and a partly filled or paged cache are one code path. */
+FATTN_HD void fattn_seq_params(const attn_params *p, int64_t b, attn_params *s) {
+    const fattn_seq x = fattn_seq_of(p, b);
+    *s = *p;
+    s->q = x.q; s->k = x.k; s->v = x.v; s->o = x.o; s->lse = x.lse;
+    s->block_table = x.block_table;
+    s->sq = x.sq;
+    s->sk = x.sk;
     s->b = 1;
     s->cu_seqlens_q = s->cu_seqlens_k = s->seqused_k = 0;
+}
+
+/* Row j of a paged cache's sequence: the element offset of its page's row in the pool (head excluded). */
+FATTN_HD int64_t fattn_page_offset(const int32_t *table, int64_t page_size, int64_t j, int64_t stride_b,
+                                   int64_t stride_s) {
+    return (int64_t)table[j / page_size] * stride_b + (j % page_size) * stride_s;
+}
+
+/* Where key j of the sequence in hand (after fattn_seq_params) starts in k (or v: pass v's strides), in elements
+ * from k's pointer plus the head's offset: row j, or through the block table its page and row. */
+FATTN_HD int64_t fattn_key_offset(const attn_params *s, int64_t j, int64_t stride_b, int64_t stride_s) {
+    return s->block_table ? fattn_page_offset(s->block_table, s->page_size, j, stride_b, stride_s) : j * stride_s;
 }
 
 /* The backward pass (FlashAttention-2's, Dao 2023): dQ, dK, dV from dO, the forward's inputs, its output O and its LSE

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kvcache.h"
 #include "tuned.h"
 #include "variants.h"
 
@@ -97,6 +98,13 @@ fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device
     if (e != cudaSuccess)
         st = FATTN_FAIL(FATTN_ERR_CUDA, "reading %zu bytes from cuda:%d: %s", bytes, device, cudaGetErrorString(e));
     return leave_device(prev, device, st);
+}
+
+fattn_status fattn_gpu_append_kv(const attn_params *p, const fattn_append *a, int device, void *stream) {
+    int prev;
+    fattn_status st = enter_device(device, &prev);
+    if (st) return st;
+    return leave_device(prev, device, fattn_launch_append_kv(p, a, stream));
 }
 
 /* ---- device queries: compute capability and multiprocessors, read once per device --------------------------- */
@@ -373,6 +381,10 @@ fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device
 }
 fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {
     (void)p; (void)plan; (void)stream;
+    return not_built();
+}
+fattn_status fattn_gpu_append_kv(const attn_params *p, const fattn_append *a, int device, void *stream) {
+    (void)p; (void)a; (void)device; (void)stream;
     return not_built();
 }
 #endif

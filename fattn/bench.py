@@ -14,10 +14,12 @@ never imports it).  The engine is fattn.testing.suite; this is its command line.
     python -m fattn.bench --grid cpu --reps 3
     python -m fattn.bench --grid fa3 --mode bwd                  # the backward alone; --mode fwdbwd: both
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node=2 -m fattn.bench --grid cp --json cp.json --plot cp.png
+    python -m fattn.bench --grid paged --json paged.json         # decode over a paged KV cache
 
-Grid cp (context parallelism, fattn.testing.cp) runs under torchrun and takes its own options (--grid cp --help).
+Grids cp (context parallelism, fattn.testing.cp; under torchrun) and paged (decode over a paged KV cache,
+fattn.testing.paged) take their own options (--grid cp --help).
 
-Grids (fattn.testing.grids): seeds, fa3, decode, cpu; and cp.  fattn:X / best torch = fastest torch p50 (of the backends
+Grids (fattn.testing.grids): seeds, fa3, decode, cpu; and cp, paged.  fattn:X / best torch = fastest torch p50 (of the backends
 that passed validation) / fattn:X's p50, >1 = fattn faster.  --shape, --sk and --hkv apply to --shape runs only.
 Exit status: 0; 1 when a fattn variant fails validation or cannot run a requested point; 2 for usage errors.
 """
@@ -114,23 +116,27 @@ def missing_fattn_rows(points, impls, rows):
     return [(i, p) for p in points for i in impls if i.startswith("fattn:") and (i, grids.key(p)) not in have]
 
 
-def cp_grid_args(argv):
-    """The arguments after removing `--grid cp` (or `--grid=cp`), or None when the grid is not cp."""
+# Grids with a runner of their own (their own options: --grid NAME --help): name -> module of fattn.testing
+OWN_RUNNERS = {"cp": "cp", "paged": "paged"}
+
+
+def own_runner_args(argv):
+    """(module name, the arguments without `--grid NAME`) for a grid with its own runner, else None."""
     for i, a in enumerate(argv):
-        if a == "--grid=cp":
-            return argv[:i] + argv[i + 1:]
-        if a == "--grid" and i + 1 < len(argv) and argv[i + 1] == "cp":
-            return argv[:i] + argv[i + 2:]
+        name = a[len("--grid="):] if a.startswith("--grid=") else argv[i + 1] if a == "--grid" and i + 1 < len(argv) \
+            else None
+        if name in OWN_RUNNERS:
+            return OWN_RUNNERS[name], argv[:i] + argv[i + (1 if a.startswith("--grid=") else 2):]
     return None
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    rest = cp_grid_args(argv)
-    if rest is not None:
-        from fattn.testing import cp
+    own = own_runner_args(argv)
+    if own is not None:
+        import importlib
 
-        return cp.main(rest)
+        return importlib.import_module(f"fattn.testing.{own[0]}").main(own[1])
     args = parse_args(argv)
     try:
         import torch  # noqa: F401

@@ -100,6 +100,23 @@ def test_serving_varlen_forward_and_grad(device, causal, lengths, kv_extra, seed
         assert torch.equal(a, b_.grad)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+@pytest.mark.parametrize("lengths", LENGTHS, ids=["ragged", "equal", "one", "empties"])
+def test_serving_varlen_forward_variants(variant, causal, lengths, seed, request):
+    """Each GPU variant that takes packed batches, forward (fp16 and bf16), sequence by sequence."""
+    require("cuda")
+    for dt in (torch.float16, torch.bfloat16):
+        q, k, v, cq, ck = packed(lengths, [n + 5 for n in lengths], 4, 2, 128, dt, "cuda", seed)
+        out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal=causal, return_lse=True, variant=variant)
+        for b in range(len(lengths)):
+            qs, ks, vs, os_ = (per_sequence(x, c, b) for x, c in ((q, cq), (k, ck), (v, ck), (out, cq)))
+            ls = lse[:, int(cq[b]):int(cq[b + 1])].unsqueeze(0)
+            why, _, _ = accuracy.check_attention(os_, qs, ks, vs, causal, None, ls)
+            assert why is None, f"{dt} sequence {b}: {why}. {repro(request)}"
+
+
 @pytest.mark.parametrize("device", devices())
 def test_serving_varlen_seqused_k_caps_the_keys(device, seed):
     require(device)

@@ -159,3 +159,13 @@ def test_bench_gradient_modes_validate_and_count_flops(tmp_path, mode):
         assert r["mode"] == mode and r["max_abs_err"] <= r["tol"]
         fwd = 4 * 1 * 4 * 64 * 64 * 32 / 2
         assert abs(r["tflops"] * 1e12 * r["p50_us"] * 1e-6 - fwd * grids.MODES[mode]) < 1e-3 * fwd
+
+
+def test_bench_own_runner_grids():
+    """--grid cp / paged go to their own runners with the remaining arguments; other grids stay with the suite."""
+    from fattn.bench import own_runner_args
+
+    assert own_runner_args(["--grid", "cp", "--tokens", "512"]) == ("cp", ["--tokens", "512"])
+    assert own_runner_args(["--json", "x.json", "--grid=paged"]) == ("paged", ["--json", "x.json"])
+    assert own_runner_args(["--grid", "fa3"]) is None
+    assert own_runner_args(["--grid"]) is None

@@ -3,7 +3,7 @@
  * Each thread walks every visible key of its row once with the online softmax (m_i, l_i, acc in registers /
  * local memory): the simplest kernel that is right, the baseline every later version is checked against.
  * No shared memory, no reuse of K/V between rows: every thread streams the whole K and V of its head.
- * Each thread first takes its sequence's params (fattn_seq_params: dense, packed varlen, or a cache's used keys).
+ * Each thread first takes its sequence's params (fattn_seq_params: dense, packed varlen, or a cache's used keys, paged or not).
  * Speed (H100, evidence/bench/h100_v0v1_seeds.json): 0.2-2.7 TFLOP/s on the seeds grid (K/V re-read per row).
  */
 #include "../common.cuh"
@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(V0_THREADS) v0_fwd(const attn_params all) {
     int64_t lo, hi; /* the keys this row sees */
     fattn_row_keys(&p.mask, p.sq, p.sk, i, &lo, &hi);
     for (int64_t j = lo; j < hi; j++) {
-        const T *kj = k + j * p.k_stride_s, *vj = v + j * p.v_stride_s;
+        const T *kj = k + fattn_key_offset(&p, j, p.k_stride_b, p.k_stride_s);
+        const T *vj = v + fattn_key_offset(&p, j, p.v_stride_b, p.v_stride_s);
         float s = 0.f;
         for (int e = 0; e < d; e++) s += qs[e] * to_f32(kj[e]);
         if (p.softcap > 0.f) s = softcap2(s, p.softcap * FATTN_LOG2E);

@@ -9,7 +9,7 @@
  * with P passed through shared memory.  Two __syncthreads per tile (stage, then release), warp shuffles for the
  * row max.  Head dims are bucketed at compile time (DMAX 64 / 128 / 256); any multiple of 8 up to 256 works.
  * A block visits only the key tiles its rows see (mask.h); blocks are issued last-query-block first.  A block first
- * takes its sequence's params (fattn_seq_params: dense, packed varlen, or a cache's used keys); softcap in place.
+ * takes its sequence's params (fattn_seq_params: dense, packed varlen, or a cache's used keys, paged or not); softcap in place.
  * Speed (H100, evidence/bench/h100_v0v1_fa3.json): 4-20 TFLOP/s on the fa3 grid, CUDA cores only.
  */
 #include "../common.cuh"
@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params all) {
             const int c = idx / DMAX, e = idx % DMAX;
             const int64_t j = j0 + c;
             const bool in = j < kend && e < d;
-            Ks[c * (DMAX + 1) + e] = in ? to_f32(k[j * p.k_stride_s + e]) : 0.f;
-            Vs[c * DMAX + e] = in ? to_f32(v[j * p.v_stride_s + e]) : 0.f;
+            Ks[c * (DMAX + 1) + e] = in ? to_f32(k[fattn_key_offset(&p, j, p.k_stride_b, p.k_stride_s) + e]) : 0.f;
+            Vs[c * DMAX + e] = in ? to_f32(v[fattn_key_offset(&p, j, p.v_stride_b, p.v_stride_s) + e]) : 0.f;
         }
         __syncthreads();
 

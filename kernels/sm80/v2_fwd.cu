@@ -88,6 +88,26 @@ DEV void load_tile(T *smem, const T *src, int64_t stride, int64_t valid, int d, 
     }
 }
 
+/* The same tile of a paged cache: key row j0 + r is row (j0 + r) % ps of page table[(j0 + r) / ps], each row its own
+ * address; rows >= valid and columns >= d zero-filled.  `head` is the pool plus the kv head's offset.  Kept out of
+ * line with 32-bit row arithmetic: inlined, the per-row addressing spilled up to 250 bytes in the paged kernels. */
+template <typename T, int DP, int ROWS, int THREADS>
+__device__ __noinline__ void load_tile_paged(T *smem, const T *head, const int32_t *table, int ps, int64_t stride_b,
+                                             int64_t stride_s, int j0, int valid, int d, int tid) {
+    constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
+    const int c = tid % CHUNKS, r0 = tid / CHUNKS;
+    const bool col_in = c * 8 < d;
+    head += c * 8;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int r = r0 + it * RSTEP, j = j0 + r;
+        const bool in = col_in && r < valid;
+        const int page = in ? __ldg(table + j / ps) : 0;
+        const T *src = head + (int64_t)page * stride_b + (int64_t)(j % ps) * stride_s;
+        cp_async_16(smem + swz<DP>(r, c), in ? src : head, in ? 16 : 0);
+    }
+}
+
 /* Flips the sign bit of every fp16/bf16 element of a ROWS x DP tile in shared memory (16 bytes per thread-step). */
 template <int DP, int ROWS, int THREADS> DEV void flip_sign_bits(void *smem, int tid) {
     uint4 *t = (uint4 *)smem;
@@ -111,8 +131,8 @@ typedef struct {
 
 /* The forward pass of one block; v2_fwd (compiled ahead of time) and fattn_v2_rtc (compiled at run time by NVRTC
  * with the configuration as macros) are both this body. */
-template <typename T, int DP, int WARPS, int MT, int BC, int STAGES>
-DEV void v2_body(const attn_params p, const v2_split sp) {
+template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED>
+DEV void v2_body(const attn_params all, const v2_split sp) {
     constexpr int THREADS = WARPS * 32, BR = 16 * MT * WARPS;
     constexpr int KSTEPS = DP / 16; /* k-steps of S = Q K^T */
     constexpr int NT = BC / 8;      /* n8 tiles of S */
@@ -124,22 +144,26 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int mi = lane >> 3, r8 = lane & 7; /* ldmatrix: which 8x8 matrix this lane addresses, and its row */
-    const int64_t nqb = (p.sq + BR - 1) / BR, nbh = p.b * p.h;
+    const int64_t nqb = (all.sq + BR - 1) / BR, nbh = all.b * all.h;
     /* Block order (the hardware hands blocks out in order; the plan chooses): head by head, the blocks running
      * at once share a few heads' K and V in L2; heads fastest, every head's last (with causal masking, longest)
      * query block runs first and the grid ends on short blocks.  Either way a head's last query block comes first. */
     const int64_t bh = sp.heads_fastest ? blockIdx.x % nbh : blockIdx.x / nqb;
     const int64_t i0 = (nqb - 1 - (sp.heads_fastest ? blockIdx.x / nbh : blockIdx.x % nqb)) * BR;
-    const int64_t b = bh / p.h, h = bh % p.h;
+    const int64_t b = 0, h = bh % all.h;
+    /* sequence bh / h's pointers and lengths (dense, packed varlen, a cache's used keys, paged); the rest from all */
+    const fattn_seq seq = fattn_seq_of(&all, bh / all.h);
+    const attn_params &p = all;
+    if (i0 >= seq.sq) return; /* a shorter sequence of a varlen batch: nothing issued yet */
     HEAD_OFFSETS(p, b, h);
-    const T *q = (const T *)p.q + q_off + i0 * p.q_stride_s;
-    const T *k = (const T *)p.k + k_off, *v = (const T *)p.v + v_off;
+    const T *q = (const T *)seq.q + q_off + i0 * p.q_stride_s;
+    const T *k = (const T *)seq.k + k_off, *v = (const T *)seq.v + v_off;
     const int d = (int)p.d;
 
     /* the key blocks this query block visits; blocks [n_full_min, n_full_max) need no mask */
-    const fattn_span span = fattn_key_span(&p.mask, p.sq, p.sk, i0, BR, BC);
+    const fattn_span span = fattn_key_span(&p.mask, seq.sq, seq.sk, i0, BR, BC);
     int64_t lo_last, kend; /* no row of the block sees key kend or later */
-    fattn_row_keys(&p.mask, p.sq, p.sk, (i0 + BR < p.sq ? i0 + BR : p.sq) - 1, &lo_last, &kend);
+    fattn_row_keys(&p.mask, seq.sq, seq.sk, (i0 + BR < seq.sq ? i0 + BR : seq.sq) - 1, &lo_last, &kend);
     (void)lo_last;
     const int nfull_min = (int)span.n_full_min, nfull_max = (int)span.n_full_max;
     const int jb_begin = (int)span.n_min + (sp.o_part ? (int)blockIdx.y * sp.blocks_per_split : 0);
@@ -154,14 +178,26 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     const T *kthr = k + load_origin<DP>(p.k_stride_s, tid), *vthr = v + load_origin<DP>(p.v_stride_s, tid);
     auto load_v = [&](int jb, int stage) {
         const int64_t j0 = (int64_t)jb * BC;
-        load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, vthr + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d, tid);
+        if constexpr (PAGED)
+            load_tile_paged<T, DP, BC, THREADS>(sV + stage * BC * DP, v, seq.block_table, (int)p.page_size,
+                                                p.v_stride_b, p.v_stride_s, (int)j0, (int)min(kend - j0, (int64_t)BC),
+                                                d, tid);
+        else
+            load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, vthr + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d,
+                                          tid);
     };
     auto load_kv = [&](int jb, int stage, bool with_v) {
         const int64_t j0 = (int64_t)jb * BC;
-        load_tile<T, DP, BC, THREADS>(sK + stage * BC * DP, kthr + j0 * p.k_stride_s, p.k_stride_s, kend - j0, d, tid);
+        if constexpr (PAGED)
+            load_tile_paged<T, DP, BC, THREADS>(sK + stage * BC * DP, k, seq.block_table, (int)p.page_size,
+                                                p.k_stride_b, p.k_stride_s, (int)j0, (int)min(kend - j0, (int64_t)BC),
+                                                d, tid);
+        else
+            load_tile<T, DP, BC, THREADS>(sK + stage * BC * DP, kthr + j0 * p.k_stride_s, p.k_stride_s, kend - j0, d,
+                                          tid);
         if (with_v) load_v(jb, stage);
     };
-    load_tile<T, DP, BR, THREADS>(sQ, q + load_origin<DP>(p.q_stride_s, tid), p.q_stride_s, p.sq - i0, d, tid);
+    load_tile<T, DP, BR, THREADS>(sQ, q + load_origin<DP>(p.q_stride_s, tid), p.q_stride_s, seq.sq - i0, d, tid);
     if (jb_begin < jb_end) load_kv(jb_begin, 0, STAGES == 2);
     cp_async_commit();
     if (STAGES == 2) {
@@ -184,7 +220,7 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     const bool flip_q = p.scale_log2 < 0.f;
     const float sl = fabsf(p.scale_log2);
     /* A warp whose rows all lie past Sq (decode: Sq = 1 uses one warp of the block) only helps load K and V. */
-    const bool warp_live = i0 + wrow < p.sq;
+    const bool warp_live = i0 + wrow < seq.sq;
 
     for (int jb = jb_begin; jb < jb_end; jb++) {
         const int64_t j0 = (int64_t)jb * BC;
@@ -243,7 +279,7 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
             /* mask keys a row cannot see (diagonal and tail blocks only), in 32-bit offsets from j0 */
             if (jb < nfull_min || jb >= nfull_max) {
                 /* the keys each row sees, recomputed here: keeping them costs registers the unmasked blocks need */
-                const fattn_block_mask bm = fattn_block_mask_of(&p.mask, p.sq, p.sk, i0 + wrow + g, j0);
+                const fattn_block_mask bm = fattn_block_mask_of(&p.mask, seq.sq, seq.sk, i0 + wrow + g, j0);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -333,17 +369,17 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
     cp_async_wait<0>(); /* nothing may stay in flight into a block that exits */
 
     /* O = acc / l, LSE = (m + log2 l) ln 2 */
-    T *out = (T *)p.o + o_off;
+    T *out = (T *)seq.o + o_off;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int64_t i = i0 + wrow + 16 * mt + g + 8 * r;
             const float l = quad_sum(l_i[mt][r]);
-            if (i >= p.sq) continue;
+            if (i >= seq.sq) continue;
             const float inv = l > 0.f ? 1.f / l : 0.f;
             if (sp.o_part) { /* a split: partial O in fp32 and its LSE, merged by v2_combine */
-                const int64_t row = ((int64_t)blockIdx.y * nbh + bh) * p.sq + i;
+                const int64_t row = ((int64_t)blockIdx.y * nbh + bh) * all.sq + i;
 #pragma unroll
                 for (int dt = 0; dt < DT; dt++) {
                     const int col = dt * 8 + 2 * t;
@@ -361,18 +397,20 @@ DEV void v2_body(const attn_params p, const v2_split sp) {
                     *(unsigned *)(out + i * p.o_stride_s + col) =
                         pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv, T());
             }
-            if (p.lse && t == 0) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[mt][r] * sl, l);
+            if (seq.lse && t == 0) seq.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[mt][r] * sl, l);
         }
 }
 
-template <typename T, int DP, int WARPS, int MT, int BC, int STAGES>
+/* PAGED: K and V read through a paged cache's block table (a kernel of its own: the per-row addressing costs the
+ * contiguous loads' registers when both are compiled into one). */
+template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED>
 __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p, const v2_split sp) {
-    v2_body<T, DP, WARPS, MT, BC, STAGES>(p, sp);
+    v2_body<T, DP, WARPS, MT, BC, STAGES, PAGED>(p, sp);
 }
 
 #ifdef FATTN_V2_RTC /* one configuration compiled by NVRTC (fattn/_rtc.py): V2_T, V2_DP, ... given as macros */
 extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const attn_params p, const v2_split sp) {
-    v2_body<V2_T, V2_DP, V2_WARPS, V2_MT, V2_BC, V2_STAGES>(p, sp);
+    v2_body<V2_T, V2_DP, V2_WARPS, V2_MT, V2_BC, V2_STAGES, false>(p, sp);
 }
 #endif
 
@@ -380,11 +418,13 @@ extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const a
  * Splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf.  Fixed order: the result
  * is bitwise repeatable. */
 template <typename T>
-__global__ void __launch_bounds__(128) v2_combine(const attn_params p, const v2_split sp, int splits) {
+__global__ void __launch_bounds__(128) v2_combine(const attn_params all, const v2_split sp, int splits) {
     const int lane = threadIdx.x & 31;
-    const int64_t nrows = p.b * p.h * p.sq, row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int64_t nrows = all.b * all.h * all.sq, row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (row >= nrows) return;
-    const int64_t bh = row / p.sq, i = row % p.sq, b = bh / p.h, h = bh % p.h;
+    const int64_t bh = row / all.sq, i = row % all.sq, h = bh % all.h;
+    const fattn_seq seq = fattn_seq_of(&all, bh / all.h); /* the row's sequence */
+    if (i >= seq.sq) return;
     float mx = -INFINITY;
     for (int s = 0; s < splits; s++) mx = fmaxf(mx, sp.lse_part[s * nrows + row]);
     float sum = 0.f;
@@ -393,31 +433,38 @@ __global__ void __launch_bounds__(128) v2_combine(const attn_params p, const v2_
         if (ls != -INFINITY) sum += __expf(ls - mx);
     }
     const float lse = sum > 0.f ? mx + __logf(sum) : -INFINITY;
-    T *out = (T *)p.o + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
-    for (int col = 2 * lane; col < p.d; col += 64) {
+    T *out = (T *)seq.o + h * all.o_stride_h + i * all.o_stride_s;
+    for (int col = 2 * lane; col < all.d; col += 64) {
         float a0 = 0.f, a1 = 0.f;
         for (int s = 0; s < splits; s++) {
             const float ls = sp.lse_part[s * nrows + row];
             if (ls == -INFINITY) continue;
             const float w = __expf(ls - lse);
-            const float2 x = *(const float2 *)(sp.o_part + (s * nrows + row) * p.d + col);
+            const float2 x = *(const float2 *)(sp.o_part + (s * nrows + row) * all.d + col);
             a0 += w * x.x;
             a1 += w * x.y;
         }
         *(unsigned *)(out + col) = pack2(a0, a1, T());
     }
-    if (p.lse && lane == 0) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse;
+    if (seq.lse && lane == 0) seq.lse[h * all.lse_stride_h + i] = lse;
 }
 
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
 
 typedef void (*v2_kernel)(const attn_params, const v2_split);
 
-/* v2_configs.h's table, kernel by kernel: [index][fp16, bf16] (NULL: not compiled for that dtype). */
-#define KERN_BOTH(dp, w, mt, bc, st) {v2_fwd<__half, dp, w, mt, bc, st>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st>},
-#define KERN_F16(dp, w, mt, bc, st) {v2_fwd<__half, dp, w, mt, bc, st>, NULL},
+/* v2_configs.h's table, kernel by kernel: [paged][index][fp16, bf16] (NULL: not compiled for that dtype). */
+#define KERN_BOTH(dp, w, mt, bc, st)                                                                              \
+    {v2_fwd<__half, dp, w, mt, bc, st, PG>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st, PG>},
+#define KERN_F16(dp, w, mt, bc, st) {v2_fwd<__half, dp, w, mt, bc, st, PG>, NULL},
 #define KERN_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) KERN_BOTH(dp, w, mt, bc, st)
-static const v2_kernel v2_kernels[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
+#define PG false
+static const v2_kernel v2_kernels_contiguous[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
+#undef PG
+#define PG true
+static const v2_kernel v2_kernels_paged[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
+#undef PG
+static const v2_kernel (*const v2_kernels[2])[2] = {v2_kernels_contiguous, v2_kernels_paged};
 static const size_t v2_smem[V2_NAOT] = {
 #define SMEM_ROW(dp, w, mt, bc, st) V2_SMEM_BYTES(dp, w, mt, bc, st),
 #define SMEM_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) SMEM_ROW(dp, w, mt, bc, st)
@@ -427,11 +474,13 @@ static const void *v2_combine_kernel[2] = {(const void *)v2_combine<__half>, (co
 /* Every kernel compiled ahead of time may use the shared memory its config needs. */
 extern "C" fattn_status fattn_prepare_v2(int device) {
     (void)device; /* the runtime applies the attribute on the current device, which the dispatch set */
-    for (int i = 0; i < V2_NAOT; i++)
-        for (int t = 0; t < 2; t++)
-            if (v2_kernels[i][t] && v2_smem[i] > 48 * 1024)
-                FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)v2_kernels[i][t],
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v2_smem[i]));
+    for (int pg = 0; pg < 2; pg++)
+        for (int i = 0; i < V2_NAOT; i++)
+            for (int t = 0; t < 2; t++)
+                if (v2_kernels[pg][i][t] && v2_smem[i] > 48 * 1024)
+                    FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)v2_kernels[pg][i][t],
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          (int)v2_smem[i]));
     return FATTN_OK;
 }
 
@@ -444,9 +493,11 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *p, const fattn_plan *
     }
     void *args[] = {(void *)p, (void *)&sp};
     if (plan->config < V2_NAOT) {
-        FATTN_CUDA_CHECK(cudaLaunchKernel((const void *)v2_kernels[plan->config][ti], dim3(plan->grid_x, plan->grid_y),
+        const void *kernel = (const void *)v2_kernels[p->block_table != NULL][plan->config][ti];
+        FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x, plan->grid_y),
                                           dim3(plan->threads), args, plan->smem, (cudaStream_t)stream));
     } else {
+        if (p->block_table) return FATTN_FAIL(FATTN_ERR_INVALID, "v2: run-time configs read no paged cache");
         const fattn_rtc_entry *e = fattn_rtc_entry_at(plan->config - V2_NAOT);
         if (!e) return FATTN_FAIL(FATTN_ERR_INVALID, "v2: no run-time config %d", plan->config);
         fattn_status st = fattn_rtc_launch(e->kernel, plan->grid_x, plan->grid_y, plan->threads, (unsigned)plan->smem,

@@ -183,7 +183,7 @@ static int v2_splits(const fattn_overrides *ov, int sm_count, int64_t blocks, in
 }
 
 fattn_status fattn_plan_v2(const attn_params *p, const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
-    const char *missing = fattn_missing_feature(p, 0);
+    const char *missing = fattn_missing_feature(p, FATTN_TAKES_VARLEN | FATTN_TAKES_SEQUSED | FATTN_TAKES_PAGED);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 does not take %s yet", missing);
     /* its online softmax scales (m_old - m_new) by |scale log2 e|: -inf * 0 would be NaN on a row's first block */
     if (p->scale == 0.f) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 needs a non-zero scale (scale 0 runs v1)");
@@ -191,13 +191,17 @@ fattn_status fattn_plan_v2(const attn_params *p, const fattn_tuned *tuned, const
     v2_config c;
     int idx = 0;
     if (st || (st = v2_choose(p, tuned, ov, plan, &idx, &c))) return st;
+    if (p->block_table && idx >= V2_NAOT) /* a tuned run-time config: paged kernels are compiled ahead only */
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 reads a paged cache with its compiled configs only");
     const int64_t br = 16 * c.mt * c.warps, nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: grid of %lld blocks is too large", (long long)blocks);
     /* the most key blocks a query block visits: the first or the last one's (spans are monotone in the row) */
     const fattn_span first = fattn_key_span(&p->mask, p->sq, p->sk, 0, br, c.bc);
     const fattn_span last = fattn_key_span(&p->mask, p->sq, p->sk, (nqb - 1) * br, br, c.bc);
-    const int64_t nkb = first.n_max - first.n_min > last.n_max - last.n_min ? first.n_max - first.n_min
-                                                                           : last.n_max - last.n_min;
+    int64_t nkb = first.n_max - first.n_min > last.n_max - last.n_min ? first.n_max - first.n_min
+                                                                     : last.n_max - last.n_min;
+    /* sequences of their own lengths: any may visit every key block of the longest (the splits must cover it) */
+    if (p->cu_seqlens_q || p->seqused_k || p->block_table) nkb = (p->sk + c.bc - 1) / c.bc;
     plan->config = idx;
     plan->grid_x = (unsigned)blocks;
     plan->threads = (unsigned)(32 * c.warps);

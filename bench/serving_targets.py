@@ -1,0 +1,96 @@
+"""serving_targets.py -- issue 17's timing targets, fattn's default variant choice, fp16, on one GPU:
+
+  window   S=16k, H=16, D=128, causal with window (1024, 0) against full causal (target: >= 8x faster)
+  varlen   a batch of 8 equal sequences of 2048, packed (attention_varlen) against the dense call on the same data
+           (target >= 0.97x), non-causal and causal
+  ragged   8 sequences of lengths drawn from 128..8k, packed, against the dense call on the batch padded to the
+           longest (target: >= real / padded tokens, within 10%)
+
+    python bench/serving_targets.py --json serving.json
+
+Each pair is timed interleaved (CUDA events, L2 flushed, p50 of each round's median); rows name the variant that ran.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fattn  # noqa: E402
+from fattn.testing import timer  # noqa: E402
+
+
+def timed(fns, args):
+    med = timer.interleaved(fns, args.rounds, lambda fn: timer.cuda(fn, args.reps, args.warmup))
+    return {name: timer.percentile(xs, 0.5) for name, xs in med.items()}
+
+
+def variant_of(q, k, v, **kw):
+    return fattn._C._dev.plan(q, k, v, torch.empty_like(q), **kw)["variant"]
+
+
+def window_rows(args):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn((1, 16, 16384, 128), generator=g, device="cuda").half() for _ in range(3))
+    fns = {"causal": lambda: fattn.attention(q, k, v, causal=True),
+           "window1k": lambda: fattn.attention(q, k, v, causal=True, window=(1024, 0))}
+    p50 = timed(fns, args)
+    return [{"target": "window", "impl": name, "p50_us": us, "variant": variant_of(
+        q, k, v, causal=1, window=(1024, 0) if name == "window1k" else None),
+        "speedup_vs_causal": p50["causal"] / us} for name, us in p50.items()]
+
+
+def packed_rows(args, lengths, name):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    b, h, d, smax = len(lengths), 16, 128, max(lengths)
+    dense = [torch.randn((b, smax, h, d), generator=g, device="cuda").half() for _ in range(3)]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    packed = [torch.cat([x[i, :n] for i, n in enumerate(lengths)]) for x in dense]
+    rows = []
+    for causal in (False, True):
+        mode = "bottom_right" if causal else False
+        fns = {"dense": lambda: fattn.attention(*dense, causal=mode, layout="bshd"),
+               "varlen": lambda: fattn.attention_varlen(*packed, cu, cu, max_seqlen_q=smax, max_seqlen_k=smax,
+                                                        causal=mode)}
+        p50 = timed(fns, args)
+        real = sum(lengths) if not causal else sum(n * (n + 1) / 2 for n in lengths)
+        padded = b * smax if not causal else b * smax * (smax + 1) / 2
+        vplan = fattn._C._dev.plan(packed[0], packed[1], packed[2], torch.empty_like(packed[0]), causal=2 if causal
+                                   else 0, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=smax, max_seqlen_k=smax)
+        dplan = fattn._C._dev.plan(*dense, torch.empty_like(dense[0]), causal=2 if causal else 0, layout=1)
+        for impl, us in p50.items():
+            rows.append({"target": name, "impl": impl, "causal": causal, "lengths": lengths, "p50_us": us,
+                         "variant": (vplan if impl == "varlen" else dplan)["variant"],
+                         "varlen_speed_vs_dense": p50["dense"] / p50["varlen"],
+                         "real_over_padded_work": real / padded})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = window_rows(args)
+    rows += packed_rows(args, [2048] * 8, "varlen-equal")
+    g = torch.Generator().manual_seed(7)
+    ragged = [int(x) for x in torch.randint(128, 8193, (8,), generator=g)]
+    rows += packed_rows(args, ragged, "ragged")
+    for r in rows:
+        extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                 if k not in ("target", "impl", "p50_us", "lengths")}
+        print(f"{r['target']:>13} {r['impl']:>9} {r['p50_us']:10.1f} us  {extra}")
+    if args.json:
+        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "git_sha": os.environ.get("FATTN_GIT_SHA", "unknown"), "ragged_lengths": ragged}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

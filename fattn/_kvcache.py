@@ -1,0 +1,57 @@
+"""fattn's KV-cache call for inference (flash-attention's flash_attn_with_kvcache conventions, what decoding
+servers call): attention_with_kvcache()."""
+from . import _C, _args, _tuned
+from ._frameworks import CUDA, EMPTY, current_stream, framework_of
+
+
+def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache_seqlens=None, block_table=None,
+                           causal=True, window=(-1, -1), softcap=0.0, scale=None, out=None, return_lse=False,
+                           variant=None):
+    r"""Attention of new queries over a KV cache, appending this step's keys and values to it first.
+
+    Args:
+        q: ``(B, Sq, H, D)``: this step's queries (Sq = 1 for a decode step; more for a chunk of prefill or
+            speculative tokens).
+        k_cache, v_cache: the cache, ``(B, S_max, H_kv, D)``; or, with ``block_table``, a pool of pages
+            ``(num_pages, page_size, H_kv, D)`` (page_size a multiple of 16).  Same dtype as q.
+        k_new, v_new: optional ``(B, S_new, H_kv, D)``: written into the cache at positions
+            ``cache_seqlens[b] .. cache_seqlens[b] + S_new - 1`` of each sequence (in place, through the block table
+            when paged), then attended to with the rest.  Nothing is written when the call is refused.
+        cache_seqlens: int32 ``(B,)``: each sequence's cache length before this call (needed with k_new).  None:
+            every sequence uses the whole cache (S_max, or max_pages * page_size).
+        block_table: int32 ``(B, max_pages)``: sequence b's key j lives in page ``block_table[b, j // page_size]``,
+            row ``j % page_size``.  Every entry is checked to be a page of the pool.
+        causal: ``True`` (default): query i sees keys up to its own position ``i + S_k - Sq`` (bottom-right
+            aligned, ``S_k = cache_seqlens[b] + S_new``); ``False``: every cached key.
+        window, softcap, scale, variant: as for :func:`fattn.attention` (windows bottom-right aligned per sequence).
+        out: optional writable ``(B, Sq, H, D)`` array; return_lse: also return the LSE, float32 ``(B, H, Sq)``.
+
+    Inference only: not differentiable, and not traceable by torch.compile (it writes into the cache).  On the GPU
+    v2 (tensor cores) runs these calls, paged or not, with split keys for small batches; with a softcap, v1.  The
+    index arrays are read where they are and also checked on the host (a small synchronous copy on a GPU).
+    """
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
+    if causal is True:
+        causal_code = _args.CAUSAL["bottom_right"]  # a cache's queries are its last positions
+    fw = framework_of(q)
+    if fw == "torch":
+        _args.torch_registered()
+        if _args.traced_or_fake(q):
+            raise NotImplementedError("attention_with_kvcache: not traceable by torch.compile / jit.trace and not "
+                                      "for fake or meta tensors yet (it writes into the cache); call it outside the "
+                                      "compiled region")
+    dev_type, dev_id = _args.device_of(fw, q)
+    _args.refuse_jax(out=out, k_cache=k_cache if k_new is not None else None)
+    shape = tuple(getattr(q, "shape", ()))
+    if len(shape) != 4:
+        raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(shape)}-D")
+    if out is None:
+        out = EMPTY[fw](q, shape, False)
+    lse = EMPTY[fw](q, (shape[0], shape[2], shape[1]), True) if return_lse else None
+    if (dev_type, dev_id) not in _tuned.LOADED:
+        _tuned.ensure(dev_type, dev_id)
+    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
+               softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
+               k_new=k_new, v_new=v_new)
+    return (out, lse) if return_lse else out
