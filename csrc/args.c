@@ -270,6 +270,7 @@ int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, in
     const int32_t *src = (const int32_t *)((const char *)x->data + x->byte_offset);
     REQUIRE((uintptr_t)src % 4 == 0, PyExc_ValueError, "%s: data pointer is not 4-byte aligned", t->arg);
     *count = x->shape[0];
+    if (!host) return 0; /* described, not read */
     *host = PyMem_Malloc(sizeof(int32_t) * (size_t)(*count > 0 ? *count : 1));
     if (!*host) {
         PyErr_NoMemory();
@@ -324,7 +325,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
         REQUIRE(o->layout == 1, PyExc_ValueError, "block_table: a paged cache is (num_pages, page_size, H_kv, D): "
                 "layout bshd");
         if (fattn_same_device(&ts[1], &ts[0]) || fattn_same_device(&ts[2], &ts[0]) ||
-            fattn_take_pages(o->block_table, &ts[0], q.b, &k, &v, &pages, stream))
+            fattn_take_pages(o->block_table, &ts[0], q.b, &k, &v, &pages, !o->trust_indices, stream))
             return -1;
     }
     const int64_t total_q = q.s;
@@ -377,7 +378,9 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     } else {
         REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "v_new: needed with k_new");
     }
-    if (o->seqused_k && o->seqused_k->t && fattn_take_seqused(o->seqused_k, &ts[0], p, stream)) return -1;
+    if (o->seqused_k && o->seqused_k->t &&
+        fattn_take_seqused(o->seqused_k, &ts[0], p, !o->trust_indices, stream))
+        return -1;
     p->softcap = (float)o->softcap;
     const double scale = isnan(o->scale) ? 1.0 / sqrt((double)q.d) : o->scale;
     p->scale = (float)scale;

@@ -68,10 +68,11 @@ int fattn_longest_sequence(const fattn_tensor *cu, int64_t *longest, void *strea
 
 /* seqused_k (or cache_seqlens): int32 (B,), each entry plus p->seqused_k_plus (the call's new keys) within
  * [0, Sk] (Sk: the longest key sequence, or the cache's capacity). */
-int fattn_take_seqused(const fattn_tensor *t, const fattn_tensor *q_t, attn_params *p, void *stream) {
+int fattn_take_seqused(const fattn_tensor *t, const fattn_tensor *q_t, attn_params *p, int check, void *stream) {
     int32_t *used = NULL;
     int64_t n = 0;
-    if (fattn_take_int32(t, q_t, p->b, &used, &n, stream)) return -1;
+    if (fattn_take_int32(t, q_t, p->b, check ? &used : NULL, &n, stream)) return -1;
+    if (!check) n = 0; /* trusted */
     for (int64_t i = 0; i < n; i++) {
         if (used[i] >= 0 && used[i] + p->seqused_k_plus <= p->sk) continue;
         if (p->seqused_k_plus && used[i] >= 0)
@@ -113,7 +114,7 @@ int fattn_take_lse_varlen(const fattn_tensor *l, const bhsd_view *q, int64_t tot
  * (num_pages, page_size, H_kv, D), page_size a multiple of 16.  The views of k and v become the batch's: B sequences
  * of max_pages * page_size keys. */
 int fattn_take_pages(const fattn_tensor *t, const fattn_tensor *q_t, int64_t batch, bhsd_view *k, bhsd_view *v,
-                     fattn_pages *pages, void *stream) {
+                     fattn_pages *pages, int check, void *stream) {
     const DLTensor *x = t->t;
     REQUIRE(x->ndim == 2, PyExc_ValueError, "%s: expected a 2-D int32 array (B, max_pages), got %d-D", t->arg, x->ndim);
     REQUIRE(x->dtype.code == kDLInt && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
@@ -143,7 +144,8 @@ int fattn_take_pages(const fattn_tensor *t, const fattn_tensor *q_t, int64_t bat
     ft.t = &flat;
     int32_t *host = NULL;
     int64_t n = 0;
-    if (fattn_take_int32(&ft, q_t, count, &host, &n, stream)) return -1;
+    if (fattn_take_int32(&ft, q_t, count, check ? &host : NULL, &n, stream)) return -1;
+    if (!check) n = 0; /* trusted */
     for (int64_t i = 0; i < n; i++)
         if (host[i] < 0 || host[i] >= k->b) {
             PyErr_Format(PyExc_ValueError, "%s: entry [%lld, %lld] is %d, not a page of the cache (0 .. %lld)", t->arg,

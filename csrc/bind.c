@@ -2,7 +2,8 @@
  *
  *   _C.forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None,
  *              softcap=0, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=None,
- *              max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None)
+ *              max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
+ *              check_indices=True)
  *   _C._dev.forward(..., config=None, splits=0, order=0) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan(...)                                   -> the plan a call would run, without running it
  *
@@ -12,7 +13,8 @@
  * are packed (total, H, D) and lse is (H, total_q); seqused_k (int32, B) caps each sequence's keys.  A KV cache
  * (attention_with_kvcache; layout 1): k and v are the cache, paged (num_pages, page_size, H_kv, D) with block_table
  * (int32, B x max_pages); k_new / v_new (B, S_new, H_kv, D) are written at cache_seqlens (int32, B: the lengths
- * before the call) once the call is planned, and attended to.  Overrides: config (a GPU
+ * before the call) once the call is planned, and attended to; check_indices=False trusts cache_seqlens' and
+ * block_table's values (no read back: no host sync).  Overrides: config (a GPU
  * variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's), order (block
  * order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
  * head_group, workspace. */
@@ -24,12 +26,12 @@
 const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS] = {
     "q", "k", "v", "out", "lse", "causal", "scale", "layout", "window", "variant", "stream", "softcap",
     "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "cache_seqlens", "block_table",
-    "k_new", "v_new", "config", "splits", "order"};
-#define NARGS_PUBLIC 21
+    "k_new", "v_new", "check_indices", "config", "splits", "order"};
+#define NARGS_PUBLIC 22
 #define NARGS_DEV FATTN_FORWARD_ARGS
 enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_SOFTCAP, A_CU_Q,
-       A_CU_K, A_USED_K, A_MAX_Q, A_MAX_K, A_CACHE_SEQLENS, A_BLOCK_TABLE, A_K_NEW, A_V_NEW, A_CONFIG, A_SPLITS,
-       A_ORDER };
+       A_CU_K, A_USED_K, A_MAX_Q, A_MAX_K, A_CACHE_SEQLENS, A_BLOCK_TABLE, A_K_NEW, A_V_NEW, A_CHECK_INDICES,
+       A_CONFIG, A_SPLITS, A_ORDER };
 #define NCACHE 4 /* cache_seqlens, block_table, k_new, v_new */
 
 PyObject *fattn_raise_status(void) {
@@ -131,6 +133,11 @@ static int take_cache_args(module_state *st, PyObject **a, PyObject *stream_obj,
         if (i < 2 ? fattn_take_dlpack(&st->names, obj, names[i], stream_obj, &c->cache[i])
                   : fattn_take(&st->names, obj, names[i], stream_obj, &c->cache[i]))
             return -1;
+    }
+    if (given(a[A_CHECK_INDICES])) {
+        const int check = PyObject_IsTrue(a[A_CHECK_INDICES]);
+        if (check < 0) return -1;
+        o->trust_indices = !check;
     }
     if (c->cache[0].t) o->seqused_k = &c->cache[0];
     o->block_table = &c->cache[1];

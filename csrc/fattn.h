@@ -125,6 +125,31 @@ FATTN_HD void fattn_seq_params(const attn_params *p, int64_t b, attn_params *s) 
     s->cu_seqlens_q = s->cu_seqlens_k = s->seqused_k = 0;
 }
 
+/* Decode with grouped-query attention, GQA packing: with one query per sequence (Sq = 1) every query head of a kv
+ * head's group sees the same keys, so the group's G heads can be the G query rows of one head -- one read of K and V
+ * per group instead of G.  Fills *out with that view (sq = G, h = h_kv, no copy: the rows of a head are the group's
+ * heads, q/o row stride = their head stride) and returns 1 when p qualifies: dense q, Sq = 1, G > 1, every key
+ * visible to the row (no mask but bottom-right causal, no window), lse absent or with head stride 1. */
+FATTN_HD int fattn_pack_gqa(const attn_params *p, attn_params *out) {
+    const int64_t g = p->h_per_kv;
+    /* the row's position is sk - 1 when bottom-right aligned: any right bound then reaches every key */
+    const int all_keys = p->mask.left < 0 && (p->mask.right < 0 || p->mask.bottom_right);
+    if (p->sq != 1 || g <= 1 || p->cu_seqlens_q || !all_keys || (p->lse && p->lse_stride_h != 1)) return 0;
+    *out = *p;
+    out->sq = g;
+    out->h = p->h_kv;
+    out->h_per_kv = 1;
+    out->q_stride_s = p->q_stride_h;
+    out->q_stride_h = g * p->q_stride_h;
+    out->o_stride_s = p->o_stride_h;
+    out->o_stride_h = g * p->o_stride_h;
+    out->lse_stride_h = g;
+    out->mask.causal = 0;
+    out->mask.bottom_right = 0;
+    out->mask.left = out->mask.right = -1;
+    return 1;
+}
+
 /* Row j of a paged cache's sequence: the element offset of its page's row in the pool (head excluded). */
 FATTN_HD int64_t fattn_page_offset(const int32_t *table, int64_t page_size, int64_t j, int64_t stride_b,
                                    int64_t stride_s) {

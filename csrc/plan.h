@@ -63,7 +63,8 @@ typedef struct fattn_plan {
     int splits;             /* key splits (split-KV); 1: none */
     int64_t split_blocks;   /* key blocks per split */
     int order;              /* FATTN_ORDER_* */
-    int64_t head_group;     /* v3's tile order: (b, h) pairs per group (1: head by head) */
+    int64_t head_group;     /* v3's tile order: (b, h) pairs per group (1: head by head); v2: query heads packed
+                               as rows of their kv head (fattn_pack_gqa; 1: none) */
     size_t workspace_bytes; /* device scratch the launch needs (split-KV partials) */
     void *workspace;        /* filled in by the dispatch step before launching */
 } fattn_plan;

@@ -36,7 +36,7 @@ int fattn_view_3d(const fattn_tensor *t, bhsd_view *v);
 int fattn_same_device(const fattn_tensor *a, const fattn_tensor *ref);
 int fattn_same_dtype(const bhsd_view *x, const bhsd_view *q, const char *arg);
 /* An int32 1-D contiguous array of n entries on q's device (n < 0: any length >= 1), its values copied to `host`
- * (PyMem_Free it; at most FATTN_MAX_SEQS entries; read on `stream` from a GPU). */
+ * (PyMem_Free it; at most FATTN_MAX_SEQS entries; read on `stream` from a GPU).  host NULL: checked, not read. */
 int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, int32_t **host, int64_t *count,
                      void *stream);
 
@@ -52,10 +52,11 @@ typedef struct {
 /* cu_seqlens_q / cu_seqlens_k read and checked; q/k/v/out views set to the sequence count and longest lengths. */
 int fattn_take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_view *q, bhsd_view *k, bhsd_view *v,
                       bhsd_view *out, attn_params *p, void *stream);
-int fattn_take_seqused(const fattn_tensor *t, const fattn_tensor *q_t, attn_params *p, void *stream);
+/* seqused_k / cache_seqlens; check 0: shape and dtype only, values trusted (no host read). */
+int fattn_take_seqused(const fattn_tensor *t, const fattn_tensor *q_t, attn_params *p, int check, void *stream);
 int fattn_take_lse_varlen(const fattn_tensor *l, const bhsd_view *q, int64_t total, int read_only, attn_params *p);
 int fattn_take_pages(const fattn_tensor *t, const fattn_tensor *q_t, int64_t batch, bhsd_view *k, bhsd_view *v,
-                     fattn_pages *pages, void *stream);
+                     fattn_pages *pages, int check, void *stream);
 int fattn_take_new_kv(const fattn_tensor *kn, const fattn_tensor *vn, const fattn_tensor *cache_k,
                       const fattn_tensor *cache_v, const fattn_tensor *cache_seqlens, attn_params *p,
                       fattn_append *a);

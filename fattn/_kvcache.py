@@ -6,7 +6,7 @@ from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache_seqlens=None, block_table=None,
                            causal=True, window=(-1, -1), softcap=0.0, scale=None, out=None, return_lse=False,
-                           variant=None):
+                           variant=None, check_indices=True):
     r"""Attention of new queries over a KV cache, appending this step's keys and values to it first.
 
     Args:
@@ -25,10 +25,13 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             aligned, ``S_k = cache_seqlens[b] + S_new``); ``False``: every cached key.
         window, softcap, scale, variant: as for :func:`fattn.attention` (windows bottom-right aligned per sequence).
         out: optional writable ``(B, Sq, H, D)`` array; return_lse: also return the LSE, float32 ``(B, H, Sq)``.
+        check_indices: ``True`` (default): cache_seqlens' and block_table's values are read back and checked (in
+            range, room for k_new) before anything runs -- on a GPU a small synchronous copy each call.  ``False``:
+            shapes and dtypes are still checked, the values are trusted (no host sync: what a decode loop over
+            many layers wants; an out-of-range entry is then undefined behaviour, as in flash-attention).
 
     Inference only: not differentiable, and not traceable by torch.compile (it writes into the cache).  On the GPU
-    v2 (tensor cores) runs these calls, paged or not, with split keys for small batches; with a softcap, v1.  The
-    index arrays are read where they are and also checked on the host (a small synchronous copy on a GPU).
+    v2 (tensor cores) runs these calls, paged or not, with split keys for small batches; with a softcap, v1.
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     if causal is True:
@@ -53,5 +56,5 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
                softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
-               k_new=k_new, v_new=v_new)
+               k_new=k_new, v_new=v_new, check_indices=bool(check_indices))
     return (out, lse) if return_lse else out

@@ -242,8 +242,42 @@ def test_kvcache_v2_split_decode(seed, request):
         cs = torch.tensor(lens, dtype=torch.int32, device="cuda")
         plan = fattn._C._dev.plan(q, k_cache, v_cache, torch.empty_like(q), causal=2, layout=1, cache_seqlens=cs,
                                   block_table=table, variant="v2")
-        assert plan["splits"] > 1, plan
+        assert plan["splits"] > 1 and plan["head_group"] == 4, plan  # split keys, GQA-packed rows
         out, lse = fattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cs, block_table=table,
                                                 return_lse=True, variant="v2")
         for i, n in enumerate(lens):
             check_sequence(out, lse, q, k_cache, v_cache, table, i, n, True, None, 0.0, request)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+def test_v2_decode_gqa_packing(layout, causal, seed, request):
+    """Sq = 1 with GQA: v2 packs each kv head's query heads as rows (head_group = H / H_kv) unless the mask makes the
+    row see less than every key (top-left causal); the result and LSE are right either way, strided q included."""
+    require("cuda")
+    b, h, hk, sk, d = 3, 16, 4, 777, 128
+    big = randn((b, h, 2, d) if layout == "bhsd" else (b, 2, h, d), torch.float16, "cuda", seed)
+    q = big[:, :, :1] if layout == "bhsd" else big[:, :1]
+    shape_kv = (b, hk, sk, d) if layout == "bhsd" else (b, sk, hk, d)
+    k, v = randn(shape_kv, torch.float16, "cuda", seed + 1), randn(shape_kv, torch.float16, "cuda", seed + 2)
+    out, lse = fattn.attention(q, k, v, causal=causal, layout=layout, return_lse=True, variant="v2")
+    plan = fattn._C._dev.plan(q, k, v, out, lse, causal={False: 0, "top_left": 1, "bottom_right": 2}[causal],
+                              layout=0 if layout == "bhsd" else 1, variant="v2")
+    assert plan["head_group"] == (1 if causal == "top_left" else h // hk), plan
+    t = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
+    why, _, _ = accuracy.check_attention(t(out), t(q), t(k), t(v), causal, None, lse)
+    assert why is None, f"{why}. {repro(request)}"
+
+
+def test_kvcache_check_indices_false_trusts_values():
+    """check_indices=False: shapes and dtypes are still checked; the values are not read (a valid call gives the
+    same result as the checked one)."""
+    args = _paged()
+    q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
+    kc2, vc2 = kc.clone(), vc.clone()
+    a = fattn.attention_with_kvcache(q, kc, vc, **args)
+    b = fattn.attention_with_kvcache(q, kc2, vc2, check_indices=False, **args)
+    assert torch.equal(a, b) and torch.equal(kc, kc2)
+    with pytest.raises(TypeError, match="block_table: dtype must be int32"):
+        fattn.attention_with_kvcache(q, kc, vc, check_indices=False, **dict(args, block_table=args["block_table"].long()))

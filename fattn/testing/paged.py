@@ -6,8 +6,9 @@ call on a contiguous cache and torch's SDPA on the contiguous keys.  Through fat
 Points: B in 1, 8, 32, 64; H=32, H_kv=8, D=128, fp16, one query per sequence (Sq=1), every sequence Sk keys
 (2k, 8k, 32k) already in the cache; pages of 16, 64 and 256 keys in a random physical order.  Each point is
 validated first (paged and contiguous outputs against torch's, the accuracy rule's tolerance for fp16), then timed
-with CUDA events, the L2 flushed before each call, in interleaved rounds.  gbps: K+V bytes read per second
-(2 * B * Sk * H_kv * D * 2 bytes / p50).  Rows: grid "paged", impl (fattn:paged, fattn:contiguous, torch:<backend>),
+with CUDA events, the L2 flushed before each call, in interleaved rounds.  fattn's calls pass check_indices=False
+(no read-back of cache_seqlens and the block table: what a decode loop runs) unless --check-indices.  gbps: K+V
+bytes read per second (2 * B * Sk * H_kv * D * 2 bytes / p50).  Rows: grid "paged", impl (fattn:paged, fattn:contiguous, torch:<backend>),
 B, Sk, page, p50_us, gbps, ratio_vs_contiguous (contiguous p50 / this p50), ratio_vs_best_torch.
 """
 import argparse
@@ -29,6 +30,8 @@ def parse_args(argv=None):
     ap.add_argument("--pages", default="16,64,256")
     ap.add_argument("--torch-backends", default="flash,cudnn", help="torch SDPA backends timed on the contiguous cache")
     ap.add_argument("--variant", help="fattn variant (default: fattn's choice)")
+    ap.add_argument("--check-indices", action="store_true",
+                    help="time fattn with its index checks (a synchronous read-back of the indices per call)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
@@ -86,10 +89,12 @@ def run_point(args, b, sk):
 
     q, k, v, lens, paged = make_point(b, sk, args.pages)
     fns, notes = {}, {}
-    fns["fattn:contiguous"] = lambda: fattn.attention_with_kvcache(q, k, v, cache_seqlens=lens, variant=args.variant)
+    check = args.check_indices
+    fns["fattn:contiguous"] = lambda: fattn.attention_with_kvcache(q, k, v, cache_seqlens=lens, variant=args.variant,
+                                                                   check_indices=check)
     for ps, (pk, pv, table) in paged.items():
         fns[f"fattn:paged{ps}"] = (lambda pk=pk, pv=pv, table=table: fattn.attention_with_kvcache(
-            q, pk, pv, cache_seqlens=lens, block_table=table, variant=args.variant))
+            q, pk, pv, cache_seqlens=lens, block_table=table, variant=args.variant, check_indices=check))
     for name in args.torch_backends:
         try:
             fns[f"torch:{name}"] = torch_call(name, q, k, v)

@@ -484,7 +484,9 @@ extern "C" fattn_status fattn_prepare_v2(int device) {
     return FATTN_OK;
 }
 
-extern "C" fattn_status fattn_launch_v2(const attn_params *p, const fattn_plan *plan, void *stream) {
+extern "C" fattn_status fattn_launch_v2(const attn_params *call, const fattn_plan *plan, void *stream) {
+    attn_params packed; /* the planner's GQA packing (head_group > 1), made the same way */
+    const attn_params *p = plan->head_group > 1 && fattn_pack_gqa(call, &packed) ? &packed : call;
     const int ti = p->dtype - FATTN_F16;
     v2_split sp = {NULL, NULL, (int)plan->split_blocks, plan->order == FATTN_ORDER_BLOCKS};
     if (plan->splits > 1) {

@@ -182,7 +182,12 @@ static int v2_splits(const fattn_overrides *ov, int sm_count, int64_t blocks, in
     return n < 1 ? 1 : (int)n;
 }
 
-fattn_status fattn_plan_v2(const attn_params *p, const fattn_tuned *tuned, const fattn_overrides *ov, fattn_plan *plan) {
+fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, const fattn_overrides *ov,
+                           fattn_plan *plan) {
+    attn_params packed; /* decode with GQA: the group's query heads as rows (one K/V read per group) */
+    const int pack = fattn_pack_gqa(call, &packed);
+    const attn_params *p = pack ? &packed : call;
+    plan->head_group = pack ? call->h_per_kv : 1;
     const char *missing = fattn_missing_feature(p, FATTN_TAKES_VARLEN | FATTN_TAKES_SEQUSED | FATTN_TAKES_PAGED);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 does not take %s yet", missing);
     /* its online softmax scales (m_old - m_new) by |scale log2 e|: -inf * 0 would be NaN on a row's first block */
