@@ -92,8 +92,9 @@ def main():
             cfg = f"DP={dp} Bc={bc} stages={stages} consumers={cwg} pingpong={pp}"
             smem = smem_of.get(("v3", (dp, bc, stages, cwg, pp)))
         else:
-            dp, warps, mt, bc, stages = ints
-            cfg = f"DP={dp} warps={warps} mt={mt} Bc={bc} stages={stages}"
+            dp, warps, mt, bc, stages = ints[:5]
+            paged = len(ints) > 5 and ints[5]
+            cfg = f"DP={dp} warps={warps} mt={mt} Bc={bc} stages={stages}" + (" paged" if paged else "")
             smem = smem_of.get(("v2", (dp, warps, mt, bc, stages)))
         c = counts.get(name, {"HGMMA": 0, "HMMA": 0, "waits": 0})
         rows.append((variant, dp, cfg, dtype, arch, reg, stack, smem, c["HGMMA"], c["waits"], c["HMMA"]))

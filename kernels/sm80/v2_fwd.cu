@@ -176,25 +176,27 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
     const unsigned va = swz_addr<DP>(smem_u32(sV), r8 + (mi & 1) * 8, mi >> 1);
 
     const T *kthr = k + load_origin<DP>(p.k_stride_s, tid), *vthr = v + load_origin<DP>(p.v_stride_s, tid);
+    /* One key tile of K or V.  Paged: a tile inside one page (page_size a multiple of BC) is the contiguous copy from
+     * that page's row (one table read per tile); smaller pages take the row-by-row copy. */
+    auto load_one = [&](T *dst, const T *head, const T *thr, int64_t stride_b, int64_t stride_s, int64_t j0) {
+        if constexpr (PAGED) {
+            if (p.page_size % BC == 0) {
+                const int64_t page = __ldg(seq.block_table + j0 / p.page_size);
+                load_tile<T, DP, BC, THREADS>(dst, thr + page * stride_b + (j0 % p.page_size) * stride_s, stride_s,
+                                              kend - j0, d, tid);
+            } else {
+                load_tile_paged<T, DP, BC, THREADS>(dst, head, seq.block_table, (int)p.page_size, stride_b, stride_s,
+                                                    (int)j0, (int)min(kend - j0, (int64_t)BC), d, tid);
+            }
+        } else {
+            load_tile<T, DP, BC, THREADS>(dst, thr + j0 * stride_s, stride_s, kend - j0, d, tid);
+        }
+    };
     auto load_v = [&](int jb, int stage) {
-        const int64_t j0 = (int64_t)jb * BC;
-        if constexpr (PAGED)
-            load_tile_paged<T, DP, BC, THREADS>(sV + stage * BC * DP, v, seq.block_table, (int)p.page_size,
-                                                p.v_stride_b, p.v_stride_s, (int)j0, (int)min(kend - j0, (int64_t)BC),
-                                                d, tid);
-        else
-            load_tile<T, DP, BC, THREADS>(sV + stage * BC * DP, vthr + j0 * p.v_stride_s, p.v_stride_s, kend - j0, d,
-                                          tid);
+        load_one(sV + stage * BC * DP, v, vthr, p.v_stride_b, p.v_stride_s, (int64_t)jb * BC);
     };
     auto load_kv = [&](int jb, int stage, bool with_v) {
-        const int64_t j0 = (int64_t)jb * BC;
-        if constexpr (PAGED)
-            load_tile_paged<T, DP, BC, THREADS>(sK + stage * BC * DP, k, seq.block_table, (int)p.page_size,
-                                                p.k_stride_b, p.k_stride_s, (int)j0, (int)min(kend - j0, (int64_t)BC),
-                                                d, tid);
-        else
-            load_tile<T, DP, BC, THREADS>(sK + stage * BC * DP, kthr + j0 * p.k_stride_s, p.k_stride_s, kend - j0, d,
-                                          tid);
+        load_one(sK + stage * BC * DP, k, kthr, p.k_stride_b, p.k_stride_s, (int64_t)jb * BC);
         if (with_v) load_v(jb, stage);
     };
     load_tile<T, DP, BR, THREADS>(sQ, q + load_origin<DP>(p.q_stride_s, tid), p.q_stride_s, seq.sq - i0, d, tid);
