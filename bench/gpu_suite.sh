@@ -127,7 +127,7 @@ for g in grids:
         continue
     rows = json.load(open(path))["rows"]
     for impl in sorted({r["impl"] for r in rows if r["impl"].startswith("fattn:")}):
-        rs = [r for r in rows if r["impl"] == impl and r.get("ratio_vs_best_torch")]
+        rs = [r for r in rows if r["impl"] == impl and r.get("ratio_vs_best_torch") and r.get("tflops")]
         if not rs: continue
         ratios = [r["ratio_vs_best_torch"] for r in rs]
         best = max(rs, key=lambda r: r["tflops"] or 0)
