@@ -5,6 +5,7 @@
  *   backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal, scale, layout, window, variant, stream,
  *            deterministic, workspace)                                                  bind_bwd.c
  *   backward_workspace_bytes(b, h, sq, d) -> bytes a GPU backward's workspace needs    bind_bwd.c
+ *   sinks(out, lse, sinks, *, layout, stream, dout, dsinks): attention sinks            bind_sinks.c
  *   dlpack_device(x) -> (device_type, device_id) of an array or a DLPack capsule
  *   variants(device_type, device_id) -> [(name, summary), ...]   the variants that run there
  *   cuda_device_count() -> int          RuntimeError when no driver / device can be used
@@ -103,6 +104,9 @@ static PyMethodDef module_methods[] = {
     {"backward", (PyCFunction)(void (*)(void))fattn_py_backward, METH_FASTCALL | METH_KEYWORDS,
      "backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None, "
      "stream=None, deterministic=False, workspace=None): dq, dk, dv of the forward call that gave out and lse."},
+    {"sinks", (PyCFunction)(void (*)(void))fattn_py_sinks, METH_FASTCALL | METH_KEYWORDS,
+     "sinks(out, lse, sinks, *, layout=0, stream=None, dout=None, dsinks=None): attention sinks applied to a "
+     "forward's out and lse in place, or (with dout, dsinks) their gradient."},
     {"backward_workspace_bytes", (PyCFunction)(void (*)(void))fattn_py_backward_workspace_bytes, METH_FASTCALL,
      "backward_workspace_bytes(b, h, sq, d) -> bytes of workspace a GPU backward needs."},
     {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},

@@ -49,6 +49,7 @@ PyObject *fattn_py_backward(PyObject *module, PyObject *const *args, Py_ssize_t 
 PyObject *fattn_dev_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *fattn_dev_plan_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 extern PyMethodDef fattn_dev_methods[];
 
 #endif

@@ -6,7 +6,7 @@ from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
 
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), softcap=0.0, out=None,
-              return_lse=False, variant=None, lse=None, deterministic=False):
+              return_lse=False, variant=None, lse=None, deterministic=False, sinks=None):
     r"""Scaled dot-product attention, ``softmax(q k^T * scale) v``, computed by fattn's kernels.
 
     Arguments are any DLPack arrays (torch, CuPy, NumPy, ...), all on one device (CPU or one CUDA GPU), in any
@@ -44,6 +44,9 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
         lse: optional writable float32 ``(B, H, Sq)`` array for the LSE (implies return_lse).
         deterministic: torch autograd only: the backward gives bitwise-repeatable gradients (no order-dependent
             atomics; slower on the GPU).  Also on when ``torch.use_deterministic_algorithms(True)``.
+        sinks: optional float32 ``(H,)``: attention sinks (gpt-oss), a logit per head that joins every row's
+            softmax denominator and attends to nothing; differentiable.  out and lse are then the sink-adjusted
+            ones (applied exactly after any kernel; csrc/sinks.h).
 
     Gradients: with torch tensors that require grad, the call goes through the registered op
     ``torch.ops.fattn.attention`` (autograd, torch.compile, torch.export, FakeTensor and meta tensors all see it);
@@ -64,9 +67,9 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     fw = framework_of(q)
     if fw == "torch":
         _args.torch_registered()
-        if _args.needs_torch_op(q, k, v):
+        if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             return _torch_op(q, k, v, causal_code, scale, layout_code, window, softcap, variant, deterministic, out,
-                             lse, return_lse)
+                             lse, return_lse, sinks)
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
     else:
@@ -74,33 +77,39 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     if out is not None or lse is not None:
         _args.refuse_jax(out=out, lse=lse)
 
-    if out is None or ((return_lse or lse is not None) and lse is None):
+    want_lse = return_lse or lse is not None
+    if out is None or ((want_lse or sinks is not None) and lse is None):
         shape = tuple(q.shape)
         if len(shape) != 4:
             raise ValueError(f"q: expected a 4-D array ({'B, H, S, D' if layout_code == 0 else 'B, S, H, D'}), "
                              f"got {len(shape)}-D")
         if out is None:
             out = EMPTY[fw](q, shape, False)
-        if (return_lse or lse is not None) and lse is None:
-            lse = EMPTY[fw](q, _args.bhs(shape, layout_code), True)
+        if (want_lse or sinks is not None) and lse is None:
+            lse = EMPTY[fw](q, _args.bhs(shape, layout_code), True)  # the sinks need it even when not returned
 
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    if sinks is not None:
+        sinks = _args.sinks_check(sinks, q, fw)
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, window=window, softcap=softcap,
                variant=variant, stream=stream)
-    return (out, lse) if lse is not None else out
+    if sinks is not None:
+        _C.sinks(out, lse, sinks, layout=layout_code, stream=stream)
+    return (out, lse) if want_lse else out
 
 
-def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, deterministic, out, lse, return_lse):
+def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, deterministic, out, lse, return_lse,
+              sinks=None):
     """The call through torch.ops.fattn.attention: what autograd, torch.compile, torch.export, torch.jit.trace,
     FakeTensor and meta tensors need."""
     from . import _torch
 
-    _args.same_device(q, k=k, v=v)
+    _args.same_device(q, k=k, v=v, sinks=sinks)
     left, right = window or (-1, -1)
     o, lse_out = _torch.attention(q, k, v, causal, scale, layout, left, right, softcap, None, None, 0, 0, variant,
-                                  bool(deterministic))
+                                  bool(deterministic), sinks)
     if out is not None:
         out.copy_(o)
         o = out
@@ -111,8 +120,9 @@ def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, determin
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bhsd", window=(-1, -1),
-                       softcap=0.0, dq=None, dk=None, dv=None, deterministic=False, variant=None):
-    r"""Gradients of :func:`attention`: ``(dq, dk, dv)`` from the gradient ``dout`` of its output.
+                       softcap=0.0, dq=None, dk=None, dv=None, deterministic=False, variant=None, sinks=None):
+    r"""Gradients of :func:`attention`: ``(dq, dk, dv)`` from the gradient ``dout`` of its output; with ``sinks``,
+    ``(dq, dk, dv, dsinks)`` (dsinks float32 ``(H,)``).
 
     Arguments are DLPack arrays on one device, as for :func:`attention`; q, k, v, causal, scale, layout and variant
     (and window, softcap) must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
@@ -126,7 +136,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         deterministic: bitwise-repeatable gradients (on the GPU: no order-dependent atomics, a separate dQ pass;
             slower).  The CPU backend is always deterministic.
 
-    Rows that see no key get zero gradients.  Runs on the caller's current CUDA stream; a GPU call's float32
+    With sinks, out and lse are the sink-adjusted ones the forward returned (the same backward kernels then give dq,
+    dk, dv).  Rows that see no key get zero gradients.  Runs on the caller's current CUDA stream; a GPU call's float32
     workspace is allocated by the caller's framework (so it is safe under CUDA graph capture).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
@@ -140,8 +151,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             if dq is not None or dk is not None or dv is not None:
                 raise ValueError("dq: cannot write into given arrays under torch.compile or with fake tensors")
             left, right = window or (-1, -1)
-            return _torch.attention_backward(dout, q, k, v, out, lse, causal_code, scale, layout_code, left, right,
-                                             softcap, None, None, 0, 0, variant, bool(deterministic))
+            g = _torch.attention_backward(dout, q, k, v, out, lse, causal_code, scale, layout_code, left, right,
+                                          softcap, None, None, 0, 0, variant, bool(deterministic), sinks)
+            return g if sinks is not None else g[:3]
     dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(dq=dq, dk=dk, dv=dv)
     grads = []
@@ -156,9 +168,15 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     if dev_type == CUDA:
         stream = current_stream(fw, dev_id)
         workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(*_args.bhs(q.shape, layout_code), q.shape[3]) // 4,), True)
+    if sinks is not None:
+        sinks = _args.sinks_check(sinks, q, fw)
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,
                 softcap=softcap, variant=variant, stream=stream, deterministic=bool(deterministic),
                 workspace=workspace)
+    if sinks is not None:
+        dsinks = EMPTY[fw](q, (sinks.shape[0],), True)
+        _C.sinks(out, lse, sinks, layout=layout_code, stream=stream, dout=dout, dsinks=dsinks)
+        grads.append(dsinks)
     return tuple(grads)
 
 

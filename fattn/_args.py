@@ -116,3 +116,16 @@ def same_device(q, **others):
     for name, t in others.items():
         if t is not None and t.device != q.device:
             raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
+
+
+def sinks_check(sinks, q, fw):
+    """sinks as fattn._C takes them: an array of q's framework (the rest -- float32 (H,), q's device -- is checked in
+    C); a torch tensor detached (DLPack refuses one that requires grad; gradients go through the registered op)."""
+    if framework_of(sinks) != fw:
+        raise TypeError(f"sinks: expected an array of q's framework ({fw}), got {type(sinks).__name__}")
+    return sinks.detach() if fw == "torch" else sinks
+
+
+def sinks_need_grad(sinks):
+    """True when torch sinks require grad (the call must then be the registered op)."""
+    return sinks is not None and _frameworks.grad_enabled() and bool(getattr(sinks, "requires_grad", False))

@@ -6,7 +6,7 @@ from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache_seqlens=None, block_table=None,
                            causal=True, window=(-1, -1), softcap=0.0, scale=None, out=None, return_lse=False,
-                           variant=None, check_indices=True):
+                           variant=None, check_indices=True, sinks=None):
     r"""Attention of new queries over a KV cache, appending this step's keys and values to it first.
 
     Args:
@@ -23,7 +23,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             row ``j % page_size``.  Every entry is checked to be a page of the pool.
         causal: ``True`` (default): query i sees keys up to its own position ``i + S_k - Sq`` (bottom-right
             aligned, ``S_k = cache_seqlens[b] + S_new``); ``False``: every cached key.
-        window, softcap, scale, variant: as for :func:`fattn.attention` (windows bottom-right aligned per sequence).
+        window, softcap, scale, variant, sinks: as for :func:`fattn.attention` (windows bottom-right aligned per
+            sequence).
         out: optional writable ``(B, Sq, H, D)`` array; return_lse: also return the LSE, float32 ``(B, H, Sq)``.
         check_indices: ``True`` (default): cache_seqlens' and block_table's values are read back and checked (in
             range, room for k_new) before anything runs -- on a GPU a small synchronous copy each call.  ``False``:
@@ -50,11 +51,14 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
         raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(shape)}-D")
     if out is None:
         out = EMPTY[fw](q, shape, False)
-    lse = EMPTY[fw](q, (shape[0], shape[2], shape[1]), True) if return_lse else None
+    lse = EMPTY[fw](q, (shape[0], shape[2], shape[1]), True) if return_lse or sinks is not None else None
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
                softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
                k_new=k_new, v_new=v_new, check_indices=bool(check_indices))
+    if sinks is not None:
+        sinks = _args.sinks_check(sinks, q, fw)
+        _C.sinks(out, lse, sinks, layout=1, stream=stream)
     return (out, lse) if return_lse else out

@@ -16,7 +16,7 @@ def _longest(cu_seqlens, given, name):
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
                      causal=False, scale=None, window=(-1, -1), softcap=0.0, out=None, return_lse=False, variant=None,
-                     deterministic=False):
+                     deterministic=False, sinks=None):
     r"""Attention over a batch of packed sequences of different lengths (no padding).
 
     Args:
@@ -26,7 +26,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             (non-decreasing, within the arrays): on a GPU that reads them back (a small synchronous copy).
         max_seqlen_q, max_seqlen_k: the longest sequences (computed from cu_seqlens when None).
         seqused_k: optional int32 ``(batch,)``: sequence b uses only its first ``seqused_k[b]`` keys (vLLM's).
-        causal, scale, window, softcap, variant, deterministic: as for :func:`fattn.attention`, per sequence
+        causal, scale, window, softcap, variant, deterministic, sinks: as for :func:`fattn.attention`, per sequence
             (causal and windows bottom-right aligned within each sequence).
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
 
@@ -41,7 +41,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
     if fw == "torch":
         _args.torch_registered()
-        if _args.needs_torch_op(q, k, v):
+        if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             if seqused_k is not None:
                 raise ValueError("seqused_k: not taken with gradients or under torch.compile (a KV cache is "
                                  "inference only)")
@@ -50,7 +50,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
             left, right = window or (-1, -1)
             o, lse = _torch.attention(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
-                                      cu_seqlens_k, max_q, max_k, variant, bool(deterministic))
+                                      cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks)
             if out is not None:
                 out.copy_(o)
                 o = out
@@ -59,21 +59,24 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     _args.refuse_jax(out=out)
     if out is None:
         out = EMPTY[fw](q, tuple(q.shape), False)
-    lse = EMPTY[fw](q, (q.shape[1], q.shape[0]), True) if return_lse else None
+    lse = EMPTY[fw](q, (q.shape[1], q.shape[0]), True) if return_lse or sinks is not None else None
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, window=window, softcap=softcap, variant=variant,
                stream=stream, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                max_seqlen_q=max_q, max_seqlen_k=max_k)
+    if sinks is not None:
+        sinks = _args.sinks_check(sinks, q, fw)
+        _C.sinks(out, lse, sinks, stream=stream)
     return (out, lse) if return_lse else out
 
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
                               max_seqlen_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0, dq=None,
-                              dk=None, dv=None, deterministic=False, variant=None):
+                              dk=None, dv=None, deterministic=False, variant=None, sinks=None):
     """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen` (packed like q, k, v) from dout, given its out and lse
-    (``return_lse=True``); the other arguments must be the forward's."""
+    (``return_lse=True``); the other arguments must be the forward's.  With sinks, ``(dq, dk, dv, dsinks)``."""
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)
     max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
@@ -91,4 +94,9 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
                 variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    if sinks is not None:
+        sinks = _args.sinks_check(sinks, q, fw)
+        dsinks = EMPTY[fw](q, (sinks.shape[0],), True)
+        _C.sinks(out, lse, sinks, stream=stream, dout=dout, dsinks=dsinks)
+        grads.append(dsinks)
     return tuple(grads)
