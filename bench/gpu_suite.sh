@@ -62,7 +62,9 @@ fi
 
 say "pytest ${FATTN_PYTEST_ARGS:-}"
 # shellcheck disable=SC2086
-timeout "${FATTN_PYTEST_TIMEOUT:-420}" python3 -m pytest -q -rs -p no:cacheprovider tests ${FATTN_PYTEST_ARGS:-} 2>&1 | tee -a "$LOG" | tail -15
+# FATTN_PYTEST_ARGS is split on spaces; a -k expression with spaces goes in FATTN_PYTEST_K
+KARGS=(); [ -n "${FATTN_PYTEST_K:-}" ] && KARGS=(-k "$FATTN_PYTEST_K")
+timeout "${FATTN_PYTEST_TIMEOUT:-420}" python3 -m pytest -q -rs -p no:cacheprovider tests ${FATTN_PYTEST_ARGS:-} "${KARGS[@]}" 2>&1 | tee -a "$LOG" | tail -15
 PYTEST_RC=${PIPESTATUS[0]}
 say "pytest exit code $PYTEST_RC"
 
