@@ -372,8 +372,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     if (has_lse && (varlen ? fattn_take_lse_varlen(&ts[4], &q, total_q, o->read_only, p)
                            : take_lse(&ts[4], &q, o->read_only, p)))
         return -1;
-    if (o->k_new && o->k_new->t) {
-        REQUIRE(o->append, PyExc_ValueError, "k_new: not taken here");
+    if (o->k_new && o->k_new->t) { /* set by the forward's cache arguments, which give o->append with it */
         if (fattn_take_new_kv(o->k_new, o->v_new, &ts[1], &ts[2], o->seqused_k, p, o->append)) return -1;
     } else {
         REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "v_new: needed with k_new");

@@ -91,8 +91,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
-    if sinks is not None:
-        sinks = _args.sinks_check(sinks, q, fw)
+    sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, window=window, softcap=softcap,
                variant=variant, stream=stream)
     if sinks is not None:
@@ -168,15 +167,12 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     if dev_type == CUDA:
         stream = current_stream(fw, dev_id)
         workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(*_args.bhs(q.shape, layout_code), q.shape[3]) // 4,), True)
-    if sinks is not None:
-        sinks = _args.sinks_check(sinks, q, fw)
+    sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,
                 softcap=softcap, variant=variant, stream=stream, deterministic=bool(deterministic),
                 workspace=workspace)
     if sinks is not None:
-        dsinks = EMPTY[fw](q, (sinks.shape[0],), True)
-        _C.sinks(out, lse, sinks, layout=layout_code, stream=stream, dout=dout, dsinks=dsinks)
-        grads.append(dsinks)
+        grads.append(_args.sink_grads(dout, out, lse, sinks, q, fw, layout_code, stream))
     return tuple(grads)
 
 

@@ -1,7 +1,7 @@
 """Arguments as the public functions take them, turned into what fattn._C takes -- one place for each rule -- and
 the choice between fattn's lean torch path and the registered torch op."""
 from . import _C, _frameworks
-from ._frameworks import framework_of
+from ._frameworks import EMPTY, framework_of
 
 CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
 LAYOUT = {"bhsd": 0, "bshd": 1}
@@ -118,12 +118,29 @@ def same_device(q, **others):
             raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
 
 
-def sinks_check(sinks, q, fw):
-    """sinks as fattn._C takes them: an array of q's framework (the rest -- float32 (H,), q's device -- is checked in
-    C); a torch tensor detached (DLPack refuses one that requires grad; gradients go through the registered op)."""
+def sinks_arg(sinks, q, fw, heads):
+    """None, or sinks as fattn._C takes them, checked before anything runs (a refused call writes nothing, a KV cache
+    included): an array of q's framework and device, float32 (H,); a torch tensor detached (DLPack refuses one
+    that requires grad; gradients go through the registered op).  C checks them again where it reads them."""
+    if sinks is None:
+        return None
     if framework_of(sinks) != fw:
         raise TypeError(f"sinks: expected an array of q's framework ({fw}), got {type(sinks).__name__}")
+    shape = tuple(sinks.shape)
+    if shape != (heads,):
+        raise ValueError(f"sinks: expected a 1-D array of H={heads} entries, got shape {shape}")
+    if not str(sinks.dtype).endswith("float32"):
+        raise TypeError(f"sinks: dtype must be float32, got {sinks.dtype}")
+    if device_of(fw, sinks) != device_of(fw, q):
+        raise ValueError("sinks: not on q's device; all arrays must be on one device")
     return sinks.detach() if fw == "torch" else sinks
+
+
+def sink_grads(dout, out, lse, sinks, q, fw, layout, stream):
+    """dsinks, float32 (H,) of q's framework, from dO, O' and LSE' (csrc/sinks.h)."""
+    dsinks = EMPTY[fw](q, (sinks.shape[0],), True)
+    _C.sinks(out, lse, sinks, layout=layout, stream=stream, dout=dout, dsinks=dsinks)
+    return dsinks
 
 
 def sinks_need_grad(sinks):

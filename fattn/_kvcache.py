@@ -55,10 +55,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    sinks = _args.sinks_arg(sinks, q, fw, shape[2])  # before the cache is written
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
                softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
                k_new=k_new, v_new=v_new, check_indices=bool(check_indices))
     if sinks is not None:
-        sinks = _args.sinks_check(sinks, q, fw)
         _C.sinks(out, lse, sinks, layout=1, stream=stream)
     return (out, lse) if return_lse else out

@@ -63,11 +63,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, window=window, softcap=softcap, variant=variant,
                stream=stream, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                max_seqlen_q=max_q, max_seqlen_k=max_k)
     if sinks is not None:
-        sinks = _args.sinks_check(sinks, q, fw)
         _C.sinks(out, lse, sinks, stream=stream)
     return (out, lse) if return_lse else out
 
@@ -91,12 +91,10 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         stream = current_stream(fw, dev_id)
         nseq = cu_seqlens_q.shape[0] - 1
         workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(nseq, q.shape[1], max_q, q.shape[2]) // 4,), True)
+    sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
                 variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
     if sinks is not None:
-        sinks = _args.sinks_check(sinks, q, fw)
-        dsinks = EMPTY[fw](q, (sinks.shape[0],), True)
-        _C.sinks(out, lse, sinks, stream=stream, dout=dout, dsinks=dsinks)
-        grads.append(dsinks)
+        grads.append(_args.sink_grads(dout, out, lse, sinks, q, fw, 0, stream))
     return tuple(grads)

@@ -163,7 +163,10 @@ def _call(**over):
 ])
 def test_kvcache_errors_contiguous(name, over, exc, match):
     """Each bad call raises naming the argument, and writes nothing into the cache."""
-    args = _call(**over)
+    _assert_refused(_call(**over), exc, match)
+
+
+def _assert_refused(args, exc, match):
     q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
     before = [kc.clone(), vc.clone()]
     with pytest.raises(exc, match=match):
@@ -196,12 +199,12 @@ def _paged(**over):
      r"cache_seqlens: entry 0 is 32: with the 1 new keys of k_new the sequence needs 33 slots, but the cache holds 32"),
 ])
 def test_kvcache_errors_paged(name, over, exc, match):
-    args = _paged(**over)
-    q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
-    before = [kc.clone(), vc.clone()]
-    with pytest.raises(exc, match=match):
-        fattn.attention_with_kvcache(q, kc, vc, **args)
-    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+    _assert_refused(_paged(**over), exc, match)
+
+
+def test_kvcache_bad_sinks_write_nothing():
+    """sinks are checked before the new keys go into the cache."""
+    _assert_refused(_call(sinks=torch.zeros(3)), ValueError, r"sinks: expected a 1-D array of H=4 entries")
 
 
 def test_kvcache_refused_variant_writes_nothing():
