@@ -307,6 +307,26 @@ static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, at
     return 0;
 }
 
+/* alibi_slopes: float32 (H,) or (B, H) (B: the batch, or the sequences of a packed one), heads contiguous, on q's
+ * device.  Their values are not read on the host (no sync): any real slope is the caller's to give. */
+static int take_alibi(const fattn_tensor *t, const fattn_tensor *q, attn_params *p) {
+    const DLTensor *x = t->t;
+    char dt[32];
+    fattn_dtype_str(x->dtype, dt, sizeof dt);
+    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
+            "alibi_slopes: dtype must be float32, got %s", dt);
+    REQUIRE((x->ndim == 1 && x->shape[0] == p->h) || (x->ndim == 2 && x->shape[0] == p->b && x->shape[1] == p->h),
+            PyExc_ValueError, "alibi_slopes: expected shape (H,) = (%lld,) or (B, H) = (%lld, %lld)", (long long)p->h,
+            (long long)p->b, (long long)p->h);
+    int64_t st[2] = {0, 1};
+    fattn_strides_of(x, st);
+    REQUIRE(st[x->ndim - 1] == 1 || p->h <= 1, PyExc_ValueError, "alibi_slopes: the heads must be contiguous");
+    p->alibi_slopes = (const float *)((const char *)x->data + x->byte_offset);
+    REQUIRE((uintptr_t)p->alibi_slopes % 4 == 0, PyExc_ValueError, "alibi_slopes: data pointer is not 4-byte aligned");
+    p->alibi_stride_b = x->ndim == 2 && p->b > 1 ? st[0] : 0;
+    return fattn_same_device(t, q);
+}
+
 int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p, void *stream) {
     bhsd_view q, k, v, out;
     const int varlen = o->cu_seqlens_q && o->cu_seqlens_q->t;
@@ -380,6 +400,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     if (o->seqused_k && o->seqused_k->t &&
         fattn_take_seqused(o->seqused_k, &ts[0], p, !o->trust_indices, stream))
         return -1;
+    if (o->alibi_slopes && o->alibi_slopes->t && take_alibi(o->alibi_slopes, &ts[0], p)) return -1;
     p->softcap = (float)o->softcap;
     const double scale = isnan(o->scale) ? 1.0 / sqrt((double)q.d) : o->scale;
     p->scale = (float)scale;

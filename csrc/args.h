@@ -52,6 +52,7 @@ typedef struct {
     const fattn_tensor *block_table, *k_new, *v_new;
     fattn_append *append;
     int trust_indices;       /* 1: cache_seqlens' and block_table's values are not read back and checked */
+    const fattn_tensor *alibi_slopes; /* NULL or NULL .t: no ALiBi; float32 (H,) or (B, H) */
 } fattn_call_opts;
 
 /* Fills p from the taken tensors (q, k, v, out, and lse when ts[4].t is set); every mismatch raises naming the

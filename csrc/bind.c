@@ -3,7 +3,7 @@
  *   _C.forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None,
  *              softcap=0, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=None,
  *              max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
- *              check_indices=True)
+ *              check_indices=True, alibi_slopes=None)
  *   _C._dev.forward(..., config=None, splits=0, order=0) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan(...)                                   -> the plan a call would run, without running it
  *
@@ -14,7 +14,8 @@
  * (attention_with_kvcache; layout 1): k and v are the cache, paged (num_pages, page_size, H_kv, D) with block_table
  * (int32, B x max_pages); k_new / v_new (B, S_new, H_kv, D) are written at cache_seqlens (int32, B: the lengths
  * before the call) once the call is planned, and attended to; check_indices=False trusts cache_seqlens' and
- * block_table's values (no read back: no host sync).  Overrides: config (a GPU
+ * block_table's values (no read back: no host sync).  alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes
+ * (attn_params).  Overrides: config (a GPU
  * variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's), order (block
  * order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
  * head_group, workspace. */
@@ -26,12 +27,12 @@
 const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS] = {
     "q", "k", "v", "out", "lse", "causal", "scale", "layout", "window", "variant", "stream", "softcap",
     "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "cache_seqlens", "block_table",
-    "k_new", "v_new", "check_indices", "config", "splits", "order"};
-#define NARGS_PUBLIC 22
+    "k_new", "v_new", "check_indices", "alibi_slopes", "config", "splits", "order"};
+#define NARGS_PUBLIC 23
 #define NARGS_DEV FATTN_FORWARD_ARGS
 enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_SOFTCAP, A_CU_Q,
        A_CU_K, A_USED_K, A_MAX_Q, A_MAX_K, A_CACHE_SEQLENS, A_BLOCK_TABLE, A_K_NEW, A_V_NEW, A_CHECK_INDICES,
-       A_CONFIG, A_SPLITS, A_ORDER };
+       A_ALIBI, A_CONFIG, A_SPLITS, A_ORDER };
 #define NCACHE 4 /* cache_seqlens, block_table, k_new, v_new */
 
 PyObject *fattn_raise_status(void) {
@@ -105,6 +106,7 @@ typedef struct {
     fattn_tensor seqs[3]; /* cu_seqlens_q, cu_seqlens_k, seqused_k */
     fattn_tensor cache[NCACHE];
     fattn_append append;  /* k_new / v_new, written after planning */
+    fattn_tensor alibi;   /* alibi_slopes */
     attn_params p;
     const char *variant;
     fattn_overrides ov;
@@ -116,6 +118,7 @@ static void call_release(call *c) {
     for (int i = 0; i < 5; i++) fattn_tensor_release(&c->ts[i]);
     for (int i = 0; i < 3; i++) fattn_tensor_release(&c->seqs[i]);
     for (int i = 0; i < NCACHE; i++) fattn_tensor_release(&c->cache[i]);
+    fattn_tensor_release(&c->alibi);
 }
 
 static int given(PyObject *obj) { return obj && obj != Py_None; }
@@ -195,6 +198,9 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     for (int i = 0; i < 5; i++)
         if (given(a[i]) && fattn_take(&st->names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))
             return -1;
+    if (given(a[A_ALIBI]) && fattn_take_dlpack(&st->names, a[A_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
+        return -1;
+    o.alibi_slopes = &c->alibi;
     if (fattn_take_varlen_args(&st->names, a + A_CU_Q, a[A_MAX_Q], a[A_MAX_K], stream_obj, c->seqs, &o) ||
         (cache && take_cache_args(st, a, stream_obj, c, &o)) || fattn_build_params(c->ts, &o, &c->p, c->stream))
         return -1;

@@ -2,7 +2,7 @@
  *
  *   _C.backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None,
  *               stream=None, deterministic=False, workspace=None, softcap=0, cu_seqlens_q=None, cu_seqlens_k=None,
- *               max_seqlen_q=None, max_seqlen_k=None)
+ *               max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None)
  *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
  *   _C.backward_workspace_bytes(b, h, sq, d) -> the bytes a GPU backward's workspace needs
@@ -20,15 +20,18 @@
 
 const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS] = {
     "dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "causal", "scale", "layout", "window", "variant", "stream",
-    "deterministic", "workspace", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "config"};
+    "deterministic", "workspace", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "alibi_slopes",
+    "config"};
 enum { B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_DQ, B_DK, B_DV, B_CAUSAL, B_SCALE, B_LAYOUT, B_WINDOW, B_VARIANT,
-       B_STREAM, B_DETERMINISTIC, B_WORKSPACE, B_SOFTCAP, B_CU_Q, B_CU_K, B_MAX_Q, B_MAX_K, B_CONFIG };
+       B_STREAM, B_DETERMINISTIC, B_WORKSPACE, B_SOFTCAP, B_CU_Q, B_CU_K, B_MAX_Q, B_MAX_K, B_ALIBI,
+       B_CONFIG };
 #define NARGS_PUBLIC (FATTN_BACKWARD_ARGS - 1)
 #define NTENSORS 10 /* dout .. dv, workspace */
 
 typedef struct {
     fattn_tensor ts[NTENSORS]; /* q, k, v, out, lse (fattn_build_params' order), dout, dq, dk, dv, workspace */
     fattn_tensor seqs[3];      /* cu_seqlens_q, cu_seqlens_k, (no seqused_k) */
+    fattn_tensor alibi;        /* alibi_slopes */
     attn_bwd_params p;
     const char *variant;
     fattn_overrides ov;
@@ -40,6 +43,7 @@ typedef struct {
 static void call_release(call *c) {
     for (int i = 0; i < NTENSORS; i++) fattn_tensor_release(&c->ts[i]);
     for (int i = 0; i < 3; i++) fattn_tensor_release(&c->seqs[i]);
+    fattn_tensor_release(&c->alibi);
 }
 
 /* The caller's workspace: a writable array on q's device, its bytes counted from its shape and dtype. */
@@ -111,6 +115,10 @@ static int call_take(module_state *st, PyObject **a, call *c) {
                                                                        stream_obj, &c->ts[i]))
             return -1;
     }
+    if (a[B_ALIBI] && a[B_ALIBI] != Py_None &&
+        fattn_take_dlpack(&st->names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
+        return -1;
+    o.alibi_slopes = &c->alibi;
     PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};
     attn_params fwd;
     if (fattn_take_varlen_args(&st->names, seq_objs, a[B_MAX_Q], a[B_MAX_K], stream_obj, c->seqs, &o) ||

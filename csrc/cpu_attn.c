@@ -12,8 +12,8 @@
  *   acc = alpha * acc + P V_j
  *
  * and finally writes O_i = acc / l_i and LSE_i = (m_i + log2(l_i)) * ln 2.  A softcap c maps S to c tanh(S / c) first
- * (in log2 units: c log2 e).  Each task works on one sequence (fattn_seq_params): dense batches, packed
- * variable-length batches and partly filled caches alike.  Both products go through one
+ * (in log2 units: c log2 e), then ALiBi adds its bias (fattn_alibi_bias2).  Each task works on one sequence
+ * (fattn_seq_params): dense batches, packed variable-length batches and partly filled caches alike.  Both products go through one
  * register-blocked micro-kernel (gemm_rows: 6 x 16 tiles, 12 vector accumulators) whose right-hand operand is
  * read row by row.  Query chunks split a head only when there are too few heads to keep every thread busy.
  */
@@ -52,6 +52,7 @@ typedef struct {
     float *s;     /* Br x Bc: S, then P */
     float *acc;   /* Br x dp */
     float *m, *l; /* Br */
+    float slope2; /* ALiBi's slope of the head in hand, log2 units */
 } scratch;
 
 /* K^T and V of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32, per key block of bc keys
@@ -72,6 +73,7 @@ static void block_step(const attn_params *p, const fattn_cpu_config *cfg, scratc
     /* S = Q_i K_j^T (already in log2 units) */
     gemm_rows(w->q, dp, kt, dp * NR, w->s, bc, br, (int)np, (int)p->d, 0);
     if (p->softcap > 0.f) softcap_rows(w->s, bc, br, np, p->softcap * FATTN_LOG2E, NULL);
+    if (p->alibi_slopes) alibi_rows(w->s, bc, br, n, w->slope2, i0 + p->sk - p->sq, j0);
     for (int r = 0; r < br; r++) {
         float *s = w->s + r * bc;
         int64_t lo = 0, hi = n; /* keys [lo, hi) of this block the row sees */
@@ -123,6 +125,7 @@ static void attn_block(const attn_params *p, const fattn_cpu_config *cfg, scratc
         w->m[r] = -INFINITY;
         w->l[r] = 0.f;
     }
+    w->slope2 = fattn_alibi_slope2(p, b, h);
     const fattn_span sp = fattn_key_span(&p->mask, p->sq, p->sk, i0, br, bc);
     for (int64_t n = sp.n_min; n < sp.n_max; n++) { /* keys past k_end, which no row sees, are not computed */
         const int64_t j0 = n * bc, rel = j0 - k0, len = sp.k_end - j0 < bc ? sp.k_end - j0 : bc;

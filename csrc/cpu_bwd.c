@@ -45,6 +45,7 @@ typedef struct {
     float *s, *ds;        /* Br x Bc: S then P, dP then dS */
     float *t;             /* Br x Bc: tanh(S / c) under a softcap c (dS picks up 1 - t^2) */
     float *lse2, *dsum;   /* Br: LSE_i in base 2 (+inf for a row that sees nothing), D_i */
+    float slope2;         /* ALiBi's slope of the head in hand, log2 units */
 } scratch;
 
 /* K^T, V^T and K of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32, per key block of bc
@@ -89,6 +90,7 @@ static void block_step(const attn_params *p, int64_t bc, scratch *w, int br, int
     gemm_rows(w->dout, dp, vt, dp * NR, w->ds, bc, br, (int)np, (int)p->d, 0); /* dP = dO_i V_j^T */
     const int capped = p->softcap > 0.f;
     if (capped) softcap_rows(w->s, bc, br, np, p->softcap * FATTN_LOG2E, w->t);
+    if (p->alibi_slopes) alibi_rows(w->s, bc, br, n, w->slope2, i0 + p->sk - p->sq, j0);
     for (int r = 0; r < br; r++) {
         float *s = w->s + r * bc, *ds = w->ds + r * bc, *t = w->t + r * bc;
         int64_t lo = 0, hi = n; /* keys [lo, hi) of this block the row sees */
@@ -148,6 +150,7 @@ static void task_keys(const attn_bwd_params *bp, int64_t sq_all, const fattn_cpu
     const int64_t nqb = (p->sq + br - 1) / br;
     for (int64_t g = 0; g < p->h_per_kv; g++) {
         const int64_t h = hk * p->h_per_kv + g;
+        w->slope2 = fattn_alibi_slope2(p, sb, h);
         for (int64_t qb = 0; qb < nqb; qb++) {
             const int64_t i0 = qb * br;
             const int rows = (int)(p->sq - i0 < br ? p->sq - i0 : br);

@@ -84,6 +84,14 @@ static __attribute__((unused, noinline)) void softcap_rows(float *s, int64_t ld,
         }
 }
 
+/* ALiBi on rows [0, rows) of an ld-strided score tile (n columns) in log2 units: row r, at position pos0 + r, and
+ * column c, key j0 + c, gain fattn_alibi_bias2(slope2, pos0 + r, j0 + c). */
+static __attribute__((unused, noinline)) void alibi_rows(float *s, int64_t ld, int rows, int64_t n, float slope2,
+                                                       int64_t pos0, int64_t j0) {
+    for (int r = 0; r < rows; r++)
+        for (int64_t c = 0; c < n; c++) s[r * ld + c] += fattn_alibi_bias2(slope2, pos0 + r, j0 + c);
+}
+
 /* max(m, s[0:n]) for n a multiple of 8; -inf entries (masked) never win, a NaN entry makes the result NaN. */
 static inline float row_max(const float *s, int64_t n, float m) {
     v8f mx = (v8f){0} + m;

@@ -69,6 +69,12 @@ typedef struct attn_params {
      * v_stride_b are the pools' page strides, sk the longest sequence's capacity.  Dense q only (no cu_seqlens). */
     const int32_t *block_table;
     int64_t block_table_stride, page_size;
+    /* ALiBi (Press et al.; NULL: none): the score of query i and key j gains -slope |pos(i) - j| after the softcap,
+     * pos(i) = i + sk - sq of its sequence (bottom-right, whatever the mask's alignment: flash-attention's rule).
+     * Query head h of sequence b has slope alibi_slopes[b * alibi_stride_b + h] (stride 0: one slope per head);
+     * float32, on the call's device. */
+    const float *alibi_slopes;
+    int64_t alibi_stride_b;
 } attn_params;
 
 FATTN_HD int64_t fattn_elem_bytes(fattn_dtype t) { return t == FATTN_F32 ? 4 : 2; }
@@ -119,22 +125,34 @@ FATTN_HD void fattn_seq_params(const attn_params *p, int64_t b, attn_params *s) 
     *s = *p;
     s->q = x.q; s->k = x.k; s->v = x.v; s->o = x.o; s->lse = x.lse;
     s->block_table = x.block_table;
+    if (p->alibi_slopes) s->alibi_slopes = p->alibi_slopes + b * p->alibi_stride_b;
     s->sq = x.sq;
     s->sk = x.sk;
     s->b = 1;
     s->cu_seqlens_q = s->cu_seqlens_k = s->seqused_k = 0;
 }
 
+/* ALiBi's slope of query head h of batch b in log2 units (0 without ALiBi), and the bias it gives the score of the
+ * key j for a query at bottom-right position pos = i + sk - sq: kernels add it to S2 after the softcap. */
+FATTN_HD float fattn_alibi_slope2(const attn_params *p, int64_t b, int64_t h) {
+    return p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_b + h] * FATTN_LOG2E : 0.f;
+}
+FATTN_HD float fattn_alibi_bias2(float slope2, int64_t pos, int64_t j) {
+    return -slope2 * (float)(pos > j ? pos - j : j - pos);
+}
+
 /* Decode with grouped-query attention, GQA packing: with one query per sequence (Sq = 1) every query head of a kv
  * head's group sees the same keys, so the group's G heads can be the G query rows of one head -- one read of K and V
  * per group instead of G.  Fills *out with that view (sq = G, h = h_kv, no copy: the rows of a head are the group's
  * heads, q/o row stride = their head stride) and returns 1 when p qualifies: dense q, Sq = 1, G > 1, every key
- * visible to the row (no mask but bottom-right causal, no window), lse absent or with head stride 1. */
+ * visible to the row (no mask but bottom-right causal, no window), no ALiBi (its slopes differ per query head), lse
+ * absent or with head stride 1. */
 FATTN_HD int fattn_pack_gqa(const attn_params *p, attn_params *out) {
     const int64_t g = p->h_per_kv;
     /* the row's position is sk - 1 when bottom-right aligned: any right bound then reaches every key */
     const int all_keys = p->mask.left < 0 && (p->mask.right < 0 || p->mask.bottom_right);
-    if (p->sq != 1 || g <= 1 || p->cu_seqlens_q || !all_keys || (p->lse && p->lse_stride_h != 1)) return 0;
+    if (p->sq != 1 || g <= 1 || p->cu_seqlens_q || !all_keys || p->alibi_slopes || (p->lse && p->lse_stride_h != 1))
+        return 0;
     *out = *p;
     out->sq = g;
     out->h = p->h_kv;

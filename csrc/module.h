@@ -7,10 +7,10 @@
 #include "tuned.h"
 
 /* The forward call's argument names (bind.c), interned so that keywords match by pointer. */
-#define FATTN_FORWARD_ARGS 25
+#define FATTN_FORWARD_ARGS 26
 extern const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS];
 /* The backward call's (bind_bwd.c). */
-#define FATTN_BACKWARD_ARGS 23
+#define FATTN_BACKWARD_ARGS 24
 extern const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS];
 
 typedef struct {

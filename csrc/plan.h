@@ -87,11 +87,13 @@ typedef fattn_status (*fattn_prepare_fn)(int device);
 #define FATTN_TAKES_VARLEN 2    /* cu_seqlens_q / cu_seqlens_k */
 #define FATTN_TAKES_SEQUSED 4   /* seqused_k */
 #define FATTN_TAKES_PAGED 8     /* block_table (a paged KV cache) */
+#define FATTN_TAKES_ALIBI 16    /* alibi_slopes */
 static inline const char *fattn_missing_feature(const attn_params *p, int takes) {
     if (p->softcap > 0.f && !(takes & FATTN_TAKES_SOFTCAP)) return "a softcap";
     if (p->cu_seqlens_q && !(takes & FATTN_TAKES_VARLEN)) return "variable-length batches (cu_seqlens)";
     if (p->seqused_k && !(takes & FATTN_TAKES_SEQUSED)) return "seqused_k";
     if (p->block_table && !(takes & FATTN_TAKES_PAGED)) return "a paged KV cache (block_table)";
+    if (p->alibi_slopes && !(takes & FATTN_TAKES_ALIBI)) return "ALiBi (alibi_slopes)";
     return NULL;
 }
 

@@ -6,7 +6,7 @@ from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
 
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), softcap=0.0, out=None,
-              return_lse=False, variant=None, lse=None, deterministic=False, sinks=None):
+              return_lse=False, variant=None, lse=None, deterministic=False, sinks=None, alibi_slopes=None):
     r"""Scaled dot-product attention, ``softmax(q k^T * scale) v``, computed by fattn's kernels.
 
     Arguments are any DLPack arrays (torch, CuPy, NumPy, ...), all on one device (CPU or one CUDA GPU), in any
@@ -36,6 +36,10 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
             Key blocks wholly outside the window are skipped, so the time is proportional to the window.
         softcap: ``c > 0`` caps the scores: each ``s = scale * q.k`` becomes ``c * tanh(s / c)`` before the softmax
             (Gemma 2, Grok); 0 means none.  The tensor-core variants do not take it yet: such calls run v1.
+        alibi_slopes: optional float32 ``(H,)`` or ``(B, H)``: ALiBi (Press et al.), adding
+            ``-slope * |p - j|`` to the score of query i and key j after the softcap, p = i + Sk - Sq (bottom-right,
+            whatever ``causal`` says: flash-attention's rule).  Not differentiable (the slopes are constants); on the
+            GPU such calls run v1.
         out: optional writable array of q's shape and dtype to write into; otherwise one is allocated by the
             caller's framework (torch in, torch out; CuPy in, CuPy out; NumPy in, NumPy out).
         return_lse: also return the log-sum-exp of each row, float32 ``(B, H, Sq)``, natural log.
@@ -69,7 +73,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
         _args.torch_registered()
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             return _torch_op(q, k, v, causal_code, scale, layout_code, window, softcap, variant, deterministic, out,
-                             lse, return_lse, sinks)
+                             lse, return_lse, sinks, alibi_slopes)
         dev = q.get_device()
         dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
     else:
@@ -93,22 +97,23 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, window=window, softcap=softcap,
-               variant=variant, stream=stream)
+               variant=variant, stream=stream, alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
     if sinks is not None:
         _C.sinks(out, lse, sinks, layout=layout_code, stream=stream)
     return (out, lse) if want_lse else out
 
 
 def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, deterministic, out, lse, return_lse,
-              sinks=None):
+              sinks=None, alibi_slopes=None):
     """The call through torch.ops.fattn.attention: what autograd, torch.compile, torch.export, torch.jit.trace,
     FakeTensor and meta tensors need."""
     from . import _torch
 
-    _args.same_device(q, k=k, v=v, sinks=sinks)
+    alibi_slopes = _args.alibi_arg(alibi_slopes, "torch")
+    _args.same_device(q, k=k, v=v, sinks=sinks, alibi_slopes=alibi_slopes)
     left, right = window or (-1, -1)
     o, lse_out = _torch.attention(q, k, v, causal, scale, layout, left, right, softcap, None, None, 0, 0, variant,
-                                  bool(deterministic), sinks)
+                                  bool(deterministic), sinks, alibi_slopes)
     if out is not None:
         out.copy_(o)
         o = out
@@ -119,12 +124,13 @@ def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, determin
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, layout="bhsd", window=(-1, -1),
-                       softcap=0.0, dq=None, dk=None, dv=None, deterministic=False, variant=None, sinks=None):
+                       softcap=0.0, dq=None, dk=None, dv=None, deterministic=False, variant=None, sinks=None,
+                       alibi_slopes=None):
     r"""Gradients of :func:`attention`: ``(dq, dk, dv)`` from the gradient ``dout`` of its output; with ``sinks``,
     ``(dq, dk, dv, dsinks)`` (dsinks float32 ``(H,)``).
 
     Arguments are DLPack arrays on one device, as for :func:`attention`; q, k, v, causal, scale, layout and variant
-    (and window, softcap) must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
+    (and window, softcap, alibi_slopes) must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
     FlashAttention-2's backward: P is recomputed from q, k and lse, never stored.
 
     Args:
@@ -151,7 +157,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
                 raise ValueError("dq: cannot write into given arrays under torch.compile or with fake tensors")
             left, right = window or (-1, -1)
             g = _torch.attention_backward(dout, q, k, v, out, lse, causal_code, scale, layout_code, left, right,
-                                          softcap, None, None, 0, 0, variant, bool(deterministic), sinks)
+                                          softcap, None, None, 0, 0, variant, bool(deterministic), sinks,
+                                          _args.alibi_arg(alibi_slopes, fw))
             return g if sinks is not None else g[:3]
     dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(dq=dq, dk=dk, dv=dv)
@@ -170,7 +177,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,
                 softcap=softcap, variant=variant, stream=stream, deterministic=bool(deterministic),
-                workspace=workspace)
+                workspace=workspace, alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
     if sinks is not None:
         grads.append(_args.sink_grads(dout, out, lse, sinks, q, fw, layout_code, stream))
     return tuple(grads)

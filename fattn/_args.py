@@ -136,6 +136,16 @@ def sinks_arg(sinks, q, fw, heads):
     return sinks.detach() if fw == "torch" else sinks
 
 
+def alibi_arg(alibi_slopes, fw):
+    """None, or ALiBi's slopes as fattn._C takes them: an array of q's framework (its shape (H,) or (B, H), float32
+    and device are checked in C, naming alibi_slopes); a torch tensor detached (the slopes get no gradient)."""
+    if alibi_slopes is None:
+        return None
+    if framework_of(alibi_slopes) != fw:
+        raise TypeError(f"alibi_slopes: expected an array of q's framework ({fw}), got {type(alibi_slopes).__name__}")
+    return alibi_slopes.detach() if fw == "torch" else alibi_slopes
+
+
 def sink_grads(dout, out, lse, sinks, q, fw, layout, stream):
     """dsinks, float32 (H,) of q's framework, from dO, O' and LSE' (csrc/sinks.h)."""
     dsinks = EMPTY[fw](q, (sinks.shape[0],), True)

@@ -6,7 +6,7 @@ from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache_seqlens=None, block_table=None,
                            causal=True, window=(-1, -1), softcap=0.0, scale=None, out=None, return_lse=False,
-                           variant=None, check_indices=True, sinks=None):
+                           variant=None, check_indices=True, sinks=None, alibi_slopes=None):
     r"""Attention of new queries over a KV cache, appending this step's keys and values to it first.
 
     Args:
@@ -23,8 +23,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             row ``j % page_size``.  Every entry is checked to be a page of the pool.
         causal: ``True`` (default): query i sees keys up to its own position ``i + S_k - Sq`` (bottom-right
             aligned, ``S_k = cache_seqlens[b] + S_new``); ``False``: every cached key.
-        window, softcap, scale, variant, sinks: as for :func:`fattn.attention` (windows bottom-right aligned per
-            sequence).
+        window, softcap, scale, variant, sinks, alibi_slopes: as for :func:`fattn.attention` (windows and ALiBi's
+            positions bottom-right aligned per sequence: a query at i + S_k - Sq).
         out: optional writable ``(B, Sq, H, D)`` array; return_lse: also return the LSE, float32 ``(B, H, Sq)``.
         check_indices: ``True`` (default): cache_seqlens' and block_table's values are read back and checked (in
             range, room for k_new) before anything runs -- on a GPU a small synchronous copy each call.  ``False``:
@@ -58,7 +58,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     sinks = _args.sinks_arg(sinks, q, fw, shape[2])  # before the cache is written
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
                softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
-               k_new=k_new, v_new=v_new, check_indices=bool(check_indices))
+               k_new=k_new, v_new=v_new, check_indices=bool(check_indices),
+               alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
     if sinks is not None:
         _C.sinks(out, lse, sinks, layout=1, stream=stream)
     return (out, lse) if return_lse else out

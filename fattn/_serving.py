@@ -16,7 +16,7 @@ def _longest(cu_seqlens, given, name):
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
                      causal=False, scale=None, window=(-1, -1), softcap=0.0, out=None, return_lse=False, variant=None,
-                     deterministic=False, sinks=None):
+                     deterministic=False, sinks=None, alibi_slopes=None):
     r"""Attention over a batch of packed sequences of different lengths (no padding).
 
     Args:
@@ -28,6 +28,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         seqused_k: optional int32 ``(batch,)``: sequence b uses only its first ``seqused_k[b]`` keys (vLLM's).
         causal, scale, window, softcap, variant, deterministic, sinks: as for :func:`fattn.attention`, per sequence
             (causal and windows bottom-right aligned within each sequence).
+        alibi_slopes: optional float32 ``(H,)`` or ``(batch, H)`` (one row per sequence): ALiBi as for
+            :func:`fattn.attention`, positions counted within each sequence.
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
@@ -47,10 +49,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
                                  "inference only)")
             from . import _torch
 
-            _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+            alibi_slopes = _args.alibi_arg(alibi_slopes, fw)
+            _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              alibi_slopes=alibi_slopes)
             left, right = window or (-1, -1)
             o, lse = _torch.attention(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
-                                      cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks)
+                                      cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks, alibi_slopes)
             if out is not None:
                 out.copy_(o)
                 o = out
@@ -66,7 +70,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, window=window, softcap=softcap, variant=variant,
                stream=stream, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-               max_seqlen_q=max_q, max_seqlen_k=max_k)
+               max_seqlen_q=max_q, max_seqlen_k=max_k, alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
     if sinks is not None:
         _C.sinks(out, lse, sinks, stream=stream)
     return (out, lse) if return_lse else out
@@ -74,7 +78,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
                               max_seqlen_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0, dq=None,
-                              dk=None, dv=None, deterministic=False, variant=None, sinks=None):
+                              dk=None, dv=None, deterministic=False, variant=None, sinks=None, alibi_slopes=None):
     """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen` (packed like q, k, v) from dout, given its out and lse
     (``return_lse=True``); the other arguments must be the forward's.  With sinks, ``(dq, dk, dv, dsinks)``."""
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
@@ -94,7 +98,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
                 variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
-                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
     if sinks is not None:
         grads.append(_args.sink_grads(dout, out, lse, sinks, q, fw, 0, stream))
     return tuple(grads)

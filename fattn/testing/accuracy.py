@@ -39,10 +39,10 @@ def verdict(err, err_lowp, dtype, ref_max, head_dim, factor=2.0, what="out"):
             f"{eps(dtype, ref_max, head_dim):.3g}")
 
 
-def sdpa_lowp(q, k, v, causal=False, scale=None, window=None, softcap=0.0):
+def sdpa_lowp(q, k, v, causal=False, scale=None, window=None, softcap=0.0, alibi=None):
     """The plain same-dtype implementation for torch tensors: torch SDPA in q's dtype with reference.visible's mask
-    (an explicit mask: torch's is_causal is top-left only) -- or, with a softcap, the same math written out in q's
-    dtype; rows that see no key give 0."""
+    (an explicit mask: torch's is_causal is top-left only) -- or, with a softcap or ALiBi, the same math written out
+    in q's dtype; rows that see no key give 0."""
     import torch
     import torch.nn.functional as F
 
@@ -55,9 +55,13 @@ def sdpa_lowp(q, k, v, causal=False, scale=None, window=None, softcap=0.0):
         k = k.repeat_interleave(h // hk, dim=1)
         v = v.repeat_interleave(h // hk, dim=1)
     mask = torch.from_numpy(reference.visible(sq, sk, causal, window)).to(q.device)
-    if softcap:
+    if softcap or alibi is not None:
         s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
-        s = (softcap * torch.tanh(s / softcap)).masked_fill(~mask, -math.inf)
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        if alibi is not None:
+            s = s + torch.from_numpy(reference.alibi_bias(alibi, sq, sk)).to(q.device, q.dtype)
+        s = s.masked_fill(~mask, -math.inf)
         out = torch.softmax(s.float(), -1).to(q.dtype).nan_to_num(0.0) @ v
     else:  # torch's math backend: its fused kernels are not "plain same-dtype math" (and some give NaN for scale <= 0)
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -67,7 +71,7 @@ def sdpa_lowp(q, k, v, causal=False, scale=None, window=None, softcap=0.0):
     return out.masked_fill(~mask.any(dim=1)[None, None, :, None], 0.0)
 
 
-def check_attention(out, q, k, v, causal=False, scale=None, lse=None, window=None, softcap=0.0):
+def check_attention(out, q, k, v, causal=False, scale=None, lse=None, window=None, softcap=0.0, alibi=None):
     """None if out (B, H, Sq, D) -- and lse (B, H, Sq) when given -- pass the rule for attention of torch tensors
     q, k, v, else the message saying what failed.  Returns (message, err, err_lowp)."""
     import torch
@@ -75,10 +79,10 @@ def check_attention(out, q, k, v, causal=False, scale=None, lse=None, window=Non
     from . import reference
 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    ref, ref_lse = reference.attention(q, k, v, causal, scale, window, softcap=softcap)
+    ref, ref_lse = reference.attention(q, k, v, causal, scale, window, softcap=softcap, alibi=alibi)
     if torch.isnan(out).any():
         return "NaN in the output", float("nan"), None
-    low = sdpa_lowp(q, k, v, causal, scale, window, softcap)
+    low = sdpa_lowp(q, k, v, causal, scale, window, softcap, alibi)
     err = (out.double() - ref).abs().max().item() if out.numel() else 0.0
     err_low = (low.double() - ref).abs().max().item() if out.numel() else 0.0
     ref_max = ref.abs().max().item() if out.numel() else 1.0
@@ -95,7 +99,7 @@ def check_attention(out, q, k, v, causal=False, scale=None, lse=None, window=Non
     return why, err, err_low
 
 
-def sdpa_lowp_gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0):
+def sdpa_lowp_gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0, alibi=None):
     """(dq, dk, dv) of sdpa_lowp by torch autograd in the inputs' dtype (the plain same-dtype backward)."""
     import torch
 
@@ -103,19 +107,19 @@ def sdpa_lowp_gradients(q, k, v, dout, causal=False, scale=None, window=None, so
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     with torch.enable_grad():
         qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
-        out = sdpa_lowp(qs, ks, vs, causal, scale, window, softcap)
+        out = sdpa_lowp(qs, ks, vs, causal, scale, window, softcap, alibi)
         return torch.autograd.grad(out, (qs, ks, vs), dout)
 
 
-def check_gradients(grads, q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0):
+def check_gradients(grads, q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0, alibi=None):
     """None if grads = (dq, dk, dv) of torch tensors pass the rule at 3x against the float64 reference, else the
     message saying which failed and by how much.  Returns (message, [(err, err_lowp) per gradient])."""
     import torch
 
     from . import reference
 
-    refs = reference.gradients(q, k, v, dout, causal, scale, window, softcap)
-    lows = sdpa_lowp_gradients(q, k, v, dout, causal, scale, window, softcap)
+    refs = reference.gradients(q, k, v, dout, causal, scale, window, softcap, alibi)
+    lows = sdpa_lowp_gradients(q, k, v, dout, causal, scale, window, softcap, alibi)
     rep = q.shape[1] // max(1, k.shape[1])
     dp_max = (dout.double() @ v.double().repeat_interleave(rep, 1).transpose(-1, -2)).abs().max().item() \
         if dout.numel() and v.numel() else 0.0

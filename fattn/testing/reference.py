@@ -2,10 +2,12 @@
 float64 from the same low-precision inputs, for NumPy arrays or torch tensors (computed where they live).
 
     visible(sq, sk, causal=False, window=None)     -> bool array (sq, sk)
-    attention(q, k, v, causal=False, scale=None, window=None, softcap=0) -> (out, lse) in float64
-    gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0) -> (dq, dk, dv) in float64
+    attention(q, k, v, causal=False, scale=None, window=None, softcap=0, alibi=None) -> (out, lse) in float64
+    gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0, alibi=None) -> (dq, dk, dv)
+    alibi_bias(alibi, sq, sk, rows=None)           -> float64 NumPy array (B or 1, H, rows, sk)
 
-A softcap c > 0 maps each score s (after the scale) to c tanh(s / c).
+A softcap c > 0 maps each score s (after the scale) to c tanh(s / c); ALiBi's slopes (H,) or (B, H) then add
+-slope * |i + sk - sq - j| (flash-attention's ALiBi, bottom-right positions whatever the mask's alignment).
 
 Tensors are (B, H, S, D) with H a multiple of H_kv (grouped-query attention).  A row that sees no key gives out 0
 and LSE -inf.
@@ -41,6 +43,18 @@ def visible(sq, sk, causal=False, window=None, rows=None):
     if right >= 0:
         ok &= j <= pos + right
     return ok
+
+
+def alibi_bias(alibi, sq, sk, rows=None):
+    """-slope |pos(i) - j| with pos(i) = i + sk - sq, float64 NumPy (B or 1, H, rows, sk), for slopes (H,) or (B, H)
+    (NumPy or torch, any device).  rows: (first, end) query rows (default all)."""
+    import numpy as np
+
+    slopes = np.asarray(alibi.detach().cpu() if hasattr(alibi, "detach") else alibi, dtype=np.float64)
+    slopes = slopes.reshape((1,) * (2 - slopes.ndim) + slopes.shape)
+    i0, i1 = rows or (0, sq)
+    dist = np.abs(np.arange(i0, i1)[:, None] + (sk - sq) - np.arange(sk)[None, :]).astype(np.float64)
+    return -slopes[:, :, None, None] * dist
 
 
 class _Ops:
@@ -83,8 +97,13 @@ class _Ops:
     def tanh(self, x):
         return x.tanh() if self.torch else self.lib.tanh(x)
 
+    def bias(self, alibi, nb, nh, sq, sk, rows):
+        """ALiBi's bias for batches [:nb] and heads [:nh], float64 where the scores live."""
+        x = alibi_bias(alibi, sq, sk, rows)[:nb, :nh]
+        return self.lib.from_numpy(x).to(self.device) if self.torch else x
 
-def attention(q, k, v, causal=False, scale=None, window=None, batches=None, heads=None, softcap=0.0):
+
+def attention(q, k, v, causal=False, scale=None, window=None, batches=None, heads=None, softcap=0.0, alibi=None):
     """(out, lse) in float64 for batches [:batches] and heads [:heads] (default all), in blocks of query rows."""
     ops = _Ops(q)
     lib = ops.lib
@@ -105,6 +124,8 @@ def attention(q, k, v, causal=False, scale=None, window=None, batches=None, head
         s = (q64[:, :, i0:i1] @ ops.t(k64)) * scale
         if softcap:
             s = softcap * ops.tanh(s / softcap)
+        if alibi is not None:
+            s = s + ops.bias(alibi, nb, nh, sq, sk, (i0, i1))
         s = lib.where(ops.mask(visible(sq, sk, causal, window, (i0, i1))), s, -math.inf)
         m = ops.amax(s)
         m = lib.where(m == -math.inf, 0.0, m)  # a row that sees nothing: exp(-inf) = 0, not NaN
@@ -116,7 +137,7 @@ def attention(q, k, v, causal=False, scale=None, window=None, batches=None, head
     return out, lse
 
 
-def gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0):
+def gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0, alibi=None):
     """(dq, dk, dv) in float64 of attention(q, k, v) for the output gradient dout, from the formulas (P recomputed
     exactly; dk and dv summed over each group's query heads); rows that see no key get zero gradients."""
     ops = _Ops(q)
@@ -137,6 +158,8 @@ def gradients(q, k, v, dout, causal=False, scale=None, window=None, softcap=0.0)
         t = ops.tanh(s / softcap) if softcap else None
         if softcap:
             s = softcap * t
+        if alibi is not None:
+            s = s + ops.bias(alibi, b, h, sq, sk, (i0, i1))
         s = lib.where(ops.mask(visible(sq, sk, causal, window, (i0, i1))), s, -math.inf)
         m = ops.amax(s)
         m = lib.where(m == -math.inf, 0.0, m)

@@ -34,6 +34,8 @@ __global__ void __launch_bounds__(V0_THREADS) v0_fwd(const attn_params all) {
         acc[e] = 0.f;
     }
     float m_i = -INFINITY, l_i = 0.f;
+    const float slope2 = fattn_alibi_slope2(&p, b, h);
+    const int64_t pos = i + p.sk - p.sq; /* ALiBi's position */
     int64_t lo, hi; /* the keys this row sees */
     fattn_row_keys(&p.mask, p.sq, p.sk, i, &lo, &hi);
     for (int64_t j = lo; j < hi; j++) {
@@ -42,6 +44,7 @@ __global__ void __launch_bounds__(V0_THREADS) v0_fwd(const attn_params all) {
         float s = 0.f;
         for (int e = 0; e < d; e++) s += qs[e] * to_f32(kj[e]);
         if (p.softcap > 0.f) s = softcap2(s, p.softcap * FATTN_LOG2E);
+        if (p.alibi_slopes) s += fattn_alibi_bias2(slope2, pos, j);
         const float m_new = fmaxf(m_i, s);
         const float alpha = exp2f(m_i - m_new), pj = exp2f(s - m_new); /* P = exp2(S2 - m) */
         l_i = l_i * alpha + pj;

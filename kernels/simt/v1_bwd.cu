@@ -9,9 +9,9 @@
  *              see its keys.  Per tile Q_i, dO_i, lane = query row:  P and dS as above; then lane = column:
  *              dV += P^T dO_i,  dK += dS^T Q_i.  dK = scale * dK.
  * S is recomputed twice (once per kernel): the price of having no atomics.  A softcap c maps S to c tanh(S / c) and
- * multiplies dS by 1 - tanh^2.  Each block first takes its sequence's params (fattn_seq_bwd_params): dense or
- * packed variable-length batches alike.  Every dtype (float32, float16, bfloat16),
- * any alignment and stride; head dims bucketed at compile time (DMAX 64 / 128 / 256, columns past d zero).
+ * multiplies dS by 1 - tanh^2; ALiBi's bias joins S after it (no gradient of its own).  Each block first takes its
+ * sequence's params (fattn_seq_bwd_params): dense or packed variable-length batches alike.  Every dtype (float32,
+ * float16, bfloat16), any alignment and stride; head dims bucketed at compile time (DMAX 64 / 128 / 256, columns past d zero).
  */
 #include "../common.cuh"
 #include "simt.h"
@@ -89,6 +89,7 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dq
 #pragma unroll
         for (int t = 0; t < DPL; t++) dq[rr][t] = 0.f;
     }
+    const float slope2 = fattn_alibi_slope2(&f, b, h);
     const fattn_span span = fattn_key_span(&f.mask, f.sq, f.sk, i0, T_, T_);
     for (int64_t j0 = span.n_min * T_; j0 < span.n_max * T_; j0 += T_) {
         __syncthreads(); /* the previous tile is consumed (and Q, dO staged on the first pass) */
@@ -106,6 +107,7 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dq
             const int64_t j = j0 + lane;
             float dcap;
             s = softcap2_grad(s, f.softcap * FATTN_LOG2E, &dcap);
+            if (f.alibi_slopes) s += fattn_alibi_bias2(slope2, i0 + r + f.sk - f.sq, j);
             const float pr = (j >= lo[rr] && j < hi[rr]) ? exp2f(s - lse2[rr]) : 0.f;
             dSs[r * T_ + lane] = pr * (dp - dsum[rr]) * dcap;
         }
@@ -166,6 +168,7 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dk
     const int64_t nqt = (f.sq + T_ - 1) / T_, key_block = j0 / T_;
     for (int64_t g = 0; g < f.h_per_kv; g++) {
         const int64_t h = hk * f.h_per_kv + g;
+        const float slope2 = fattn_alibi_slope2(&f, b, h);
         for (int64_t qt = 0; qt < nqt; qt++) {
             const int64_t i0 = qt * T_;
             const fattn_span span = fattn_key_span(&f.mask, f.sq, f.sk, i0, T_, T_);
@@ -194,7 +197,8 @@ template <typename T, int DMAX> __global__ void __launch_bounds__(THREADS) v1_dk
                 }
                 const int64_t j = j0 + c;
                 float dcap;
-                const float s2 = softcap2_grad(s * f.scale_log2, f.softcap * FATTN_LOG2E, &dcap);
+                float s2 = softcap2_grad(s * f.scale_log2, f.softcap * FATTN_LOG2E, &dcap);
+                if (f.alibi_slopes) s2 += fattn_alibi_bias2(slope2, i0 + lane + f.sk - f.sq, j);
                 const float pr = (row_in && j >= lo && j < hi) ? exp2f(s2 - lse2s[lane]) : 0.f;
                 Ps[c * T_ + lane] = pr;
                 dSs[c * T_ + lane] = pr * (dp - dsums[lane]) * dcap;

@@ -9,7 +9,8 @@
  * with P passed through shared memory.  Two __syncthreads per tile (stage, then release), warp shuffles for the
  * row max.  Head dims are bucketed at compile time (DMAX 64 / 128 / 256); any multiple of 8 up to 256 works.
  * A block visits only the key tiles its rows see (mask.h); blocks are issued last-query-block first.  A block first
- * takes its sequence's params (fattn_seq_params: dense, packed varlen, or a cache's used keys, paged or not); softcap in place.
+ * takes its sequence's params (fattn_seq_params: dense, packed varlen, or a cache's used keys, paged or not);
+ * softcap and ALiBi in place.
  * Speed (H100, evidence/bench/h100_v0v1_fa3.json): 4-20 TFLOP/s on the fa3 grid, CUDA cores only.
  */
 #include "../common.cuh"
@@ -54,6 +55,7 @@ __global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params all) {
 #pragma unroll
         for (int t = 0; t < DPL; t++) acc[rr][t] = 0.f;
     }
+    const float slope2 = fattn_alibi_slope2(&p, b, h);
     const fattn_span span = fattn_key_span(&p.mask, p.sq, p.sk, i0, V1_BR, V1_BC);
     const int64_t kend = span.k_end; /* no row of the block sees key kend or later */
 
@@ -85,6 +87,7 @@ __global__ void __launch_bounds__(V1_WARPS * 32) v1_fwd(const attn_params all) {
 #pragma unroll
         for (int rr = 0; rr < V1_RW; rr++) {
             if (p.softcap > 0.f) s[rr] = softcap2(s[rr], p.softcap * FATTN_LOG2E);
+            if (p.alibi_slopes) s[rr] += fattn_alibi_bias2(slope2, i0 + warp * V1_RW + rr + p.sk - p.sq, j0 + lane);
             const float sv = (j0 + lane >= lo_r[rr] && j0 + lane < hi_r[rr]) ? s[rr] : -INFINITY;
             const float m_new = fmaxf(m_i[rr], warp_max(sv));
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
