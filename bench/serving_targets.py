@@ -5,6 +5,8 @@
            (target >= 0.97x), non-causal and causal
   ragged   8 sequences of lengths drawn from 128..8k, packed, against the dense call on the batch padded to the
            longest (target: >= real / padded tokens, within 10%)
+  mods     a softcap (30), ALiBi, both, against the plain call of the same variant (v2) and the default (v3 on
+           Hopper), forward and backward, B=4, H=16, S=4k, D=64 / 128, causal and not: what the scores' changes cost
 
     python bench/serving_targets.py --json serving.json
 
@@ -68,18 +70,48 @@ def packed_rows(args, lengths, name):
     return rows
 
 
+def mods_rows(args):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    rows = []
+    for d in (64, 128):
+        q, k, v, dout = (torch.randn((4, 16, 4096, d), generator=g, device="cuda").half() for _ in range(4))
+        al = torch.tensor([2.0 ** (-8.0 * (i + 1) / 16) for i in range(16)], device="cuda")
+        kinds = {"plain-default": {}, "plain-v2": {"variant": "v2"}, "softcap-v2": {"softcap": 30.0},
+                 "alibi-v2": {"alibi_slopes": al}, "both-v2": {"softcap": 30.0, "alibi_slopes": al}}
+        for causal in (False, True):
+            saved = {name: fattn.attention(q, k, v, causal=causal, return_lse=True, **kw) for name, kw in kinds.items()}
+            fwd = {name: (lambda kw=kw: fattn.attention(q, k, v, causal=causal, **kw)) for name, kw in kinds.items()}
+            bwd = {name: (lambda kw=kw, o=saved[name]: fattn.attention_backward(dout, q, k, v, o[0], o[1],
+                                                                                causal=causal, **kw))
+                   for name, kw in kinds.items()}
+            for mode, fns in (("fwd", fwd), ("bwd", bwd)):
+                p50 = timed(fns, args)
+                for name, us in p50.items():
+                    plan = fattn._C._dev.plan(q, k, v, torch.empty_like(q), causal=int(causal), **kinds[name])
+                    rows.append({"target": "mods", "impl": name, "mode": mode, "d": d, "causal": causal,
+                                 "p50_us": us, "variant": plan["variant"],
+                                 "time_vs_plain_v2": us / p50["plain-v2"]})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--targets", default="window,varlen,ragged,mods", help="comma-separated subset")
     args = ap.parse_args()
-    rows = window_rows(args)
-    rows += packed_rows(args, [2048] * 8, "varlen-equal")
+    want = set(args.targets.split(","))
+    rows = window_rows(args) if "window" in want else []
+    if "varlen" in want:
+        rows += packed_rows(args, [2048] * 8, "varlen-equal")
     g = torch.Generator().manual_seed(7)
     ragged = [int(x) for x in torch.randint(128, 8193, (8,), generator=g)]
-    rows += packed_rows(args, ragged, "ragged")
+    if "ragged" in want:
+        rows += packed_rows(args, ragged, "ragged")
+    if "mods" in want:
+        rows += mods_rows(args)
     for r in rows:
         extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                  if k not in ("target", "impl", "p50_us", "lengths")}

@@ -141,6 +141,10 @@ FATTN_HD float fattn_alibi_bias2(float slope2, int64_t pos, int64_t j) {
     return -slope2 * (float)(pos > j ? pos - j : j - pos);
 }
 
+/* 1 when the call changes the scores before the softmax (a softcap or ALiBi): kernels that compile that work apart
+ * pick their score-modifying build with it. */
+FATTN_HD int fattn_score_mods(const attn_params *p) { return p->softcap > 0.f || p->alibi_slopes != 0; }
+
 /* Decode with grouped-query attention, GQA packing: with one query per sequence (Sq = 1) every query head of a kv
  * head's group sees the same keys, so the group's G heads can be the G query rows of one head -- one read of K and V
  * per group instead of G.  Fills *out with that view (sq = G, h = h_kv, no copy: the rows of a head are the group's

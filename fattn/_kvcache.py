@@ -32,7 +32,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             many layers wants; an out-of-range entry is then undefined behaviour, as in flash-attention).
 
     Inference only: not differentiable, and not traceable by torch.compile (it writes into the cache).  On the GPU
-    v2 (tensor cores) runs these calls, paged or not, with split keys for small batches; with a softcap, v1.
+    v2 (tensor cores) runs these calls, paged or not, with split keys for small batches (a softcap and ALiBi
+    included).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     if causal is True:

@@ -64,6 +64,10 @@ DEV float fast_exp2(float x) {
     return y;
 }
 
+/* tanh(x) as 1 - 2 / (2^(2x log2 e) + 1): one ex2.approx, one fast divide, few registers (libdevice's tanhf spills
+ * in the tensor-core kernels); absolute error ~1e-7, exactly +-1 far out. */
+DEV float fast_tanh(float x) { return 1.f - __fdividef(2.f, fast_exp2(x * (2.f * FATTN_LOG2E)) + 1.f); }
+
 /* max / sum over the 4 lanes of a quad (the lanes holding one accumulator row) */
 DEV float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

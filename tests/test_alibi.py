@@ -10,7 +10,7 @@ import fattn
 from fattn.testing import accuracy, reference
 
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TAKES_ALIBI = ("v0", "v1")  # the GPU variants whose kernels add the bias; the others refuse such calls
+TAKES_ALIBI = ("v0", "v1", "v2")  # the GPU variants whose kernels add the bias; the others refuse such calls
 
 
 def devices():
@@ -194,3 +194,62 @@ def test_alibi_opcheck():
     torch.library.opcheck(torch.ops.fattn.attention.default,
                           (q, q.detach().clone().requires_grad_(), q.detach().clone().requires_grad_(), 2, None, 0,
                            -1, -1, 0.0, None, None, 0, 0, None, False, None, al))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,configs", [(64, (0, 3)), (128, (1, 4)), (256, (2, 5))])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_v2_score_mods_every_config(d, configs, splits, seed, request):
+    """v2's score-modifying kernels (a softcap, ALiBi, both) at each config that has one, with and without split
+    keys, odd lengths and Sq != Sk, causal bottom-right; a config without one is refused by name."""
+    require("cuda")
+    from conftest import dev_forward
+
+    for dname in ("fp16", "bf16"):
+        dt = DT[dname]
+        q = randn((2, 4, 113, d), dt, "cuda", seed, 3.0)
+        k = randn((2, 2, 301, d), dt, "cuda", seed + 1, 3.0)
+        v = randn((2, 2, 301, d), dt, "cuda", seed + 2)
+        al = slopes((2, 4), "cuda", seed)
+        for softcap, alibi in ((5.0, None), (0.0, al), (2.0, al)):
+            for config in configs:
+                lse = torch.empty(2, 4, 113, device="cuda")
+                out, lse, plan = dev_forward(q, k, v, causal="bottom_right", variant="v2", config=config,
+                                             splits=splits, lse=lse, softcap=softcap, alibi_slopes=alibi)
+                assert plan["variant"] == "v2" and plan["config"] == config and plan["splits"] == splits, plan
+                why, _, _ = accuracy.check_attention(out, q, k, v, "bottom_right", None, lse, None, softcap, alibi)
+                assert why is None, f"{dname} softcap={softcap} alibi={alibi is not None} {plan}: {why}. " \
+                                    f"{repro(request)}"
+        with pytest.raises(ValueError, match="no softcap / ALiBi kernel"):
+            dev_forward(q, k, v, variant="v2", config=6, softcap=5.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_v2_score_mods_backward(d, deterministic, seed, request):
+    """v2's backward score-modifying kernels (dK/dV, and the deterministic dQ kernel): gradients by the 3x rule with a
+    softcap, ALiBi and both, GQA, odd lengths, Sq != Sk, causal bottom-right; deterministic mode bitwise
+    repeatable."""
+    require("cuda")
+    for dname in ("fp16", "bf16"):
+        dt = DT[dname]
+        q = randn((2, 4, 113, d), dt, "cuda", seed, 3.0)
+        k = randn((2, 2, 177, d), dt, "cuda", seed + 1, 3.0)
+        v = randn((2, 2, 177, d), dt, "cuda", seed + 2)
+        dout = randn((2, 4, 113, d), dt, "cuda", seed + 3)
+        al = slopes((2, 4), "cuda", seed)
+        for softcap, alibi in ((5.0, None), (0.0, al), (2.0, al)):
+            kw = dict(causal="bottom_right", softcap=softcap, alibi_slopes=alibi, variant="v2")
+            out, lse = fattn.attention(q, k, v, return_lse=True, **kw)
+            g = fattn.attention_backward(dout, q, k, v, out, lse, deterministic=deterministic, **kw)
+            plan = fattn._C._dev.plan_backward(dout, q, k, v, out, lse, *g, causal=2, softcap=softcap,
+                                               alibi_slopes=alibi, variant="v2", deterministic=deterministic,
+                                               stream=torch.cuda.current_stream().cuda_stream)
+            assert plan["variant"] == "v2", plan  # the score-modifying kernels ran, not a fallback
+            why, stats = accuracy.check_gradients(g, q, k, v, dout, "bottom_right", None, None, softcap, alibi)
+            assert why is None, f"{dname} softcap={softcap} alibi={alibi is not None}: {why} {stats}. " \
+                                f"{repro(request)}"
+            if deterministic:
+                again = fattn.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
+                assert all(torch.equal(a, b) for a, b in zip(g, again)), "deterministic gradients differ"

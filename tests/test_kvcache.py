@@ -114,7 +114,7 @@ def test_kvcache_window_softcap(device, variant, paged, window, softcap, seed, r
         cs = torch.tensor(lens, dtype=torch.int32, device=device)
         out, lse = fattn.attention_with_kvcache(q, k_cache, v_cache, k_new=k_new, v_new=v_new, cache_seqlens=cs,
                                                 block_table=table, window=window, softcap=softcap, return_lse=True,
-                                                variant=None if (softcap and variant == "v2") else variant)
+                                                variant=variant)
         for i, n in enumerate(lens):
             check_sequence(out, lse, q, k_cache, v_cache, table, i, n + 2, True, window, softcap, request)
 

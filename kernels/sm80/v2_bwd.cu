@@ -28,6 +28,9 @@
  *                   block walks its key blocks in order (as the forward: K_j, V_j double-buffered), recomputes S, P, dP
  *                   and dS in registers and accumulates dQ = dS K there (dS repacked into A fragments, no shared
  *                   memory), writing scale * dQ: bitwise repeatable, 7 products instead of 5 (about 1.4x the MMAs).
+ * MODS (kernels of their own, fattn_score_mods): a softcap c maps the score S2 to c2 tanh(S2 / c2) and ALiBi adds
+ * -slope2 |pos - j| before P, as the forward; dS = P (dP - D) (1 - tanh^2).  dK/dV stores P and applies the mask at
+ * the exponentials (its registers then carry P (1 - tanh^2), not the tanh).
  *
  * Tiles (v2_bwd_configs.h, FlashAttention-2's sm80 choices; 8 warps, one block per multiprocessor): D=64 Br = Bc = 128
  * (162 KiB), D=128 Br = 64, Bc = 128 (161 KiB), D=256 Br = Bc = 64 (209 KiB with Q/dO double-buffered on the H100,
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(256) v2_bwd_convert(const attn_bwd_params p) {
  * Warp layouts (v2_bwd_configs.h): S and dP in WM_S x WN_S warps of MS m16 x NS n8 tiles; dV and dK in WM_KV x WN_KV
  * warps of MKV x NKV (rows are keys); dQ in WM_Q x WN_Q warps of MQ x NQ.  Fragment layouts: kernels/mma.cuh. */
 template <typename T, int DP, int BR, int BC, int WARPS, int WM_S, int WM_KV, int WM_Q, int STAGES, bool DQ_FIRST,
-          bool ATOMIC_DQ>
+          bool ATOMIC_DQ, bool MODS>
 __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_params p, const int heads_fastest) {
     constexpr int THREADS = WARPS * 32;
     constexpr int WN_S = WARPS / WM_S, MS = BR / (16 * WM_S), NS = BC / (8 * WN_S);
@@ -342,7 +345,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         for (int nk = 0; nk < NKV; nk++)
 #pragma unroll
             for (int x = 0; x < 4; x++) dv[mk][nk][x] = dk[mk][nk][x] = 0.f;
-    const float sl = f.scale_log2;
+    const float sl = f.scale_log2, cap2 = f.softcap * FATTN_LOG2E, inv_cap2 = cap2 > 0.f ? 1.f / cap2 : 0.f;
 
     for (int it = 0, gi = 0, i0 = i_first; it < n_it; it++) {
         const int stage = STAGES == 2 ? it & 1 : 0;
@@ -382,7 +385,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         }
         /* P = exp2(S * scale_log2 - lse2): one FFMA, exact product, so no cancellation however large S.  This
          * thread's S rows are srow + 16 ms + 8 r + g; lse2 = +inf past Sq and where LSE = -inf (no key seen): P = 0
-         * whatever the sign of the scale */
+         * whatever the sign of the scale.  MODS: the softcap and ALiBi first (as the forward), the mask here, P to
+         * shared memory now, and s = P (1 - tanh^2) from here on (dS's chain rule): no registers for the tanh. */
+        const float slope2 = MODS ? fattn_alibi_slope2(&f, b, h0 + gi) : 0.f;
 #pragma unroll
         for (int ms = 0; ms < MS; ms++)
 #pragma unroll
@@ -390,10 +395,38 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                 const int row = srow + 16 * ms + 8 * r + g;
                 const float l = sLse[stage * BR + row];
                 const float lse2 = i0 + row >= f.sq || l == -INFINITY ? INFINITY : l * FATTN_LOG2E;
+                if constexpr (MODS) {
+                    const int pos = i0 + row + (int)(f.sk - f.sq) - j0 - scol - 2 * t; /* minus the pair's first key */
+                    int lo = 0, hi = BC;
+                    if (masked) {
+                        const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + srow + g, j0);
+                        fattn_block_cols(&bm, 16 * ms + 8 * r, BC, &lo, &hi);
+                    }
 #pragma unroll
-                for (int ns = 0; ns < NS; ns++)
+                    for (int ns = 0; ns < NS; ns++) {
+                        float pr[2], dcap[2] = {1.f, 1.f};
 #pragma unroll
-                    for (int x = 2 * r; x < 2 * r + 2; x++) s[ms][ns][x] = fast_exp2(fmaf(s[ms][ns][x], sl, -lse2));
+                        for (int y = 0; y < 2; y++) {
+                            float e = s[ms][ns][2 * r + y] * sl;
+                            if (cap2 > 0.f) {
+                                const float th = fast_tanh(e * inv_cap2);
+                                e = cap2 * th;
+                                dcap[y] = 1.f - th * th;
+                            }
+                            e -= slope2 * fabsf((float)(pos - 8 * ns - y));
+                            const int c = scol + 8 * ns + 2 * t + y;
+                            pr[y] = c >= lo && c < hi ? fast_exp2(e - lse2) : 0.f;
+                            s[ms][ns][2 * r + y] = pr[y] * dcap[y];
+                        }
+                        *(unsigned *)(sP + row * BC + (((wn_s * NS + ns) ^ g) << 3) + 2 * t) = pack2(pr[0], pr[1], T());
+                    }
+                } else {
+#pragma unroll
+                    for (int ns = 0; ns < NS; ns++)
+#pragma unroll
+                        for (int x = 2 * r; x < 2 * r + 2; x++)
+                            s[ms][ns][x] = fast_exp2(fmaf(s[ms][ns][x], sl, -lse2));
+                }
             }
         if (STAGES == 2) load_q(gi_next, i0_next, stage ^ 1); /* the idle stage: every warp left it last step */
         /* dP = dO_i V_j^T */
@@ -421,7 +454,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         }
         /* masked keys: P = 0 (after the exponent: -inf * a negative scale would be +inf), edge blocks only.
          * Applied after dP: S, exp2 and dP stay one basic block, so the exponentials interleave with dP's MMAs */
-        if (masked) {
+        if (masked && !MODS) {
             const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + srow + g, j0);
 #pragma unroll
             for (int ms = 0; ms < MS; ms++)
@@ -441,14 +474,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
         /* P and dS = P (dP - D) to shared memory: this thread's (row, 2 t..2 t+1) pairs, rows srow + g + 16 ms + 8 r
          * (row & 7 = g), keys scol + 8 ns + 2 t (chunk wn_s NS + ns) */
         T *const ps = sP + (srow + g) * BC + 2 * t;
+        if (!MODS) /* (MODS stored P above) */
 #pragma unroll
-        for (int ms = 0; ms < MS; ms++)
+            for (int ms = 0; ms < MS; ms++)
 #pragma unroll
-            for (int r = 0; r < 2; r++)
+                for (int r = 0; r < 2; r++)
 #pragma unroll
-                for (int ns = 0; ns < NS; ns++)
-                    *(unsigned *)(ps + (16 * ms + 8 * r) * BC + (((wn_s * NS + ns) ^ g) << 3)) =
-                        pack2(s[ms][ns][2 * r], s[ms][ns][2 * r + 1], T());
+                    for (int ns = 0; ns < NS; ns++)
+                        *(unsigned *)(ps + (16 * ms + 8 * r) * BC + (((wn_s * NS + ns) ^ g) << 3)) =
+                            pack2(s[ms][ns][2 * r], s[ms][ns][2 * r + 1], T());
 
 #pragma unroll
         for (int ms = 0; ms < MS; ms++)
@@ -603,7 +637,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
  * 4 warps of 16 query rows; per key block (in order): S = Q K^T and dP = dO V^T in registers, dS = P (dP - D)
  * repacked into A fragments (the C layout of two n8 tiles is the A layout of one k16 step), dQ += dS K with K read
  * transposed.  No atomics, a fixed order: bitwise repeatable. */
-template <typename T, int DP, int BC>
+template <typename T, int DP, int BC, bool MODS>
 __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd_params p, const int heads_fastest) {
     constexpr int WARPS = V2_BWD_DQ_WARPS, THREADS = WARPS * 32, BR = V2_BWD_DQ_BR;
     constexpr int NT = BC / 8, DT = DP / 8;
@@ -649,7 +683,8 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
     const unsigned aQ = sw_addr<DP>(smem_u32(sQ), wrow + r8 + (mi & 1) * 8, mi >> 1);
     const unsigned aK = sw_addr<DP>(smem_u32(sK), r8 + (mi >> 1) * 8, mi & 1);
     const unsigned aKt = sw_addr<DP>(smem_u32(sK), r8 + (mi & 1) * 8, mi >> 1);
-    const float sl = f.scale_log2;
+    const float sl = f.scale_log2, cap2 = f.softcap * FATTN_LOG2E, inv_cap2 = cap2 > 0.f ? 1.f / cap2 : 0.f;
+    const float slope2 = MODS ? fattn_alibi_slope2(&f, b, h) : 0.f;
 
     float dq[DT][4];
 #pragma unroll
@@ -687,10 +722,27 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
                 mma_16816(dp[2 * np + 1], ado, v1, T());
             }
         }
+        if constexpr (MODS) { /* the softcap and ALiBi as the forward; s = P (1 - tanh^2) (dS's chain rule) */
+            const int pos = (int)(i0 + wrow + g + f.sk - f.sq - j0) - 2 * t;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int x = 0; x < 4; x++) s[nt][x] = fast_exp2(fmaf(s[nt][x], sl, -lse2[x >> 1]));
+                for (int x = 0; x < 4; x++) {
+                    float e = s[nt][x] * sl, dcap = 1.f;
+                    if (cap2 > 0.f) {
+                        const float th = fast_tanh(e * inv_cap2);
+                        e = cap2 * th;
+                        dcap = 1.f - th * th;
+                    }
+                    e -= slope2 * fabsf((float)(pos + 8 * (x >> 1) - 8 * nt - (x & 1)));
+                    s[nt][x] = fast_exp2(e - lse2[x >> 1]) * dcap;
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) s[nt][x] = fast_exp2(fmaf(s[nt][x], sl, -lse2[x >> 1]));
+        }
         if (jb < span.n_full_min || jb >= span.n_full_max) {
             const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + wrow + g, j0);
 #pragma unroll
@@ -744,21 +796,24 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
 
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
 
-/* v2_bwd_configs.h's table, kernel by kernel, [fp16, bf16] */
+/* v2_bwd_configs.h's table, kernel by kernel, [fp16, bf16]; [mods]: the softcap / ALiBi kernels (MODS) */
 typedef struct {
-    const void *dkdv[2][2], *dq[2], *prep[2], *convert[2]; /* dkdv[deterministic][dtype] */
+    const void *dkdv[2][2][2], *dq[2][2], *prep[2], *convert[2]; /* dkdv[mods][deterministic][dtype], dq[mods][dtype] */
     int dp, br, bc, warps;
     size_t smem, dq_smem;
 } v2_bwd_row;
 
 #define V2B_PAIR(kernel, ...) {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
+#define V2B_DKDV(md, dp, br, bc, w, ws, wkv, wq, st, dqf)                                                           \
+    {V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, true, md),                                        \
+     V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, false, md)}
 #define V2B_ROW(dp, br, bc, w, ws, wkv, wq, st, dqf, dqbc)                                                       \
-    {{V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, true),                                            \
-      V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, false)},                                          \
-     V2B_PAIR(v2_bwd_dq, dp, dqbc), V2B_PAIR(v2_bwd_prep, dp),                                                     \
+    {{V2B_DKDV(false, dp, br, bc, w, ws, wkv, wq, st, dqf), V2B_DKDV(true, dp, br, bc, w, ws, wkv, wq, st, dqf)},  \
+     {V2B_PAIR(v2_bwd_dq, dp, dqbc, false), V2B_PAIR(v2_bwd_dq, dp, dqbc, true)}, V2B_PAIR(v2_bwd_prep, dp),      \
      V2B_PAIR(v2_bwd_convert, dp), dp, br, bc, w, V2_BWD_SMEM(dp, br, bc, st), V2_BWD_DQ_SMEM(dp, dqbc)},
 static const v2_bwd_row v2_bwd_rows[V2_BWD_NCONFIGS] = {V2_BWD_CONFIGS(V2B_ROW)};
 #undef V2B_ROW
+#undef V2B_DKDV
 #undef V2B_PAIR
 
 /* Every kernel whose shared memory fits this device may use it (larger configs are never planned here). */
@@ -768,13 +823,15 @@ extern "C" fattn_status fattn_prepare_bwd_v2(int device) {
     for (int i = 0; i < V2_BWD_NCONFIGS; i++)
         for (int t = 0; t < 2; t++) {
             const v2_bwd_row *r = &v2_bwd_rows[i];
-            if (r->smem > 48 * 1024 && r->smem <= (size_t)limit)
-                for (int det = 0; det < 2; det++)
-                    FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dkdv[det][t], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                          (int)r->smem));
-            if (r->dq_smem > 48 * 1024 && r->dq_smem <= (size_t)limit)
-                FATTN_CUDA_CHECK(
-                    cudaFuncSetAttribute(r->dq[t], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->dq_smem));
+            for (int md = 0; md < 2; md++) {
+                if (r->smem > 48 * 1024 && r->smem <= (size_t)limit)
+                    for (int det = 0; det < 2; det++)
+                        FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dkdv[md][det][t],
+                                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->smem));
+                if (r->dq_smem > 48 * 1024 && r->dq_smem <= (size_t)limit)
+                    FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dq[md][t], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          (int)r->dq_smem));
+            }
         }
     return FATTN_OK;
 }
@@ -787,7 +844,7 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
     const v2_bwd_row *r = &v2_bwd_rows[plan->config];
     if (p->ws_cols != r->dp || p->ws_rows < p->fwd.sq || p->ws_rows % r->br || !p->dq_accum || !p->dpsum)
         return FATTN_FAIL(FATTN_ERR_INVALID, "v2 backward: the workspace is not laid out for config %d", plan->config);
-    const int ti = p->fwd.dtype - FATTN_F16;
+    const int ti = p->fwd.dtype - FATTN_F16, md = fattn_score_mods(&p->fwd);
     const cudaStream_t s = (cudaStream_t)stream;
     int zero_dq = !p->deterministic, heads_fastest = plan->order == FATTN_ORDER_BLOCKS;
     const int rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
@@ -803,11 +860,12 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {(void *)p, (void *)&heads_fastest};
     if (plan->grid_x > 0)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x, plan->grid_y ? plan->grid_y : 1),
-                                          dim3(plan->threads), args, plan->smem, s));
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[md][p->deterministic != 0][ti],
+                                          dim3(plan->grid_x, plan->grid_y ? plan->grid_y : 1), dim3(plan->threads), args,
+                                          plan->smem, s));
     if (p->deterministic) {
         if (dq_blocks > 0)
-            FATTN_CUDA_CHECK(cudaLaunchKernel(r->dq[ti], dim3((unsigned)dq_blocks), dim3(V2_BWD_DQ_WARPS * 32), args,
+            FATTN_CUDA_CHECK(cudaLaunchKernel(r->dq[md][ti], dim3((unsigned)dq_blocks), dim3(V2_BWD_DQ_WARPS * 32), args,
                                               r->dq_smem, s));
     } else if (conv_blocks > 0) {
         void *cargs[] = {(void *)p};

@@ -79,7 +79,7 @@ fattn_status fattn_plan_bwd_v2(const attn_bwd_params *p, const struct fattn_tune
                                fattn_plan *plan) {
     (void)tuned; /* no tuned backward configs yet */
     const attn_params *f = &p->fwd;
-    const char *missing = fattn_missing_feature(f, 0);
+    const char *missing = fattn_missing_feature(f, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v2 backward does not take %s yet", missing);
     if (f->dtype != FATTN_F16 && f->dtype != FATTN_BF16)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 backward runs fp16 and bf16 only");

@@ -6,6 +6,8 @@
  *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit beside S and O, else re-read by
  *                       ldmatrix; K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory,
  *                       addressed as one base per operand XOR a compile-time step (swz_addr / swz_step)
+ *   MODS (a kernel of its own): S2 = S * scale log2 e, then the softcap c: S2 -> c2 tanh(S2 / c2) (c2 = c log2 e),
+ *                       then ALiBi's -slope2 |pos - j| (fattn_alibi_bias2); the softmax then runs on S2 (c = 1)
  *   masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
  *   m' = max(m, rowmax S) (quad shuffles),  P = exp2((S - m') * c) with c = |scale| log2 e (a negative scale
  *                       flips Q's sign bits instead, exact),  l = alpha * l + rowsum P
@@ -131,7 +133,7 @@ typedef struct {
 
 /* The forward pass of one block; v2_fwd (compiled ahead of time) and fattn_v2_rtc (compiled at run time by NVRTC
  * with the configuration as macros) are both this body. */
-template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED>
+template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED, bool MODS>
 DEV void v2_body(const attn_params all, const v2_split sp) {
     constexpr int THREADS = WARPS * 32, BR = 16 * MT * WARPS;
     constexpr int KSTEPS = DP / 16; /* k-steps of S = Q K^T */
@@ -220,7 +222,9 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
      * row max is taken on raw S.  A negative scale flips Q's sign bits once in shared memory (exact for fp16/bf16),
      * so the k-step loop reads Q as it is. */
     const bool flip_q = p.scale_log2 < 0.f;
-    const float sl = fabsf(p.scale_log2);
+    const float sl_in = fabsf(p.scale_log2), sl = MODS ? 1.f : sl_in; /* MODS: S is in log2 units before the softmax */
+    const float cap2 = p.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f;
+    const float slope2 = MODS ? fattn_alibi_slope2(&all, bh / all.h, h) : 0.f;
     /* A warp whose rows all lie past Sq (decode: Sq = 1 uses one warp of the block) only helps load K and V. */
     const bool warp_live = i0 + wrow < seq.sq;
 
@@ -276,6 +280,21 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
                         mma_16816(s[mt][2 * np + 1], a[mt], b1, T());
                     }
                 }
+            }
+
+            if constexpr (MODS) { /* softcap, then ALiBi (row wrow + g's position minus j0 in pos0) */
+                const int pos0 = (int)(i0 + wrow + g + seq.sk - seq.sq - j0);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int x = 0; x < 4; x++) {
+                            float e = s[mt][nt][x] * sl_in;
+                            if (cap2 > 0.f) e = cap2 * fast_tanh(e * inv_cap2);
+                            const int dist = pos0 + 16 * mt + 8 * (x >> 1) - (nt * 8 + 2 * t + (x & 1));
+                            s[mt][nt][x] = e - slope2 * fabsf((float)dist);
+                        }
             }
 
             /* mask keys a row cannot see (diagonal and tail blocks only), in 32-bit offsets from j0 */
@@ -404,15 +423,16 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
 }
 
 /* PAGED: K and V read through a paged cache's block table (a kernel of its own: the per-row addressing costs the
- * contiguous loads' registers when both are compiled into one). */
-template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED>
+ * contiguous loads' registers when both are compiled into one).  MODS: a softcap or ALiBi (fattn_score_mods), also
+ * a kernel of its own, compiled for the default and small-grid configs only. */
+template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED, bool MODS>
 __global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p, const v2_split sp) {
-    v2_body<T, DP, WARPS, MT, BC, STAGES, PAGED>(p, sp);
+    v2_body<T, DP, WARPS, MT, BC, STAGES, PAGED, MODS>(p, sp);
 }
 
 #ifdef FATTN_V2_RTC /* one configuration compiled by NVRTC (fattn/_rtc.py): V2_T, V2_DP, ... given as macros */
 extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const attn_params p, const v2_split sp) {
-    v2_body<V2_T, V2_DP, V2_WARPS, V2_MT, V2_BC, V2_STAGES, false>(p, sp);
+    v2_body<V2_T, V2_DP, V2_WARPS, V2_MT, V2_BC, V2_STAGES, false, false>(p, sp);
 }
 #endif
 
@@ -455,18 +475,31 @@ __global__ void __launch_bounds__(128) v2_combine(const attn_params all, const v
 
 typedef void (*v2_kernel)(const attn_params, const v2_split);
 
-/* v2_configs.h's table, kernel by kernel: [paged][index][fp16, bf16] (NULL: not compiled for that dtype). */
+/* v2_configs.h's table, kernel by kernel: [paged][index][fp16, bf16] (NULL: not compiled for that dtype); the
+ * score-modifying kernels (MODS) of its first V2_FIRST_RULE rows likewise. */
 #define KERN_BOTH(dp, w, mt, bc, st)                                                                              \
-    {v2_fwd<__half, dp, w, mt, bc, st, PG>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st, PG>},
-#define KERN_F16(dp, w, mt, bc, st) {v2_fwd<__half, dp, w, mt, bc, st, PG>, NULL},
+    {v2_fwd<__half, dp, w, mt, bc, st, PG, MD>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st, PG, MD>},
+#define KERN_F16(dp, w, mt, bc, st) {v2_fwd<__half, dp, w, mt, bc, st, PG, MD>, NULL},
 #define KERN_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) KERN_BOTH(dp, w, mt, bc, st)
+#define KERN_MODS V2_DEFAULT_CONFIGS(KERN_BOTH) V2_SMALL_GRID_CONFIGS(KERN_BOTH)
+#define MD false
 #define PG false
 static const v2_kernel v2_kernels_contiguous[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
 #undef PG
 #define PG true
 static const v2_kernel v2_kernels_paged[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
 #undef PG
+#undef MD
+#define MD true
+#define PG false
+static const v2_kernel v2_mods_contiguous[V2_FIRST_RULE][2] = {KERN_MODS};
+#undef PG
+#define PG true
+static const v2_kernel v2_mods_paged[V2_FIRST_RULE][2] = {KERN_MODS};
+#undef PG
+#undef MD
 static const v2_kernel (*const v2_kernels[2])[2] = {v2_kernels_contiguous, v2_kernels_paged};
+static const v2_kernel (*const v2_mods_kernels[2])[2] = {v2_mods_contiguous, v2_mods_paged};
 static const size_t v2_smem[V2_NAOT] = {
 #define SMEM_ROW(dp, w, mt, bc, st) V2_SMEM_BYTES(dp, w, mt, bc, st),
 #define SMEM_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) SMEM_ROW(dp, w, mt, bc, st)
@@ -479,10 +512,13 @@ extern "C" fattn_status fattn_prepare_v2(int device) {
     for (int pg = 0; pg < 2; pg++)
         for (int i = 0; i < V2_NAOT; i++)
             for (int t = 0; t < 2; t++)
-                if (v2_kernels[pg][i][t] && v2_smem[i] > 48 * 1024)
-                    FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)v2_kernels[pg][i][t],
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                          (int)v2_smem[i]));
+                for (int md = 0; md < 1 + (i < V2_FIRST_RULE); md++) {
+                    const v2_kernel kern = md ? v2_mods_kernels[pg][i][t] : v2_kernels[pg][i][t];
+                    if (kern && v2_smem[i] > 48 * 1024)
+                        FATTN_CUDA_CHECK(cudaFuncSetAttribute((const void *)kern,
+                                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              (int)v2_smem[i]));
+                }
     return FATTN_OK;
 }
 
@@ -496,8 +532,12 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *call, const fattn_pla
         sp.lse_part = sp.o_part + (size_t)plan->splits * (size_t)(p->b * p->h * p->sq) * (size_t)p->d;
     }
     void *args[] = {(void *)p, (void *)&sp};
+    const int mods = fattn_score_mods(p);
+    if (mods && plan->config >= V2_FIRST_RULE) /* the planner never picks one */
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v2: config %d has no softcap / ALiBi kernel", plan->config);
     if (plan->config < V2_NAOT) {
-        const void *kernel = (const void *)v2_kernels[p->block_table != NULL][plan->config][ti];
+        const int pg = p->block_table != NULL;
+        const void *kernel = (const void *)(mods ? v2_mods_kernels[pg] : v2_kernels[pg])[plan->config][ti];
         FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x, plan->grid_y),
                                           dim3(plan->threads), args, plan->smem, (cudaStream_t)stream));
     } else {

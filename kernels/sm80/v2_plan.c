@@ -121,15 +121,20 @@ static fattn_status v2_check_tensors(const attn_params *p) {
  * 64 rows, or the first matching V2_RULES entry. */
 static fattn_status v2_choose(const attn_params *p, const fattn_tuned *tuned, const fattn_overrides *ov,
                               const fattn_plan *plan, int *index, v2_config *cfg) {
+    const int mods = fattn_score_mods(p); /* a softcap or ALiBi: kernels for the first V2_FIRST_RULE configs only */
     if (ov->config >= 0) { /* a config the caller named but v2 cannot run is an error, not a reason to fall back */
         fattn_status st = v2_lookup(ov->config, p->dtype, cfg, FATTN_ERR_INVALID);
         if (st) return st;
+        if (mods && ov->config >= V2_FIRST_RULE)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d has no softcap / ALiBi kernel (configs 0-%d do)",
+                              ov->config, V2_FIRST_RULE - 1);
         if (cfg->dp < p->d) return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d is for head dims <= %d", ov->config, cfg->dp);
         *index = ov->config;
         return FATTN_OK;
     }
     const fattn_tuned_entry *t = fattn_tuned_find(tuned, (int)(plan->variant - fattn_gpu_variants), plan->dev.id, p);
-    if (t && !v2_lookup(t->config, p->dtype, cfg, FATTN_ERR_UNSUPPORTED)) {
+    if (t && !(mods && t->config >= V2_FIRST_RULE) &&
+        !v2_lookup(t->config, p->dtype, cfg, FATTN_ERR_UNSUPPORTED)) {
         *index = t->config;
         return FATTN_OK;
     }
@@ -139,7 +144,7 @@ static fattn_status v2_choose(const attn_params *p, const fattn_tuned *tuned, co
     int idx = bucket;
     if ((p->sq + br - 1) / br * p->b * p->h < plan->dev.sm_count || p->sq <= 64) {
         idx = V2_FIRST_SMALL_GRID + bucket;
-    } else {
+    } else if (!mods) {
         for (int r = 0; r < V2_NRULES; r++)
             if (v2_rules[r].dp == c->dp && v2_rules[r].causal == (p->mask.causal != 0) && p->sk >= v2_rules[r].sk_min &&
                 p->sk <= v2_rules[r].sk_max) {
@@ -188,7 +193,8 @@ fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, co
     const int pack = fattn_pack_gqa(call, &packed);
     const attn_params *p = pack ? &packed : call;
     plan->head_group = pack ? call->h_per_kv : 1;
-    const char *missing = fattn_missing_feature(p, FATTN_TAKES_VARLEN | FATTN_TAKES_SEQUSED | FATTN_TAKES_PAGED);
+    const char *missing = fattn_missing_feature(p, FATTN_TAKES_VARLEN | FATTN_TAKES_SEQUSED | FATTN_TAKES_PAGED |
+                                                       FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 does not take %s yet", missing);
     /* its online softmax scales (m_old - m_new) by |scale log2 e|: -inf * 0 would be NaN on a row's first block */
     if (p->scale == 0.f) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 needs a non-zero scale (scale 0 runs v1)");
