@@ -141,22 +141,25 @@ def test_alibi_kvcache_decode_gqa(device, paged, seed, request):
 
 
 @pytest.mark.gpu
-def test_alibi_gpu_variants_take_or_refuse(seed, request):
-    """Each GPU variant either computes ALiBi right or refuses the call naming it; the default takes it."""
+def test_alibi_gpu_variants_take_or_fall_back(seed, request):
+    """Each GPU variant that takes ALiBi runs it right when named; one that does not hands the call to the variant
+    it falls back to (the plan names which ran); the default takes it."""
     require("cuda")
+    from conftest import stream_for
+
     q = randn((2, 4, 77, 64), torch.float16, "cuda", seed, 2.0)
     k = randn((2, 4, 93, 64), torch.float16, "cuda", seed + 1, 2.0)
     v = randn((2, 4, 93, 64), torch.float16, "cuda", seed + 2)
     al = slopes((4,), "cuda", seed)
     for variant in [None] + fattn.variants("cuda"):
-        if variant is None or variant in TAKES_ALIBI:
-            out, lse = fattn.attention(q, k, v, causal="bottom_right", alibi_slopes=al, return_lse=True,
-                                       variant=variant)
-            why, _, _ = accuracy.check_attention(out, q, k, v, "bottom_right", None, lse, alibi=al)
-            assert why is None, f"{variant}: {why}. {repro(request)}"
-        else:
-            with pytest.raises(ValueError, match="ALiBi"):
-                fattn.attention(q, k, v, alibi_slopes=al, variant=variant)
+        plan = fattn._C._dev.plan(q, k, v, torch.empty_like(q), causal=2, alibi_slopes=al, variant=variant,
+                                  stream=stream_for(q))
+        if variant is not None:  # named: it runs itself exactly when it takes ALiBi
+            assert (plan["variant"] == variant) == (variant in TAKES_ALIBI), plan
+        assert plan["variant"] in TAKES_ALIBI, plan
+        out, lse = fattn.attention(q, k, v, causal="bottom_right", alibi_slopes=al, return_lse=True, variant=variant)
+        why, _, _ = accuracy.check_attention(out, q, k, v, "bottom_right", None, lse, alibi=al)
+        assert why is None, f"{variant} ({plan['variant']} ran): {why}. {repro(request)}"
 
 
 def test_alibi_arguments():
@@ -220,8 +223,9 @@ def test_v2_score_mods_every_config(d, configs, splits, seed, request):
                 why, _, _ = accuracy.check_attention(out, q, k, v, "bottom_right", None, lse, None, softcap, alibi)
                 assert why is None, f"{dname} softcap={softcap} alibi={alibi is not None} {plan}: {why}. " \
                                     f"{repro(request)}"
-        with pytest.raises(ValueError, match="no softcap / ALiBi kernel"):
-            dev_forward(q, k, v, variant="v2", config=6, softcap=5.0)
+    q = randn((1, 1, 16, d), torch.float16, "cuda", seed)
+    with pytest.raises(ValueError, match="no softcap / ALiBi kernel"):  # config 6: a fp16 sweep config
+        dev_forward(q, q, q, variant="v2", config=6, softcap=5.0)
 
 
 @pytest.mark.gpu
@@ -232,6 +236,8 @@ def test_v2_score_mods_backward(d, deterministic, seed, request):
     softcap, ALiBi and both, GQA, odd lengths, Sq != Sk, causal bottom-right; deterministic mode bitwise
     repeatable."""
     require("cuda")
+    from conftest import stream_for
+
     for dname in ("fp16", "bf16"):
         dt = DT[dname]
         q = randn((2, 4, 113, d), dt, "cuda", seed, 3.0)
@@ -245,7 +251,7 @@ def test_v2_score_mods_backward(d, deterministic, seed, request):
             g = fattn.attention_backward(dout, q, k, v, out, lse, deterministic=deterministic, **kw)
             plan = fattn._C._dev.plan_backward(dout, q, k, v, out, lse, *g, causal=2, softcap=softcap,
                                                alibi_slopes=alibi, variant="v2", deterministic=deterministic,
-                                               stream=torch.cuda.current_stream().cuda_stream)
+                                               stream=stream_for(q))
             assert plan["variant"] == "v2", plan  # the score-modifying kernels ran, not a fallback
             why, stats = accuracy.check_gradients(g, q, k, v, dout, "bottom_right", None, None, softcap, alibi)
             assert why is None, f"{dname} softcap={softcap} alibi={alibi is not None}: {why} {stats}. " \

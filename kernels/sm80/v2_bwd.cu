@@ -396,7 +396,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                 const float l = sLse[stage * BR + row];
                 const float lse2 = i0 + row >= f.sq || l == -INFINITY ? INFINITY : l * FATTN_LOG2E;
                 if constexpr (MODS) {
-                    const int pos = i0 + row + (int)(f.sk - f.sq) - j0 - scol - 2 * t; /* minus the pair's first key */
+                    /* ALiBi's distance from the pair's first key, in float from one conversion */
+                    const float pos = (float)(i0 + row + (int)(f.sk - f.sq) - j0 - scol - 2 * t);
                     int lo = 0, hi = BC;
                     if (masked) {
                         const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0 + srow + g, j0);
@@ -413,7 +414,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
                                 e = cap2 * th;
                                 dcap[y] = 1.f - th * th;
                             }
-                            e -= slope2 * fabsf((float)(pos - 8 * ns - y));
+                            e = fmaf(-slope2, fabsf(pos - (float)(8 * ns + y)), e);
                             const int c = scol + 8 * ns + 2 * t + y;
                             pr[y] = c >= lo && c < hi ? fast_exp2(e - lse2) : 0.f;
                             s[ms][ns][2 * r + y] = pr[y] * dcap[y];
@@ -723,7 +724,7 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
             }
         }
         if constexpr (MODS) { /* the softcap and ALiBi as the forward; s = P (1 - tanh^2) (dS's chain rule) */
-            const int pos = (int)(i0 + wrow + g + f.sk - f.sq - j0) - 2 * t;
+            const float pos = (float)((int)(i0 + wrow + g + f.sk - f.sq - j0) - 2 * t); /* ALiBi's distance, float */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -734,7 +735,7 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
                         e = cap2 * th;
                         dcap = 1.f - th * th;
                     }
-                    e -= slope2 * fabsf((float)(pos + 8 * (x >> 1) - 8 * nt - (x & 1)));
+                    e = fmaf(-slope2, fabsf(pos + (float)(8 * (x >> 1) - 8 * nt - (x & 1))), e);
                     s[nt][x] = fast_exp2(e - lse2[x >> 1]) * dcap;
                 }
         } else {
@@ -826,8 +827,8 @@ extern "C" fattn_status fattn_prepare_bwd_v2(int device) {
             for (int md = 0; md < 2; md++) {
                 if (r->smem > 48 * 1024 && r->smem <= (size_t)limit)
                     for (int det = 0; det < 2; det++)
-                        FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dkdv[md][det][t],
-                                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->smem));
+                        FATTN_CUDA_CHECK(cudaFuncSetAttribute(
+                            r->dkdv[md][det][t], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->smem));
                 if (r->dq_smem > 48 * 1024 && r->dq_smem <= (size_t)limit)
                     FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dq[md][t], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)r->dq_smem));
@@ -861,12 +862,12 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
     void *args[] = {(void *)p, (void *)&heads_fastest};
     if (plan->grid_x > 0)
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[md][p->deterministic != 0][ti],
-                                          dim3(plan->grid_x, plan->grid_y ? plan->grid_y : 1), dim3(plan->threads), args,
-                                          plan->smem, s));
+                                          dim3(plan->grid_x, plan->grid_y ? plan->grid_y : 1), dim3(plan->threads),
+                                          args, plan->smem, s));
     if (p->deterministic) {
         if (dq_blocks > 0)
-            FATTN_CUDA_CHECK(cudaLaunchKernel(r->dq[md][ti], dim3((unsigned)dq_blocks), dim3(V2_BWD_DQ_WARPS * 32), args,
-                                              r->dq_smem, s));
+            FATTN_CUDA_CHECK(cudaLaunchKernel(r->dq[md][ti], dim3((unsigned)dq_blocks), dim3(V2_BWD_DQ_WARPS * 32),
+                                              args, r->dq_smem, s));
     } else if (conv_blocks > 0) {
         void *cargs[] = {(void *)p};
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(256), cargs, 0, s));

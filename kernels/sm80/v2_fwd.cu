@@ -282,8 +282,9 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
                 }
             }
 
-            if constexpr (MODS) { /* softcap, then ALiBi (row wrow + g's position minus j0 in pos0) */
-                const int pos0 = (int)(i0 + wrow + g + seq.sk - seq.sq - j0);
+            if constexpr (MODS) { /* softcap, then ALiBi: the distance pos(row) - key in float from one conversion
+                                     (row wrow + g's position minus key j0 + 2 t; the rest compile-time steps) */
+                const float dist0 = (float)(int)(i0 + wrow + g + seq.sk - seq.sq - j0 - 2 * t);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -292,8 +293,8 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
                         for (int x = 0; x < 4; x++) {
                             float e = s[mt][nt][x] * sl_in;
                             if (cap2 > 0.f) e = cap2 * fast_tanh(e * inv_cap2);
-                            const int dist = pos0 + 16 * mt + 8 * (x >> 1) - (nt * 8 + 2 * t + (x & 1));
-                            s[mt][nt][x] = e - slope2 * fabsf((float)dist);
+                            const float dist = dist0 + (float)(16 * mt + 8 * (x >> 1) - nt * 8 - (x & 1));
+                            s[mt][nt][x] = fmaf(-slope2, fabsf(dist), e);
                         }
             }
 
