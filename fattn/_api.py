@@ -35,12 +35,12 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
             ``p - left <= j <= p + right``, -1 meaning unbounded on that side.  ``causal`` forces right = 0.
             Key blocks wholly outside the window are skipped, so the time is proportional to the window.
         softcap: ``c > 0`` caps the scores: each ``s = scale * q.k`` becomes ``c * tanh(s / c)`` before the softmax
-            (Gemma 2, Grok); 0 means none.  v2 takes it forward and backward (kernels of their own); v3 does not
-            yet: on a Hopper GPU such calls run v2.
+            (Gemma 2, Grok); 0 means none.  Every variant takes it (v2 and v3 in score-modifying kernels of their
+            own; the backward of v3 is v2's).
         alibi_slopes: optional float32 ``(H,)`` or ``(B, H)``: ALiBi (Press et al.), adding
             ``-slope * |p - j|`` to the score of query i and key j after the softcap, p = i + Sk - Sq (bottom-right,
             whatever ``causal`` says: flash-attention's rule).  Not differentiable (the slopes are constants).  Every
-            variant but v3 takes it (on a Hopper GPU such calls run v2).
+            variant takes it, forward and backward.
         out: optional writable array of q's shape and dtype to write into; otherwise one is allocated by the
             caller's framework (torch in, torch out; CuPy in, CuPy out; NumPy in, NumPy out).
         return_lse: also return the log-sum-exp of each row, float32 ``(B, H, Sq)``, natural log.

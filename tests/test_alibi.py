@@ -10,7 +10,7 @@ import fattn
 from fattn.testing import accuracy, reference
 
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TAKES_ALIBI = ("v0", "v1", "v2")  # the GPU variants whose kernels add the bias; the others refuse such calls
+TAKES_ALIBI = ("v0", "v1", "v2", "v3")  # the GPU variants whose kernels add the bias; the others refuse such calls
 
 
 def devices():
@@ -259,3 +259,32 @@ def test_v2_score_mods_backward(d, deterministic, seed, request):
             if deterministic:
                 again = fattn.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
                 assert all(torch.equal(a, b) for a, b in zip(g, again)), "deterministic gradients differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,config", [(64, 0), (128, 1), (256, 2)])
+@pytest.mark.parametrize("causal,window", [(False, None), ("bottom_right", None), ("top_left", None),
+                                           (False, (100, 30))], ids=["full", "causal-br", "causal-tl", "window"])
+def test_v3_score_mods(d, config, causal, window, seed, request):
+    """v3's score-modifying kernels (the default configs): a softcap, ALiBi and both, against the reference; odd
+    lengths, Sq != Sk, GQA, every mask kind; the plan says v3 ran; a sweep config without one is refused."""
+    require("cuda")
+    from conftest import dev_forward
+
+    if "v3" not in fattn.variants("cuda"):
+        pytest.skip("v3 runs on compute capability 9.0 only")
+    for dname in ("fp16", "bf16"):
+        dt = DT[dname]
+        q = randn((2, 4, 301, d), dt, "cuda", seed, 3.0)
+        k = randn((2, 2, 477, d), dt, "cuda", seed + 1, 3.0)
+        v = randn((2, 2, 477, d), dt, "cuda", seed + 2)
+        al = slopes((2, 4), "cuda", seed)
+        for softcap, alibi in ((5.0, None), (0.0, al), (2.0, al)):
+            lse = torch.empty(2, 4, 301, device="cuda")
+            out, lse, plan = dev_forward(q, k, v, causal=causal, window=window, variant="v3", config=config, lse=lse,
+                                         softcap=softcap, alibi_slopes=alibi)
+            assert plan["variant"] == "v3" and plan["config"] == config, plan
+            why, _, _ = accuracy.check_attention(out, q, k, v, causal, None, lse, window, softcap, alibi)
+            assert why is None, f"{dname} softcap={softcap} alibi={alibi is not None}: {why}. {repro(request)}"
+    with pytest.raises(ValueError, match="no softcap / ALiBi kernel"):
+        dev_forward(q, k, v, variant="v3", config=3 + config, softcap=5.0)

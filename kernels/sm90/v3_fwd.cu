@@ -7,6 +7,8 @@
  *     consumers arrive on), and gives its registers away (setmaxnreg.dec);
  *   the consumers (setmaxnreg.inc), per key block:
  *     S = Q K_j^T      wgmma m64nBck16, both operands in 128-byte-swizzled shared memory
+ *     MODS             (kernels of their own, the defaults' configs): S in log2 units, the softcap c2 tanh(S2 / c2)
+ *                      by tanh.approx, ALiBi's -slope2 |pos - j|; the softmax then runs at scale 1
  *     masked -> -inf   (only in edge blocks of the mask, a uniform branch around it: two compares + a select per
  *                      element; one copy of the step serves both kinds of block, which keeps the kernel small)
  *     m' = max(m, rowmax S) (quad shuffles),  P = exp2(S c - m' c) with c = scale log2 e in one FFMA,
@@ -58,7 +60,7 @@ template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 1
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
-template <typename T, int DP, int BC, int STAGES, int CWG, bool PP>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS>
 __global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
@@ -126,7 +128,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* ---- consumers ---- */
     setmaxnreg_inc<v3_regs<CWG>::consumer>();
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
-    const float c = p.scale_log2; /* > 0: fattn_launch_v3 sends other scales to v2 */
+    /* c: the softmax's scale, > 0 (fattn_launch_v3 sends other scales to v2).  MODS (a softcap, ALiBi): S is taken
+     * to log2 units first (S c_in), capped, biased, and the softmax runs at c = 1. */
+    const float c_in = p.scale_log2, c = MODS ? 1.f : c_in;
+    const float cap2 = p.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f;
+    float slope2 = 0.f; /* ALiBi's slope of the tile's head (log2 units) */
     T *sQw = sQ + cw * 64 * 64, *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
 
     float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* m: raw row max of S */
@@ -162,6 +168,15 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
      * element.  a[]: alpha of the thread's two rows. */
     auto softmax = [&](int j, float a[2], bool masked) {
         float mx[2] = {m[0], m[1]};
+        if constexpr (MODS) { /* softcap, then ALiBi: the distance of row0 to key kbase + 2 t in float, once */
+            const float dist0 = (float)(row0 + p.sk - p.sq - (k_first + (int64_t)j * BC) - 2 * t);
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                float e = s[i] * c_in;
+                if (cap2 > 0.f) e = cap2 * fast_tanh(e * inv_cap2);
+                s[i] = fmaf(-slope2, fabsf(dist0 + (float)(8 * ((i >> 1) & 1) - 8 * (i / 4) - (i & 1))), e);
+            }
+        }
         if (masked) {
             const int64_t kbase = k_first + (int64_t)j * BC;
             int lo[2], hi[2]; /* the keys of this block each of the thread's two rows sees */
@@ -243,6 +258,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         row0 = wg_row + warp * 16 + g;
         row1 = row0 + 8;
         k_first = (int64_t)w.n_min * BC;
+        if (MODS) slope2 = fattn_alibi_slope2(&p, w.b, w.h);
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         exact = false;
@@ -350,23 +366,32 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 /* ---- host side: the kernels compiled ahead of time and the launcher (v3_plan.c plans) ------------------------- */
 
 typedef struct {
-    const void *kern[2]; /* fp16, bf16 */
+    const void *kern[2][2]; /* [mods][fp16, bf16]; mods (a softcap, ALiBi): the defaults only, else NULL */
     size_t smem;
 } v3_entry;
 
+#define V3_PAIR(DP, BC, STAGES, CWG, PP, MD)                                                                     \
+    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD>,                                                 \
+     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD>}
+#define V3_ENTRY_MODS(DP, BC, STAGES, CWG, PP)                                                                  \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true)}, V3_SMEM(DP, BC, STAGES, CWG)},
 #define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
-    {{(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP>, (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP>}, \
-     V3_SMEM(DP, BC, STAGES, CWG)},
-static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_TABLE(V3_ENTRY)};
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
+static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_DEFAULT_CONFIGS(V3_ENTRY_MODS) V3_SWEEP_CONFIGS(V3_ENTRY)};
 #undef V3_ENTRY
+#undef V3_ENTRY_MODS
+#undef V3_PAIR
 
 /* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set). */
 extern "C" fattn_status fattn_prepare_v3(int device) {
     (void)device;
     for (int i = 0; i < V3_NCONFIGS; i++)
-        for (int t = 0; t < 2; t++)
-            FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_kernels[i].kern[t], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  (int)v3_kernels[i].smem));
+        for (int md = 0; md < 2; md++)
+            for (int t = 0; t < 2; t++)
+                if (v3_kernels[i].kern[md][t])
+                    FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_kernels[i].kern[md][t],
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          (int)v3_kernels[i].smem));
     return FATTN_OK;
 }
 
@@ -432,7 +457,9 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
                      "out")))
         return st;
     void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
-    FATTN_CUDA_CHECK(cudaLaunchKernel(v3_kernels[plan->config].kern[p->dtype - FATTN_F16], dim3(plan->grid_x),
-                                      dim3(plan->threads), args, plan->smem, (cudaStream_t)stream));
+    const void *kernel = v3_kernels[plan->config].kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
+    if (!kernel) return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no softcap / ALiBi kernel", plan->config);
+    FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem,
+                                      (cudaStream_t)stream));
     return FATTN_OK;
 }

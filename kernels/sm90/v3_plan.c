@@ -80,10 +80,13 @@ int fattn_prefer_v3(const attn_params *p) { return p->sq > 64; }
 
 /* An explicit config (checked), else the first of V3_RULES that matches the call, else its bucket's default. */
 static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, int *index) {
-    const int dp = fattn_head_dim_bucket(p->d);
+    const int dp = fattn_head_dim_bucket(p->d), mods = fattn_score_mods(p); /* mods: the defaults' kernels only */
     if (ov->config >= 0) {
         if (ov->config >= V3_NCONFIGS)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d out of range [0, %d)", ov->config, V3_NCONFIGS);
+        if (mods && ov->config >= 3)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d has no softcap / ALiBi kernel (configs 0-2 do)",
+                              ov->config);
         if (v3_table[ov->config].dp != dp)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d is for head dims in the %d bucket", ov->config,
                               v3_table[ov->config].dp);
@@ -91,7 +94,7 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
         return FATTN_OK;
     }
     *index = dp == 64 ? 0 : dp == 128 ? 1 : 2; /* the defaults come first, in bucket order */
-    for (int r = 0; r < V3_NRULES; r++) {
+    for (int r = 0; r < V3_NRULES && !mods; r++) {
         const v3_rule *u = &v3_rules[r];
         if (u->cfg.dp == dp && u->causal == (p->mask.causal != 0) && p->sk >= u->sk_min && p->sk <= u->sk_max) {
             *index = v3_index_of(&u->cfg);
@@ -171,7 +174,7 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
 fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov,
                            fattn_plan *plan) {
     (void)tuned;
-    const char *missing = fattn_missing_feature(p, 0);
+    const char *missing = fattn_missing_feature(p, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 does not take %s yet", missing);
     if (!tma_ok(p))
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 needs q, k, v and out 16-byte aligned with every stride a multiple "
