@@ -45,6 +45,8 @@ int fattn_take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_vi
                      (long long)o->max_seqlen_k, (long long)longest_k);
         goto done;
     }
+    p->total_q = q->s;
+    p->total_k = k->s;
     q->b = k->b = v->b = out->b = n - 1;
     q->s = out->s = o->max_seqlen_q >= 0 ? o->max_seqlen_q : longest_q;
     k->s = v->s = o->max_seqlen_k >= 0 ? o->max_seqlen_k : longest_k;

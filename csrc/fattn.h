@@ -63,6 +63,7 @@ typedef struct attn_params {
      * sq and sk are the longest, batch strides are 0.  seqused_k[b] (also for dense calls): sequence b uses only
      * its first seqused_k[b] keys (a KV cache's filled length).  Device pointers on the GPU. */
     const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
+    int64_t total_q, total_k;         /* packed batches: the rows of q / o and of k / v (TMA maps need the extents) */
     int64_t seqused_k_plus;           /* added to every seqused_k entry (a cache's new keys, appended by this call) */
     /* A paged KV cache (NULL: contiguous).  k and v are pools of pages (num_pages, page_size, h_kv, d); key j of
      * sequence b is row j % page_size of page block_table[b * block_table_stride + j / page_size]; k_stride_b and
@@ -90,18 +91,29 @@ typedef struct {
     int64_t sq, sk;
 } fattn_seq;
 
+/* Sequence b's extent: its first query and key rows in the packed arrays (0 for dense batches) and its lengths. */
+typedef struct {
+    int64_t q0, k0, sq, sk;
+} fattn_extent;
+
+FATTN_HD fattn_extent fattn_extent_of(const attn_params *p, int64_t b) {
+    fattn_extent x = {0, 0, p->sq, p->sk};
+    if (p->cu_seqlens_q) {
+        x.q0 = p->cu_seqlens_q[b];
+        x.k0 = p->cu_seqlens_k[b];
+        x.sq = p->cu_seqlens_q[b + 1] - x.q0;
+        x.sk = p->cu_seqlens_k[b + 1] - x.k0;
+    }
+    if (p->seqused_k && p->seqused_k[b] + p->seqused_k_plus < x.sk) x.sk = p->seqused_k[b] + p->seqused_k_plus;
+    return x;
+}
+
 FATTN_HD fattn_seq fattn_seq_of(const attn_params *p, int64_t b) {
     fattn_seq s;
-    int64_t q0 = 0, k0 = 0;
-    s.sq = p->sq;
-    s.sk = p->sk;
-    if (p->cu_seqlens_q) {
-        q0 = p->cu_seqlens_q[b];
-        k0 = p->cu_seqlens_k[b];
-        s.sq = p->cu_seqlens_q[b + 1] - q0;
-        s.sk = p->cu_seqlens_k[b + 1] - k0;
-    }
-    if (p->seqused_k && p->seqused_k[b] + p->seqused_k_plus < s.sk) s.sk = p->seqused_k[b] + p->seqused_k_plus;
+    const fattn_extent x = fattn_extent_of(p, b);
+    const int64_t q0 = x.q0, k0 = x.k0;
+    s.sq = x.sq;
+    s.sk = x.sk;
     const int64_t e = fattn_elem_bytes(p->dtype);
     s.q = (const char *)p->q + (b * p->q_stride_b + q0 * p->q_stride_s) * e;
     s.block_table = p->block_table ? p->block_table + b * p->block_table_stride : 0;

@@ -33,7 +33,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
 
     Inference only: not differentiable, and not traceable by torch.compile (it writes into the cache).  On the GPU
     v2 (tensor cores) runs these calls, paged or not, with split keys for small batches (a softcap and ALiBi
-    included).
+    included); on Hopper v3 runs a contiguous cache's calls with more than 64 queries (chunked prefill).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     if causal is True:

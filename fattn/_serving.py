@@ -33,7 +33,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
-    GPU the forward runs v2 (v3 does not take packed batches yet) and the backward v1.
+    GPU the forward runs v3 on Hopper (v2 elsewhere) and the backward v1.
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)

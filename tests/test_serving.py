@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import HAS_CUDA, randn, repro, require, torch
+from conftest import HAS_CUDA, randn, repro, require, stream_for, torch
 
 import fattn
 from fattn.testing import accuracy, reference
@@ -101,14 +101,20 @@ def test_serving_varlen_forward_and_grad(device, causal, lengths, kv_extra, seed
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("variant", ["v1", "v2", "v3"])
 @pytest.mark.parametrize("causal", [False, "bottom_right"])
 @pytest.mark.parametrize("lengths", LENGTHS, ids=["ragged", "equal", "one", "empties"])
 def test_serving_varlen_forward_variants(variant, causal, lengths, seed, request):
-    """Each GPU variant that takes packed batches, forward (fp16 and bf16), sequence by sequence."""
+    """Each GPU variant that takes packed batches, forward (fp16 and bf16), sequence by sequence; the plan says the
+    variant itself ran."""
     require("cuda")
+    if variant not in fattn.variants("cuda"):
+        pytest.skip(f"{variant} does not run on this GPU")
     for dt in (torch.float16, torch.bfloat16):
         q, k, v, cq, ck = packed(lengths, [n + 5 for n in lengths], 4, 2, 128, dt, "cuda", seed)
+        plan = fattn._C._dev.plan(q, k, v, torch.empty_like(q), causal=2 if causal else 0, cu_seqlens_q=cq,
+                                  cu_seqlens_k=ck, variant=variant, stream=stream_for(q))
+        assert plan["variant"] == variant, plan
         out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal=causal, return_lse=True, variant=variant)
         for b in range(len(lengths)):
             qs, ks, vs, os_ = (per_sequence(x, c, b) for x, c in ((q, cq), (k, ck), (v, ck), (out, cq)))
@@ -152,3 +158,66 @@ def test_serving_varlen_errors_write_nothing():
     with pytest.raises(ValueError, match="seqused_k: entry 1 is 7, outside"):
         fattn.attention_varlen(q, k, v, cq, ck, seqused_k=torch.tensor([1, 7], dtype=torch.int32), out=out)
     assert torch.isnan(out).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal,window", [(False, None), ("bottom_right", None), (False, (70, 10))],
+                         ids=["full", "causal", "window"])
+@pytest.mark.parametrize("mods", ["plain", "softcap", "alibi"])
+def test_v3_varlen(d, causal, window, mods, seed, request):
+    """v3's per-sequence kernels: a packed batch with empty, 1-row, partial-tile and multi-tile sequences (one over
+    1025 rows), Sq != Sk per sequence, GQA, seqused_k capping some, with masks, a window, a softcap or ALiBi; each
+    sequence by the accuracy rule against the reference; the rows after out's view (in the same buffer) untouched."""
+    require("cuda")
+    if "v3" not in fattn.variants("cuda"):
+        pytest.skip("v3 runs on compute capability 9.0 only")
+    lq, lk = [0, 1, 17, 300, 1100, 64, 129], [5, 1, 40, 300, 1100, 0, 200]
+    for dt in (torch.float16, torch.bfloat16):
+        q, k, v, cq, ck = packed(lq, lk, 4, 2, d, dt, "cuda", seed, 2.0)
+        used = torch.tensor([5, 1, 33, 300, 1000, 0, 129], dtype=torch.int32, device="cuda")
+        kw = {"softcap": 5.0} if mods == "softcap" else {}
+        al = None
+        if mods == "alibi":
+            al = torch.rand(7, 4, generator=torch.Generator().manual_seed(seed)).to("cuda") * 0.3
+            kw["alibi_slopes"] = al
+        buf = torch.full((q.shape[0] + 3, 4, d), float("nan"), dtype=dt, device="cuda")
+        out = buf[:q.shape[0]]
+        plan = fattn._C._dev.plan(q, k, v, out, causal=2 if causal else 0, window=window, cu_seqlens_q=cq,
+                                  cu_seqlens_k=ck, seqused_k=used, variant="v3", stream=stream_for(q), **kw)
+        assert plan["variant"] == "v3", plan
+        _, lse = fattn.attention_varlen(q, k, v, cq, ck, seqused_k=used, causal=causal, window=window, out=out,
+                                        return_lse=True, variant="v3", **kw)
+        for b in range(len(lq)):
+            n = int(used[b])
+            qs, os_ = per_sequence(q, cq, b), per_sequence(out, cq, b)
+            ks, vs = (per_sequence(x, ck, b)[:, :, :n] for x in (k, v))
+            ls = lse[:, int(cq[b]):int(cq[b + 1])].unsqueeze(0)
+            why, _, _ = accuracy.check_attention(os_, qs, ks, vs, causal, None, ls, window, kw.get("softcap", 0.0),
+                                                 None if al is None else al[b:b + 1])
+            assert why is None, f"{dt} sequence {b} ({lq[b]} x {n}): {why}. {repro(request)}"
+        assert torch.isnan(buf[q.shape[0]:]).all(), "rows past the packed output were written"
+
+
+@pytest.mark.gpu
+def test_v3_kvcache_chunked_prefill(seed, request):
+    """A chunk of 200 queries over a contiguous cache with new keys appended: per-sequence key counts (seqused_k)
+    on v3, dense q."""
+    require("cuda")
+    if "v3" not in fattn.variants("cuda"):
+        pytest.skip("v3 runs on compute capability 9.0 only")
+    b, hk, h, d, cap = 3, 2, 4, 128, 1024
+    kc, vc = (randn((b, cap, hk, d), torch.float16, "cuda", seed + i) for i in range(2))
+    kn, vn = (randn((b, 200, hk, d), torch.float16, "cuda", seed + 2 + i) for i in range(2))
+    q = randn((b, 200, h, d), torch.float16, "cuda", seed + 4)
+    lens = torch.tensor([0, 333, 800], dtype=torch.int32, device="cuda")
+    plan = fattn._C._dev.plan(q, kc, vc, torch.empty_like(q), causal=2, layout=1, cache_seqlens=lens, k_new=kn,
+                              v_new=vn, stream=stream_for(q))
+    assert plan["variant"] == "v3", plan
+    out, lse = fattn.attention_with_kvcache(q, kc, vc, k_new=kn, v_new=vn, cache_seqlens=lens, return_lse=True)
+    for i in range(b):
+        n = int(lens[i]) + 200
+        why, _, _ = accuracy.check_attention(out[i:i + 1].transpose(1, 2), q[i:i + 1].transpose(1, 2),
+                                             kc[i:i + 1, :n].transpose(1, 2), vc[i:i + 1, :n].transpose(1, 2),
+                                             "bottom_right", None, lse[i:i + 1])
+        assert why is None, f"sequence {i}: {why}. {repro(request)}"

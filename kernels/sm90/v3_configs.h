@@ -42,6 +42,14 @@ typedef struct {
     X(256, 64, 2, 2, 0)     \
     X(256, 80, 2, 2, 1)
 
+/* The configs whose per-sequence kernels (SEQ: packed variable-length batches, seqused_k) are compiled, one per
+ * bucket in bucket order, each also in V3_TABLE.  D=64 takes two consumers: the default's three, at 160 registers
+ * each, spill 128-168 bytes with SEQ's lengths and offsets. */
+#define V3_SEQ_CONFIGS(X) \
+    X(64, 128, 2, 2, 1)   \
+    X(128, 128, 2, 2, 1)  \
+    X(256, 64, 2, 2, 1)
+
 /* The table compiled ahead of time, in index order: the defaults (index = bucket), then the sweep candidates; a
  * rule names one of these configs by value.  The kernel file and the planner expand this one list. */
 #define V3_TABLE(X) V3_DEFAULT_CONFIGS(X) V3_SWEEP_CONFIGS(X)

@@ -22,6 +22,11 @@
  * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
  * with zeros, so no load reads past it.
  * A tile visits only the key blocks its rows see (mask.h: fattn_key_span); the others are never loaded.
+ * SEQ (kernels of their own, the defaults' configs): per-sequence lengths -- packed variable-length batches (TMA
+ * maps over all the rows, a sequence's tiles starting at its first row; tiles past its queries skipped by producer
+ * and consumers alike, the Q barriers counting only the tiles run) and seqused_k.  Rows of the next sequence that
+ * a tile's loads pick up are masked (keys) or never stored: a sequence's last, partial 64 rows of O are stored by
+ * each thread instead of by TMA.
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
@@ -41,6 +46,7 @@
 #include "wgmma_ops.cuh"
 
 #include <pthread.h>
+#include <string.h>
 
 #include "../../csrc/variants.h"
 #include "v3_configs.h"
@@ -60,7 +66,7 @@ template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 1
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
-template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(128 * (CWG + 1), 1)
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
@@ -100,14 +106,21 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_q);
         tma_prefetch_map(&tm_k);
         tma_prefetch_map(&tm_v);
-        int ring = 0, round = 0; /* K/V ring position and tiles done, across tiles */
+        int ring = 0, round = 0, qround = 0; /* K/V ring position, tiles walked, Q tiles loaded (SEQ skips some) */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            const v3_tile w = v3_tile_of(&p, BR, BC, tile, head_group);
-            const int hk = (int)(w.h / p.h_per_kv), kb = w.b * kv_batch_step;
-            if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
+            v3_tile w = v3_tile_place(&p, BR, tile, head_group);
+            const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_extent{0, 0, p.sq, p.sk};
+            if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
+            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+            const int qr = SEQ ? qround++ : round;
+            /* packed batches are one batch of rows: sequence b's start at row q0 / k0 */
+            const int hk = (int)(w.h / p.h_per_kv), qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
+            const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)x.k0;
+            if (qr > 0) mbar_wait(q_empty, (qr - 1) & 1);
             mbar_arrive_expect_tx(q_full, Q_TILE * 2);
 #pragma unroll
-            for (int c = 0; c < PANELS; c++) tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)w.i0, w.h, w.b);
+            for (int c = 0; c < PANELS; c++)
+                tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)(x.q0 + w.i0), w.h, qb);
             for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
@@ -116,7 +129,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                     if (ring >= STAGES) mbar_wait(empty, parity);
                     mbar_arrive_expect_tx(full, KV_TILE * 2);
 #pragma unroll
-                    for (int c = 0; c < PANELS; c++) tma_load_4d(dst + c * BC * 64, map, full, c * 64, j * BC, hk, kb);
+                    for (int c = 0; c < PANELS; c++)
+                        tma_load_4d(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb);
                 };
                 load(sK + s * KV_TILE, &tm_k, &k_full[s], &k_empty[s]);
                 load(sV + s * KV_TILE, &tm_v, &v_full[s], &v_empty[s]);
@@ -138,6 +152,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* m: raw row max of S */
     bool exact = false;             /* see softmax */
     int64_t row0, row1;             /* this thread's two query rows in the current tile */
+    int seq_q = (int)p.sq, seq_k = (int)p.sk; /* the tile's sequence's lengths (SEQ: its own; < 2^31, the planner's rule) */
     int64_t k_first;                /* the first key of the tile's first key block */
     unsigned pa[KS][4];
 
@@ -169,7 +184,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     auto softmax = [&](int j, float a[2], bool masked) {
         float mx[2] = {m[0], m[1]};
         if constexpr (MODS) { /* softcap, then ALiBi: the distance of row0 to key kbase + 2 t in float, once */
-            const float dist0 = (float)(row0 + p.sk - p.sq - (k_first + (int64_t)j * BC) - 2 * t);
+            const float dist0 = (float)(row0 + seq_k - seq_q - (k_first + (int64_t)j * BC) - 2 * t);
 #pragma unroll
             for (int i = 0; i < NS; i++) {
                 float e = s[i] * c_in;
@@ -180,7 +195,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         if (masked) {
             const int64_t kbase = k_first + (int64_t)j * BC;
             int lo[2], hi[2]; /* the keys of this block each of the thread's two rows sees */
-            const fattn_block_mask bm = fattn_block_mask_of(&p.mask, p.sq, p.sk, row0, kbase);
+            const fattn_block_mask bm = fattn_block_mask_of(&p.mask, SEQ ? seq_q : p.sq, SEQ ? seq_k : p.sk, row0, kbase);
             fattn_block_cols(&bm, 0, BC, &lo[0], &hi[0]);
             fattn_block_cols(&bm, 8, BC, &lo[1], &hi[1]);
 #pragma unroll
@@ -251,9 +266,18 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     };
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
-    int ring = 0, round = 0;
+    int ring = 0, round = 0, qround = 0;
     for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-        const v3_tile w = v3_tile_of(&p, BR, BC, tile, head_group);
+        v3_tile w = v3_tile_place(&p, BR, tile, head_group);
+        const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_extent{0, 0, p.sq, p.sk};
+        if (SEQ && w.i0 >= x.sq) continue; /* the producer skips it too */
+        v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+        const int qr = SEQ ? qround++ : round;
+        const int q0 = (int)x.q0; /* what the epilogue needs of x, in 32 bits (registers are short at D = 64) */
+        if (SEQ) {
+            seq_q = (int)x.sq;
+            seq_k = (int)x.sk;
+        }
         const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
         row0 = wg_row + warp * 16 + g;
         row1 = row0 + 8;
@@ -266,12 +290,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         for (int i = 0; i < NO; i++) o[i] = 0.f;
         /* The tile's key blocks are n_min + [0, nblocks); of them, this warpgroup's rows all see [f0, f1) whole (no
          * mask); the blocks before f0 and from f1 on are masked. */
-        const fattn_span wsp = fattn_key_span(&p.mask, p.sq, p.sk, wg_row, 64, BC);
+        const fattn_span wsp = fattn_key_span(&p.mask, SEQ ? seq_q : p.sq, SEQ ? seq_k : p.sk, wg_row, 64, BC);
         int f0 = (int)(wsp.n_full_min - w.n_min < 0 ? 0 : wsp.n_full_min - w.n_min > w.nblocks ? w.nblocks
                                                                                                : wsp.n_full_min - w.n_min);
         int f1 = (int)(wsp.n_full_max - w.n_min < f0 ? f0 : wsp.n_full_max - w.n_min > w.nblocks ? w.nblocks
                                                                                                  : wsp.n_full_max - w.n_min);
-        if (wg_row >= p.sq) { /* rows past the sequence (a last, partial tile): never stored, so spare them the mask */
+        if (wg_row >= (SEQ ? seq_q : p.sq)) { /* rows past the sequence (a last, partial tile): never stored, so spare them the mask */
             f0 = 0;
             f1 = w.nblocks;
         }
@@ -297,7 +321,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             pack_p();
         };
 
-        mbar_wait(q_full, round & 1);
+        mbar_wait(q_full, qr & 1);
         if (w.nblocks > 0) {
             float a[2];
             const int st0 = ring % STAGES;
@@ -333,11 +357,24 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             const float lr = quad_sum(l[r]);
             inv[r] = lr > 0.f ? 1.f / lr : 0.f;
             const int64_t row = r ? row1 : row0;
-            if (p.lse && t == 0 && row < p.sq)
-                p.lse[w.b * p.lse_stride_b + w.h * p.lse_stride_h + row] = lse_from(m[r] * c, lr); /* m: raw units */
+            if (p.lse && t == 0 && row < (SEQ ? seq_q : p.sq)) /* m: raw units (or log2 units at c = 1) */
+                p.lse[w.b * p.lse_stride_b + (SEQ ? q0 : 0) + w.h * p.lse_stride_h + row] = lse_from(m[r] * c, lr);
         }
         if (tid == 0) tma_store_wait_read(); /* the previous tile's store has read the O tile */
         named_barrier_sync(V3_BAR_EPILOGUE + cw, 128); /* ... and (O in Q's slot) every warp's last S GEMM is done */
+        if (SEQ && wg_row + 64 > seq_q) { /* a sequence's last rows: stored by each thread, none past its end (a TMA
+                                            store of the 64 rows would write into the next sequence's) */
+            T *out = (T *)p.o + (p.cu_seqlens_q ? 0 : w.b * p.o_stride_b) + (int64_t)q0 * p.o_stride_s + w.h * p.o_stride_h;
+#pragma unroll
+            for (int i = 0; i < NO; i += 2) {
+                const int col = 8 * (i / 4) + 2 * t, r = (i >> 1) & 1;
+                const int64_t row = r ? row1 : row0;
+                if (row < seq_q && col < p.d)
+                    *(unsigned *)(out + row * p.o_stride_s + col) = pack2(o[i] * inv[r], o[i + 1] * inv[r], T());
+            }
+            if (!SEP_O && tid == 0) mbar_arrive_cnt(q_empty, 4); /* Q's slot held no O: free once the GEMMs are */
+            continue;
+        }
 #pragma unroll
         for (int i = 0; i < NO; i += 2) {
             const int col = 8 * (i / 4) + 2 * t, r = cw * 64 + warp * 16 + g + ((i & 2) ? 8 : 0);
@@ -348,9 +385,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         fence_proxy_async();
         named_barrier_sync(V3_BAR_EPILOGUE + cw, 128);
         if (tid == 0) {
-            if (wg_row < p.sq) {
+            if (wg_row < (SEQ ? seq_q : p.sq)) {
+                const int orow = (SEQ ? q0 : 0) + (int)wg_row, ob = SEQ && p.cu_seqlens_q ? 0 : w.b;
 #pragma unroll
-                for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sOw + c2 * BR * 64, c2 * 64, (int)wg_row, w.h, w.b);
+                for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sOw + c2 * BR * 64, c2 * 64, orow, w.h, ob);
                 tma_store_commit();
             }
             if (!SEP_O) { /* Q's slot is free once the store has read it: four arrivals, one per warp's worth */
@@ -366,18 +404,25 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 /* ---- host side: the kernels compiled ahead of time and the launcher (v3_plan.c plans) ------------------------- */
 
 typedef struct {
-    const void *kern[2][2]; /* [mods][fp16, bf16]; mods (a softcap, ALiBi): the defaults only, else NULL */
+    const void *kern[2][2]; /* [mods][fp16, bf16]; NULL where not compiled */
     size_t smem;
 } v3_entry;
 
-#define V3_PAIR(DP, BC, STAGES, CWG, PP, MD)                                                                     \
-    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD>,                                                 \
-     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD>}
+#define V3_PAIR(DP, BC, STAGES, CWG, PP, MD, SQ)                                                                 \
+    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD, SQ>,                                             \
+     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD, SQ>}
+/* V3_TABLE's kernels, with MODS for the defaults; the SEQ kernels of V3_SEQ_CONFIGS (with MODS), by bucket */
 #define V3_ENTRY_MODS(DP, BC, STAGES, CWG, PP)                                                                  \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true)}, V3_SMEM(DP, BC, STAGES, CWG)},
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true, false)},            \
+     V3_SMEM(DP, BC, STAGES, CWG)},
 #define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
+#define V3_ENTRY_SEQ(DP, BC, STAGES, CWG, PP)                                                                   \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true)},              \
+     V3_SMEM(DP, BC, STAGES, CWG)},
 static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_DEFAULT_CONFIGS(V3_ENTRY_MODS) V3_SWEEP_CONFIGS(V3_ENTRY)};
+static const v3_entry v3_seq_kernels[3] = {V3_SEQ_CONFIGS(V3_ENTRY_SEQ)};
+#undef V3_ENTRY_SEQ
 #undef V3_ENTRY
 #undef V3_ENTRY_MODS
 #undef V3_PAIR
@@ -385,13 +430,13 @@ static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_DEFAULT_CONFIGS(V3_ENTRY_MOD
 /* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set). */
 extern "C" fattn_status fattn_prepare_v3(int device) {
     (void)device;
-    for (int i = 0; i < V3_NCONFIGS; i++)
-        for (int md = 0; md < 2; md++)
-            for (int t = 0; t < 2; t++)
-                if (v3_kernels[i].kern[md][t])
-                    FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_kernels[i].kern[md][t],
-                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                          (int)v3_kernels[i].smem));
+    for (int i = 0; i < V3_NCONFIGS + 3; i++) {
+        const v3_entry *e = i < V3_NCONFIGS ? &v3_kernels[i] : &v3_seq_kernels[i - V3_NCONFIGS];
+        for (int k = 0; k < 4; k++)
+            if (e->kern[k >> 1][k & 1])
+                FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[k >> 1][k & 1],
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
+    }
     return FATTN_OK;
 }
 
@@ -445,19 +490,33 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
     const int64_t kv_batch = p->k_stride_b == 0 && p->b > 1 ? 1 : p->b, sk = p->sk > 0 ? p->sk : 1;
     if (kv_heads == 1) pk.h_per_kv = p->h;
     const int kv_batch_step = kv_batch == 1 ? 0 : 1, head_group = (int)plan->head_group;
+    /* Packed batches: one batch of all the rows (total_q / total_k), sequences found by their first row. */
+    const int64_t rows_q = p->cu_seqlens_q ? p->total_q : p->sq, batch_q = p->cu_seqlens_q ? 1 : p->b;
+    const int64_t rows_k = p->cu_seqlens_k ? (p->total_k > 0 ? p->total_k : 1) : sk;
     CUtensorMap tq, tk, tv, to;
     fattn_status st;
-    if ((st = v3_map(&tq, p->q, p->dtype, p->d, p->sq, p->h, p->b, p->q_stride_s, p->q_stride_h, p->q_stride_b,
+    if ((st = v3_map(&tq, p->q, p->dtype, p->d, rows_q, p->h, batch_q, p->q_stride_s, p->q_stride_h, p->q_stride_b,
                      64 * c->consumers, "q")) ||
-        (st = v3_map(&tk, p->k, p->dtype, p->d, sk, kv_heads, kv_batch, p->k_stride_s, p->k_stride_h, p->k_stride_b,
-                     c->bc, "k")) ||
-        (st = v3_map(&tv, p->v, p->dtype, p->d, sk, kv_heads, kv_batch, p->v_stride_s, p->v_stride_h, p->v_stride_b,
-                     c->bc, "v")) ||
-        (st = v3_map(&to, p->o, p->dtype, p->d, p->sq, p->h, p->b, p->o_stride_s, p->o_stride_h, p->o_stride_b, 64,
-                     "out")))
+        (st = v3_map(&tk, p->k, p->dtype, p->d, rows_k, kv_heads, kv_batch, p->k_stride_s, p->k_stride_h,
+                     p->k_stride_b, c->bc, "k")) ||
+        (st = v3_map(&tv, p->v, p->dtype, p->d, rows_k, kv_heads, kv_batch, p->v_stride_s, p->v_stride_h,
+                     p->v_stride_b, c->bc, "v")) ||
+        (st = v3_map(&to, p->o, p->dtype, p->d, rows_q, p->h, batch_q, p->o_stride_s, p->o_stride_h, p->o_stride_b,
+                     64, "out")))
         return st;
     void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
-    const void *kernel = v3_kernels[plan->config].kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
+    /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, which the planner chose (plan->config is its index) */
+    const int bucket = c->dp == 64 ? 0 : c->dp == 128 ? 1 : 2;
+    static const v3_config seq_cfgs[3] = {
+#define CFG(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
+        V3_SEQ_CONFIGS(CFG)
+#undef CFG
+    };
+    const int seq = p->cu_seqlens_q || p->seqused_k;
+    if (seq && memcmp(c, &seq_cfgs[bucket], sizeof *c))
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no kernel for per-sequence lengths", plan->config);
+    const void *kernel = (seq ? &v3_seq_kernels[bucket] : &v3_kernels[plan->config])
+                             ->kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
     if (!kernel) return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no softcap / ALiBi kernel", plan->config);
     FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem,
                                       (cudaStream_t)stream));

@@ -25,6 +25,12 @@ static const v3_rule v3_rules[V3_NRULES + 1] = {
 #undef RULE
     {{0, 0, 0, 0, 0}, -1, 0, 0}};
 
+static const v3_config v3_seq_table[3] = {
+#define ROW(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
+    V3_SEQ_CONFIGS(ROW)
+#undef ROW
+};
+
 static int v3_index_of(const v3_config *c) {
     for (int i = 0; i < V3_NCONFIGS; i++)
         if (!memcmp(&v3_table[i], c, sizeof *c)) return i;
@@ -67,12 +73,15 @@ static int kv_dim_ok(int64_t ks, int64_t vs, int64_t size) {
 /* 1 if TMA can address every tensor of p: 16-byte aligned bases, positive strides a multiple of 16 bytes (a size-1
  * dimension's stride does not matter; K/V may broadcast heads or batch), 32-bit coordinates. */
 static int tma_ok(const attn_params *p) {
-    return aligned16(p->q) && aligned16(p->k) && aligned16(p->v) && aligned16(p->o) && stride_ok(p->q_stride_s, p->sq) &&
-           stride_ok(p->q_stride_h, p->h) && stride_ok(p->q_stride_b, p->b) && stride_ok(p->k_stride_s, p->sk) &&
-           stride_ok(p->v_stride_s, p->sk) && kv_dim_ok(p->k_stride_h, p->v_stride_h, p->h_kv) &&
-           kv_dim_ok(p->k_stride_b, p->v_stride_b, p->b) && stride_ok(p->o_stride_s, p->sq) &&
-           stride_ok(p->o_stride_h, p->h) && stride_ok(p->o_stride_b, p->b) && p->sq <= 0x7fffffff &&
-           p->sk <= 0x7fffffff && p->h <= 0x7fffffff && p->b <= 0x7fffffff;
+    /* packed batches: one batch of total_q / total_k rows */
+    const int64_t bq = p->cu_seqlens_q ? 1 : p->b, rq = p->cu_seqlens_q ? p->total_q : p->sq;
+    const int64_t rk = p->cu_seqlens_k ? p->total_k : p->sk;
+    return aligned16(p->q) && aligned16(p->k) && aligned16(p->v) && aligned16(p->o) && stride_ok(p->q_stride_s, rq) &&
+           stride_ok(p->q_stride_h, p->h) && stride_ok(p->q_stride_b, bq) && stride_ok(p->k_stride_s, rk) &&
+           stride_ok(p->v_stride_s, rk) && kv_dim_ok(p->k_stride_h, p->v_stride_h, p->h_kv) &&
+           kv_dim_ok(p->k_stride_b, p->v_stride_b, p->b) && stride_ok(p->o_stride_s, rq) &&
+           stride_ok(p->o_stride_h, p->h) && stride_ok(p->o_stride_b, bq) && rq <= 0x7fffffff && rk <= 0x7fffffff &&
+           p->h <= 0x7fffffff && p->b <= 0x7fffffff;
 }
 
 /* Where v3 is the default on sm_90: more than 64 query rows (decode-like calls go to v2's split-KV). */
@@ -80,11 +89,17 @@ int fattn_prefer_v3(const attn_params *p) { return p->sq > 64; }
 
 /* An explicit config (checked), else the first of V3_RULES that matches the call, else its bucket's default. */
 static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, int *index) {
-    const int dp = fattn_head_dim_bucket(p->d), mods = fattn_score_mods(p); /* mods: the defaults' kernels only */
+    /* a softcap or ALiBi: kernels of their own for the defaults; per-sequence lengths: V3_SEQ_CONFIGS (with mods) */
+    const int dp = fattn_head_dim_bucket(p->d), seq = p->cu_seqlens_q || p->seqused_k;
+    const int own = fattn_score_mods(p) || seq;
+    const int seq_index = v3_index_of(&v3_seq_table[dp == 64 ? 0 : dp == 128 ? 1 : 2]);
     if (ov->config >= 0) {
         if (ov->config >= V3_NCONFIGS)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d out of range [0, %d)", ov->config, V3_NCONFIGS);
-        if (mods && ov->config >= 3)
+        if (seq && ov->config != seq_index)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d has no kernel for per-sequence lengths (config %d "
+                              "does)", ov->config, seq_index);
+        if (!seq && own && ov->config >= 3)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d has no softcap / ALiBi kernel (configs 0-2 do)",
                               ov->config);
         if (v3_table[ov->config].dp != dp)
@@ -93,8 +108,8 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
         *index = ov->config;
         return FATTN_OK;
     }
-    *index = dp == 64 ? 0 : dp == 128 ? 1 : 2; /* the defaults come first, in bucket order */
-    for (int r = 0; r < V3_NRULES && !mods; r++) {
+    *index = seq ? seq_index : dp == 64 ? 0 : dp == 128 ? 1 : 2; /* the defaults come first, in bucket order */
+    for (int r = 0; r < V3_NRULES && !own; r++) {
         const v3_rule *u = &v3_rules[r];
         if (u->cfg.dp == dp && u->causal == (p->mask.causal != 0) && p->sk >= u->sk_min && p->sk <= u->sk_max) {
             *index = v3_index_of(&u->cfg);
@@ -174,7 +189,8 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
 fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov,
                            fattn_plan *plan) {
     (void)tuned;
-    const char *missing = fattn_missing_feature(p, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI);
+    const char *missing = fattn_missing_feature(p, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI | FATTN_TAKES_VARLEN |
+                                                       FATTN_TAKES_SEQUSED);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 does not take %s yet", missing);
     if (!tma_ok(p))
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 needs q, k, v and out 16-byte aligned with every stride a multiple "

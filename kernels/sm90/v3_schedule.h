@@ -23,7 +23,8 @@ typedef struct {
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
 FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
 
-FATTN_HD v3_tile v3_tile_of(const attn_params *p, int br, int bc, int64_t tile, int64_t group) {
+/* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty). */
+FATTN_HD v3_tile v3_tile_place(const attn_params *p, int br, int64_t tile, int64_t group) {
     const int64_t nqb = (p->sq + br - 1) / br, nbh = p->b * p->h, first = tile / (group * nqb) * group;
     const int64_t in_group = nbh - first < group ? nbh - first : group, r = tile - first * nqb;
     const int64_t bh = first + r % in_group;
@@ -31,9 +32,21 @@ FATTN_HD v3_tile v3_tile_of(const attn_params *p, int br, int bc, int64_t tile, 
     w.i0 = (nqb - 1 - r / in_group) * br;
     w.b = (int)(bh / p->h);
     w.h = (int)(bh % p->h);
-    const fattn_span s = fattn_key_span(&p->mask, p->sq, p->sk, w.i0, br, bc);
-    w.n_min = (int)s.n_min;
-    w.nblocks = (int)(s.n_max - s.n_min);
+    w.n_min = w.nblocks = 0;
+    return w;
+}
+
+/* The key blocks a placed tile visits, for a sequence of sq queries and sk keys (a varlen batch's own lengths; a
+ * tile past its sequence's queries visits none). */
+FATTN_HD void v3_tile_span(const attn_params *p, int br, int bc, int64_t sq, int64_t sk, v3_tile *w) {
+    const fattn_span s = fattn_key_span(&p->mask, sq, sk, w->i0, br, bc);
+    w->n_min = (int)s.n_min;
+    w->nblocks = (int)(s.n_max - s.n_min);
+}
+
+FATTN_HD v3_tile v3_tile_of(const attn_params *p, int br, int bc, int64_t tile, int64_t group) {
+    v3_tile w = v3_tile_place(p, br, tile, group);
+    v3_tile_span(p, br, bc, p->sq, p->sk, &w);
     return w;
 }
 
