@@ -30,11 +30,18 @@ int fattn_take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_vi
         PyErr_SetString(PyExc_ValueError, "cu_seqlens_k: needed with cu_seqlens_q");
         return -1;
     }
-    if (fattn_take_int32(o->cu_seqlens_q, q_t, -1, &cq, &n, stream) ||
-        fattn_take_int32(o->cu_seqlens_k, q_t, n, &ck, &nk, stream) ||
-        check_prefix_sums("cu_seqlens_q", cq, n, q->s, &longest_q) ||
-        check_prefix_sums("cu_seqlens_k", ck, n, k->s, &longest_k))
+    if (o->trust_indices) { /* check_indices=False: shapes and dtypes only, the longest lengths as given */
+        REQUIRE(o->max_seqlen_q >= 0 && o->max_seqlen_k >= 0, PyExc_ValueError, "max_seqlen_q: needed (with "
+                "max_seqlen_k) when check_indices=False: cu_seqlens are then not read");
+        if (fattn_take_int32(o->cu_seqlens_q, q_t, -1, NULL, &n, stream) ||
+            fattn_take_int32(o->cu_seqlens_k, q_t, n, NULL, &nk, stream))
+            return -1;
+    } else if (fattn_take_int32(o->cu_seqlens_q, q_t, -1, &cq, &n, stream) ||
+               fattn_take_int32(o->cu_seqlens_k, q_t, n, &ck, &nk, stream) ||
+               check_prefix_sums("cu_seqlens_q", cq, n, q->s, &longest_q) ||
+               check_prefix_sums("cu_seqlens_k", ck, n, k->s, &longest_k)) {
         goto done;
+    }
     if (o->max_seqlen_q >= 0 && o->max_seqlen_q < longest_q) {
         PyErr_Format(PyExc_ValueError, "max_seqlen_q: %lld is less than the longest query sequence (%lld)",
                      (long long)o->max_seqlen_q, (long long)longest_q);

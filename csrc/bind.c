@@ -14,7 +14,7 @@
  * (attention_with_kvcache; layout 1): k and v are the cache, paged (num_pages, page_size, H_kv, D) with block_table
  * (int32, B x max_pages); k_new / v_new (B, S_new, H_kv, D) are written at cache_seqlens (int32, B: the lengths
  * before the call) once the call is planned, and attended to; check_indices=False trusts cache_seqlens' and
- * block_table's values (no read back: no host sync).  alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes
+ * block_table's values (no read back: no host sync), and with max_seqlen_q / max_seqlen_k given, cu_seqlens' too.  alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes
  * (attn_params).  Overrides: config (a GPU
  * variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's), order (block
  * order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
@@ -137,11 +137,6 @@ static int take_cache_args(module_state *st, PyObject **a, PyObject *stream_obj,
                   : fattn_take(&st->names, obj, names[i], stream_obj, &c->cache[i]))
             return -1;
     }
-    if (given(a[A_CHECK_INDICES])) {
-        const int check = PyObject_IsTrue(a[A_CHECK_INDICES]);
-        if (check < 0) return -1;
-        o->trust_indices = !check;
-    }
     if (c->cache[0].t) o->seqused_k = &c->cache[0];
     o->block_table = &c->cache[1];
     o->k_new = &c->cache[2];
@@ -194,6 +189,11 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     o.causal = (int)causal;
     o.layout = (int)layout;
     if (fattn_arg_variant(a[A_VARIANT], &c->variant)) return -1;
+    if (given(a[A_CHECK_INDICES])) { /* cu_seqlens, seqused_k / cache_seqlens and block_table: trusted when false */
+        const int check = PyObject_IsTrue(a[A_CHECK_INDICES]);
+        if (check < 0) return -1;
+        o.trust_indices = !check;
+    }
     PyObject *stream_obj = a[A_STREAM] ? a[A_STREAM] : Py_None;
     for (int i = 0; i < 5; i++)
         if (given(a[i]) && fattn_take(&st->names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))

@@ -16,7 +16,7 @@ def _longest(cu_seqlens, given, name):
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
                      causal=False, scale=None, window=(-1, -1), softcap=0.0, out=None, return_lse=False, variant=None,
-                     deterministic=False, sinks=None, alibi_slopes=None):
+                     deterministic=False, sinks=None, alibi_slopes=None, check_indices=True):
     r"""Attention over a batch of packed sequences of different lengths (no padding).
 
     Args:
@@ -31,6 +31,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         alibi_slopes: optional float32 ``(H,)`` or ``(batch, H)`` (one row per sequence): ALiBi as for
             :func:`fattn.attention`, positions counted within each sequence.
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
+        check_indices: ``True`` (default): cu_seqlens (and seqused_k) are read back and checked before anything runs
+            -- on a GPU a small synchronous copy.  ``False`` with max_seqlen_q and max_seqlen_k given: their values
+            are trusted (no host sync; an offset outside the arrays is then undefined behaviour, as in
+            flash-attention).  Calls that record gradients always check.
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
     GPU the forward runs v3 on Hopper (v2 elsewhere) and the backward v1.
@@ -39,6 +43,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     fw = framework_of(q)
     if len(getattr(q, "shape", ())) != 3:
         raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
+    if not check_indices and (max_seqlen_q is None or max_seqlen_k is None):
+        raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are then "
+                         "not read")
     max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
     max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
     if fw == "torch":
@@ -70,7 +77,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, window=window, softcap=softcap, variant=variant,
                stream=stream, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-               max_seqlen_q=max_q, max_seqlen_k=max_k, alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
+               max_seqlen_q=max_q, max_seqlen_k=max_k, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
+               check_indices=bool(check_indices))
     if sinks is not None:
         _C.sinks(out, lse, sinks, stream=stream)
     return (out, lse) if return_lse else out

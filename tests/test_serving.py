@@ -221,3 +221,20 @@ def test_v3_kvcache_chunked_prefill(seed, request):
                                              kc[i:i + 1, :n].transpose(1, 2), vc[i:i + 1, :n].transpose(1, 2),
                                              "bottom_right", None, lse[i:i + 1])
         assert why is None, f"sequence {i}: {why}. {repro(request)}"
+
+
+@pytest.mark.parametrize("device", devices())
+def test_serving_varlen_check_indices_false(device, seed):
+    """check_indices=False trusts cu_seqlens (no read-back): the same result as the checked call, bitwise; it needs
+    max_seqlen_q and max_seqlen_k, and still checks shapes and dtypes."""
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)
+    want = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right")
+    got = fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right",
+                                 check_indices=False)
+    assert torch.equal(want, got)
+    with pytest.raises(ValueError, match="max_seqlen_q: needed"):
+        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False)
+    with pytest.raises(TypeError, match="cu_seqlens_q: dtype must be int32"):
+        fattn.attention_varlen(q, k, v, cq.long(), ck, max_seqlen_q=70, max_seqlen_k=70, check_indices=False)
