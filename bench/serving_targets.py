@@ -6,6 +6,7 @@
            whose synchronous copy and host checks the events otherwise time)
   ragged   8 sequences of lengths drawn from 128..8k, packed, against the dense call on the batch padded to the
            longest (target: >= real / padded tokens, within 10%)
+  varlen_bwd  the backward of the equal-lengths packed batch against the dense backward on the same data
   mods     a softcap (30), ALiBi, both, against the plain call, for the default variant (v3 on Hopper) and v2,
            forward and backward, B=4, H=16, S=4k, D=64 / 128, causal and not: what the scores' changes cost
 
@@ -72,6 +73,29 @@ def packed_rows(args, lengths, name):
     return rows
 
 
+def packed_bwd_rows(args, lengths, name):
+    """The backward of a packed batch (attention_varlen_backward) against the dense backward on the same data."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    b, h, d, smax = len(lengths), 16, 128, max(lengths)
+    dense = [torch.randn((b, smax, h, d), generator=g, device="cuda").half() for _ in range(4)]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    packed = [torch.cat([x[i, :n] for i, n in enumerate(lengths)]) for x in dense]
+    rows = []
+    for causal in (False, True):
+        mode = "bottom_right" if causal else False
+        do, dl = fattn.attention(*dense[:3], causal=mode, layout="bshd", return_lse=True)
+        po, pl = fattn.attention_varlen(*packed[:3], cu, cu, max_seqlen_q=smax, max_seqlen_k=smax, causal=mode,
+                                        return_lse=True)
+        fns = {"dense": lambda: fattn.attention_backward(dense[3], *dense[:3], do, dl, causal=mode, layout="bshd"),
+               "varlen": lambda: fattn.attention_varlen_backward(packed[3], *packed[:3], po, pl, cu, cu,
+                                                                 max_seqlen_q=smax, max_seqlen_k=smax, causal=mode)}
+        p50 = timed(fns, args)
+        for impl, us in p50.items():
+            rows.append({"target": name, "impl": impl, "causal": causal, "lengths": lengths, "p50_us": us,
+                         "speed_vs_dense": p50["dense"] / us})
+    return rows
+
+
 def mods_rows(args):
     g = torch.Generator(device="cuda").manual_seed(2)
     rows = []
@@ -105,7 +129,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
-    ap.add_argument("--targets", default="window,varlen,ragged,mods", help="comma-separated subset")
+    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods", help="comma-separated subset")
     args = ap.parse_args()
     want = set(args.targets.split(","))
     rows = window_rows(args) if "window" in want else []
@@ -115,6 +139,8 @@ def main():
     ragged = [int(x) for x in torch.randint(128, 8193, (8,), generator=g)]
     if "ragged" in want:
         rows += packed_rows(args, ragged, "ragged")
+    if "varlen_bwd" in want:
+        rows += packed_bwd_rows(args, [2048] * 8, "varlen-bwd-equal")
     if "mods" in want:
         rows += mods_rows(args)
     for r in rows:

@@ -38,11 +38,11 @@ def test_serving_softcap_forward_and_grad(device, causal, softcap, seed, request
         out, lse = fattn.attention(q, k, v, causal=causal, softcap=softcap, return_lse=True)
         why, _, _ = accuracy.check_attention(out, q, k, v, causal, None, lse, None, softcap)
         assert why is None, f"{dname}: {why}. {repro(request)}"
-        g = fattn.attention_backward(dout, q, k, v, out, lse, causal=causal, softcap=softcap)
+        g = fattn.attention_backward(dout, q, k, v, out, lse, causal=causal, softcap=softcap, deterministic=True)
         why, stats = accuracy.check_gradients(g, q, k, v, dout, causal, softcap=softcap)
         assert why is None, f"{dname}: {why} {stats}. {repro(request)}"
         leafs = [x.clone().requires_grad_() for x in (q, k, v)]
-        fattn.attention(*leafs, causal=causal, softcap=softcap).backward(dout)
+        fattn.attention(*leafs, causal=causal, softcap=softcap, deterministic=True).backward(dout)  # bitwise
         for a, b in zip(g, leafs):
             assert torch.equal(a, b.grad)
 
@@ -85,7 +85,7 @@ def test_serving_varlen_forward_and_grad(device, causal, lengths, kv_extra, seed
     dout = randn(tuple(q.shape), dt, device, seed + 3)
     out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal=causal, return_lse=True)
     assert out.shape == q.shape and lse.shape == (4, q.shape[0])
-    g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal=causal)
+    g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal=causal, deterministic=True)
     for b in range(len(lengths)):
         qs, ks, vs, os_ = (per_sequence(x, c, b) for x, c in ((q, cq), (k, ck), (v, ck), (out, cq)))
         ls = lse[:, int(cq[b]):int(cq[b + 1])].unsqueeze(0)
@@ -95,7 +95,7 @@ def test_serving_varlen_forward_and_grad(device, causal, lengths, kv_extra, seed
         why, stats = accuracy.check_gradients(gs, qs, ks, vs, per_sequence(dout, cq, b), causal)
         assert why is None, f"sequence {b}: {why} {stats}. {repro(request)}"
     leafs = [x.clone().requires_grad_() for x in (q, k, v)]
-    fattn.attention_varlen(*leafs, cq, ck, causal=causal).backward(dout)
+    fattn.attention_varlen(*leafs, cq, ck, causal=causal, deterministic=True).backward(dout)  # bitwise: no atomics
     for a, b_ in zip(g, leafs):
         assert torch.equal(a, b_.grad)
 
@@ -238,3 +238,33 @@ def test_serving_varlen_check_indices_false(device, seed):
         fattn.attention_varlen(q, k, v, cq, ck, check_indices=False)
     with pytest.raises(TypeError, match="cu_seqlens_q: dtype must be int32"):
         fattn.attention_varlen(q, k, v, cq.long(), ck, max_seqlen_q=70, max_seqlen_k=70, check_indices=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_v2_varlen_backward(d, causal, deterministic, seed, request):
+    """v2's backward on packed batches (its SEQ kernels; the plan says v2 ran): empty, 1-row, partial-tile and long
+    sequences, Sq != Sk, GQA; each sequence's gradients by the 3x rule; deterministic mode bitwise repeatable."""
+    require("cuda")
+    lq, lk = [0, 1, 17, 300, 1100, 64, 129], [5, 1, 40, 300, 1100, 0, 200]
+    for dt in (torch.float16, torch.bfloat16):
+        q, k, v, cq, ck = packed(lq, lk, 4, 2, d, dt, "cuda", seed)
+        dout = randn(tuple(q.shape), dt, "cuda", seed + 3)
+        out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal=causal, return_lse=True)
+        g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal=causal,
+                                            deterministic=deterministic)
+        plan = fattn._C._dev.plan_backward(dout, q, k, v, out, lse, *g, causal=2 if causal else 0, cu_seqlens_q=cq,
+                                           cu_seqlens_k=ck, max_seqlen_q=1100, max_seqlen_k=1100,
+                                           deterministic=deterministic, stream=stream_for(q))
+        assert plan["variant"] == "v2", plan
+        for b in range(len(lq)):
+            qs, ks, vs = per_sequence(q, cq, b), per_sequence(k, ck, b), per_sequence(v, ck, b)
+            gs = [per_sequence(g[0], cq, b), per_sequence(g[1], ck, b), per_sequence(g[2], ck, b)]
+            why, stats = accuracy.check_gradients(gs, qs, ks, vs, per_sequence(dout, cq, b), causal)
+            assert why is None, f"{dt} sequence {b} ({lq[b]} x {lk[b]}): {why} {stats}. {repro(request)}"
+        if deterministic:
+            again = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal=causal,
+                                                    deterministic=True)
+            assert all(torch.equal(a, b) for a, b in zip(g, again)), "deterministic gradients differ"

@@ -170,10 +170,13 @@ __global__ void __launch_bounds__(256) v2_bwd_prep(const attn_bwd_params p, cons
     const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / G, nrows = f.b * f.h * p.ws_rows;
     const bool live = row < nrows;
     const int64_t bh = row / p.ws_rows, i = row % p.ws_rows, b = bh / f.h, h = bh % f.h;
+    /* a packed batch: sequence b's rows start at q0 and number its own sq */
+    const fattn_extent x_ = f.cu_seqlens_q && live ? fattn_extent_of(&f, b) : fattn_extent{0, 0, f.sq, f.sk};
+    const int64_t iq = x_.q0 + i;
     float acc = 0.f;
-    if (live && i < f.sq && c * 8 < f.d) {
-        const uint4 x = *(const uint4 *)((const T *)p.dout + b * p.do_stride_b + h * p.do_stride_h + i * p.do_stride_s + c * 8);
-        const uint4 y = *(const uint4 *)((const T *)f.o + b * f.o_stride_b + h * f.o_stride_h + i * f.o_stride_s + c * 8);
+    if (live && i < x_.sq && c * 8 < f.d) {
+        const uint4 x = *(const uint4 *)((const T *)p.dout + b * p.do_stride_b + h * p.do_stride_h + iq * p.do_stride_s + c * 8);
+        const uint4 y = *(const uint4 *)((const T *)f.o + b * f.o_stride_b + h * f.o_stride_h + iq * f.o_stride_s + c * 8);
         const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -201,6 +204,9 @@ __global__ void __launch_bounds__(256) v2_bwd_convert(const attn_bwd_params p) {
     const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / G;
     if (row >= f.b * f.h * f.sq || c * 8 >= f.d) return;
     const int64_t bh = row / f.sq, i = row % f.sq, b = bh / f.h, h = bh % f.h;
+    /* a packed batch: sequence b's rows start at q0 and number its own sq */
+    const fattn_extent x_ = f.cu_seqlens_q ? fattn_extent_of(&f, b) : fattn_extent{0, 0, f.sq, f.sk};
+    if (i >= x_.sq) return;
     const float4 *src = (const float4 *)(p.dq_accum + (bh * p.ws_rows + i) * DP + c * 8);
     const float4 x = src[0], y = src[1];
     const float s = f.scale;
@@ -209,7 +215,7 @@ __global__ void __launch_bounds__(256) v2_bwd_convert(const attn_bwd_params p) {
     out.y = pack2(x.z * s, x.w * s, T());
     out.z = pack2(y.x * s, y.y * s, T());
     out.w = pack2(y.z * s, y.w * s, T());
-    *(uint4 *)((T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h + i * p.dq_stride_s + c * 8) = out;
+    *(uint4 *)((T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h + (x_.q0 + i) * p.dq_stride_s + c * 8) = out;
 }
 
 /* ---- dK, dV (and dQ by atomics): a block per key block ------------------------------------------------------------
@@ -218,8 +224,8 @@ __global__ void __launch_bounds__(256) v2_bwd_convert(const attn_bwd_params p) {
  * Warp layouts (v2_bwd_configs.h): S and dP in WM_S x WN_S warps of MS m16 x NS n8 tiles; dV and dK in WM_KV x WN_KV
  * warps of MKV x NKV (rows are keys); dQ in WM_Q x WN_Q warps of MQ x NQ.  Fragment layouts: kernels/mma.cuh. */
 template <typename T, int DP, int BR, int BC, int WARPS, int WM_S, int WM_KV, int WM_Q, int STAGES, bool DQ_FIRST,
-          bool ATOMIC_DQ, bool MODS>
-__global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_params p, const int heads_fastest) {
+          bool ATOMIC_DQ, bool MODS, bool SEQ>
+__global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_params all, const int heads_fastest) {
     constexpr int THREADS = WARPS * 32;
     constexpr int WN_S = WARPS / WM_S, MS = BR / (16 * WM_S), NS = BC / (8 * WN_S);
     constexpr int WN_KV = WARPS / WM_KV, MKV = BC / (16 * WM_KV), NKV = DP / (8 * WN_KV);
@@ -250,16 +256,22 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
     float *sD = sLse + STAGES * BR;         /* [STAGES][BR]: the rows' D */
     static_assert(2 * BR <= THREADS, "a thread per row copies LSE and D");
 
-    const attn_params &f = p.fwd;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int mi = lane >> 3, r8 = lane & 7; /* ldmatrix: the 8x8 matrix this lane addresses, and its row there */
-    const int64_t nkb = (f.sk + BC - 1) / BC, nbh = f.b * f.h_kv;
+    const int64_t nkb = (all.fwd.sk + BC - 1) / BC, nbh = all.fwd.b * all.fwd.h_kv;
     /* Head by head (key block fastest) or heads fastest; key block 0 first either way: with causal masking the
      * earliest keys are seen by the most query rows, so the longest blocks start first. */
     const int64_t bhk = heads_fastest ? blockIdx.x % nbh : blockIdx.x / nkb;
     const int64_t kb = heads_fastest ? blockIdx.x / nbh : blockIdx.x % nkb;
-    const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv;
+    const int64_t hk = bhk % all.fwd.h_kv;
+    /* SEQ (a packed batch): sequence bhk / h_kv's params alone, as a batch of one */
+    attn_bwd_params seq_p;
+    if (SEQ) fattn_seq_bwd_params(&all, bhk / all.fwd.h_kv, &seq_p);
+    const attn_bwd_params &p = SEQ ? seq_p : all;
+    const attn_params &f = p.fwd;
+    const int64_t b = SEQ ? 0 : bhk / f.h_kv;
     const int j0 = (int)kb * BC, d = (int)f.d; /* the planner keeps Sq, Sk below 2^30: rows and keys fit an int */
+    if (SEQ && j0 >= f.sk) return; /* past this sequence's keys: no rows of dK, dV here */
 
     /* the nm query blocks of rows [i_begin, i_end) hold the rows that see key block kb; the steps run over them for
      * each query head of the kv head's group: step (gi, i0) is query head hk * h_per_kv + gi, rows i0 + [0, BR) */
@@ -638,8 +650,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
  * 4 warps of 16 query rows; per key block (in order): S = Q K^T and dP = dO V^T in registers, dS = P (dP - D)
  * repacked into A fragments (the C layout of two n8 tiles is the A layout of one k16 step), dQ += dS K with K read
  * transposed.  No atomics, a fixed order: bitwise repeatable. */
-template <typename T, int DP, int BC, bool MODS>
-__global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd_params p, const int heads_fastest) {
+template <typename T, int DP, int BC, bool MODS, bool SEQ>
+__global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd_params all, const int heads_fastest) {
     constexpr int WARPS = V2_BWD_DQ_WARPS, THREADS = WARPS * 32, BR = V2_BWD_DQ_BR;
     constexpr int NT = BC / 8, DT = DP / 8;
     static_assert(BC % 16 == 0 && DP % 64 == 0, "tile shapes");
@@ -647,15 +659,20 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
     T *sQ = (T *)smem_raw, *sdO = sQ + BR * DP, *sK = sdO + BR * DP, *sV = sK + 2 * BC * DP; /* K, V: 2 stages */
     constexpr unsigned DO_OFF = BR * DP * 2, V_OFF = 2 * BC * DP * 2, KSTAGE = BC * DP * 2;
 
-    const attn_params &f = p.fwd;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int mi = lane >> 3, r8 = lane & 7;
-    const int64_t nqb = (f.sq + BR - 1) / BR, nbh = f.b * f.h;
+    const int64_t nqb = (all.fwd.sq + BR - 1) / BR, nbh_all = all.fwd.b * all.fwd.h;
     /* the last query block first: with causal masking it sees the most keys */
-    const int64_t bh = heads_fastest ? blockIdx.x % nbh : blockIdx.x / nqb;
-    const int64_t i0 = (nqb - 1 - (heads_fastest ? blockIdx.x / nbh : blockIdx.x % nqb)) * BR;
-    const int64_t b = bh / f.h, h = bh % f.h, hk = h / f.h_per_kv;
+    const int64_t bh_all = heads_fastest ? blockIdx.x % nbh_all : blockIdx.x / nqb;
+    const int64_t i0 = (nqb - 1 - (heads_fastest ? blockIdx.x / nbh_all : blockIdx.x % nqb)) * BR;
+    /* SEQ (a packed batch): sequence bh / h's params alone, as a batch of one */
+    attn_bwd_params seq_p;
+    if (SEQ) fattn_seq_bwd_params(&all, bh_all / all.fwd.h, &seq_p);
+    const attn_bwd_params &p = SEQ ? seq_p : all;
+    const attn_params &f = p.fwd;
+    const int64_t h = bh_all % f.h, b = SEQ ? 0 : bh_all / f.h, bh = SEQ ? h : bh_all, hk = h / f.h_per_kv;
     const int d = (int)f.d;
+    if (SEQ && i0 >= f.sq) return; /* past this sequence's queries */
 
     const fattn_span span = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
     const int jb_begin = (int)span.n_min, jb_end = (int)span.n_max;
@@ -797,24 +814,32 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
 
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
 
-/* v2_bwd_configs.h's table, kernel by kernel, [fp16, bf16]; [mods]: the softcap / ALiBi kernels (MODS) */
+/* v2_bwd_configs.h's table, kernel by kernel, [fp16, bf16]; [seq]: packed batches' kernels (SEQ), [mods]: the
+ * softcap / ALiBi kernels (MODS); SEQ with MODS is not compiled (NULL: such calls run v1). */
 typedef struct {
-    const void *dkdv[2][2][2], *dq[2][2], *prep[2], *convert[2]; /* dkdv[mods][deterministic][dtype], dq[mods][dtype] */
+    const void *dkdv[2][2][2][2], *dq[2][2][2]; /* dkdv[seq][mods][deterministic][dtype], dq[seq][mods][dtype] */
+    const void *prep[2], *convert[2];
     int dp, br, bc, warps;
     size_t smem, dq_smem;
 } v2_bwd_row;
 
 #define V2B_PAIR(kernel, ...) {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
-#define V2B_DKDV(md, dp, br, bc, w, ws, wkv, wq, st, dqf)                                                           \
-    {V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, true, md),                                        \
-     V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, false, md)}
+#define V2B_NONE {NULL, NULL}
+#define V2B_DKDV(md, sq, dp, br, bc, w, ws, wkv, wq, st, dqf)                                                       \
+    {V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, true, md, sq),                                    \
+     V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, false, md, sq)}
 #define V2B_ROW(dp, br, bc, w, ws, wkv, wq, st, dqf, dqbc)                                                       \
-    {{V2B_DKDV(false, dp, br, bc, w, ws, wkv, wq, st, dqf), V2B_DKDV(true, dp, br, bc, w, ws, wkv, wq, st, dqf)},  \
-     {V2B_PAIR(v2_bwd_dq, dp, dqbc, false), V2B_PAIR(v2_bwd_dq, dp, dqbc, true)}, V2B_PAIR(v2_bwd_prep, dp),      \
-     V2B_PAIR(v2_bwd_convert, dp), dp, br, bc, w, V2_BWD_SMEM(dp, br, bc, st), V2_BWD_DQ_SMEM(dp, dqbc)},
+    {{{V2B_DKDV(false, false, dp, br, bc, w, ws, wkv, wq, st, dqf),                                                \
+       V2B_DKDV(true, false, dp, br, bc, w, ws, wkv, wq, st, dqf)},                                                \
+      {V2B_DKDV(false, true, dp, br, bc, w, ws, wkv, wq, st, dqf), {V2B_NONE, V2B_NONE}}},                        \
+     {{V2B_PAIR(v2_bwd_dq, dp, dqbc, false, false), V2B_PAIR(v2_bwd_dq, dp, dqbc, true, false)},                  \
+      {V2B_PAIR(v2_bwd_dq, dp, dqbc, false, true), V2B_NONE}},                                                    \
+     V2B_PAIR(v2_bwd_prep, dp), V2B_PAIR(v2_bwd_convert, dp), dp, br, bc, w, V2_BWD_SMEM(dp, br, bc, st),          \
+     V2_BWD_DQ_SMEM(dp, dqbc)},
 static const v2_bwd_row v2_bwd_rows[V2_BWD_NCONFIGS] = {V2_BWD_CONFIGS(V2B_ROW)};
 #undef V2B_ROW
 #undef V2B_DKDV
+#undef V2B_NONE
 #undef V2B_PAIR
 
 /* Every kernel whose shared memory fits this device may use it (larger configs are never planned here). */
@@ -824,13 +849,16 @@ extern "C" fattn_status fattn_prepare_bwd_v2(int device) {
     for (int i = 0; i < V2_BWD_NCONFIGS; i++)
         for (int t = 0; t < 2; t++) {
             const v2_bwd_row *r = &v2_bwd_rows[i];
-            for (int md = 0; md < 2; md++) {
+            for (int k = 0; k < 4; k++) { /* (seq, mods) */
+                const int sq = k >> 1, md = k & 1;
                 if (r->smem > 48 * 1024 && r->smem <= (size_t)limit)
                     for (int det = 0; det < 2; det++)
-                        FATTN_CUDA_CHECK(cudaFuncSetAttribute(
-                            r->dkdv[md][det][t], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->smem));
-                if (r->dq_smem > 48 * 1024 && r->dq_smem <= (size_t)limit)
-                    FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dq[md][t], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                        if (r->dkdv[sq][md][det][t])
+                            FATTN_CUDA_CHECK(cudaFuncSetAttribute(
+                                r->dkdv[sq][md][det][t], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->smem));
+                if (r->dq[sq][md][t] && r->dq_smem > 48 * 1024 && r->dq_smem <= (size_t)limit)
+                    FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dq[sq][md][t],
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)r->dq_smem));
             }
         }
@@ -845,7 +873,9 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
     const v2_bwd_row *r = &v2_bwd_rows[plan->config];
     if (p->ws_cols != r->dp || p->ws_rows < p->fwd.sq || p->ws_rows % r->br || !p->dq_accum || !p->dpsum)
         return FATTN_FAIL(FATTN_ERR_INVALID, "v2 backward: the workspace is not laid out for config %d", plan->config);
-    const int ti = p->fwd.dtype - FATTN_F16, md = fattn_score_mods(&p->fwd);
+    const int ti = p->fwd.dtype - FATTN_F16, md = fattn_score_mods(&p->fwd), sq = p->fwd.cu_seqlens_q != NULL;
+    if (!r->dkdv[sq][md][0][ti]) return FATTN_FAIL(FATTN_ERR_INVALID, "v2 backward: no kernel for packed batches "
+                                                   "with a softcap or ALiBi");
     const cudaStream_t s = (cudaStream_t)stream;
     int zero_dq = !p->deterministic, heads_fastest = plan->order == FATTN_ORDER_BLOCKS;
     const int rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
@@ -861,12 +891,12 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {(void *)p, (void *)&heads_fastest};
     if (plan->grid_x > 0)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[md][p->deterministic != 0][ti],
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[sq][md][p->deterministic != 0][ti],
                                           dim3(plan->grid_x, plan->grid_y ? plan->grid_y : 1), dim3(plan->threads),
                                           args, plan->smem, s));
     if (p->deterministic) {
         if (dq_blocks > 0)
-            FATTN_CUDA_CHECK(cudaLaunchKernel(r->dq[md][ti], dim3((unsigned)dq_blocks), dim3(V2_BWD_DQ_WARPS * 32),
+            FATTN_CUDA_CHECK(cudaLaunchKernel(r->dq[sq][md][ti], dim3((unsigned)dq_blocks), dim3(V2_BWD_DQ_WARPS * 32),
                                               args, r->dq_smem, s));
     } else if (conv_blocks > 0) {
         void *cargs[] = {(void *)p};
