@@ -37,7 +37,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             flash-attention).  Calls that record gradients always check.
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
-    GPU the forward runs v3 on Hopper (v2 elsewhere) and the backward v2 (v1 with a softcap or ALiBi).
+    GPU the forward runs v3 on Hopper (v2 elsewhere) and the backward v2.
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)

@@ -268,3 +268,30 @@ def test_v2_varlen_backward(d, causal, deterministic, seed, request):
             again = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal=causal,
                                                     deterministic=True)
             assert all(torch.equal(a, b) for a, b in zip(g, again)), "deterministic gradients differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_v2_varlen_backward_softcap_alibi(deterministic, seed, request):
+    """v2's packed backward with a softcap and with ALiBi ((batch, H) slopes: a row per sequence), GQA, odd
+    lengths; each sequence's gradients by the 3x rule; the plan says v2 ran."""
+    require("cuda")
+    lq, lk = [0, 1, 17, 300, 129], [5, 1, 40, 300, 200]
+    q, k, v, cq, ck = packed(lq, lk, 4, 2, 128, torch.float16, "cuda", seed, 3.0)
+    dout = randn(tuple(q.shape), torch.float16, "cuda", seed + 3)
+    al = torch.rand(5, 4, generator=torch.Generator().manual_seed(seed)).to("cuda") * 0.3
+    for softcap, alibi in ((5.0, None), (0.0, al), (2.0, al)):
+        kw = dict(causal="bottom_right", softcap=softcap, alibi_slopes=alibi)
+        out, lse = fattn.attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)
+        g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, deterministic=deterministic, **kw)
+        plan = fattn._C._dev.plan_backward(dout, q, k, v, out, lse, *g, causal=2, softcap=softcap, alibi_slopes=alibi,
+                                           cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=300, max_seqlen_k=300,
+                                           deterministic=deterministic, stream=stream_for(q))
+        assert plan["variant"] == "v2", plan
+        for b in range(len(lq)):
+            qs, ks, vs = per_sequence(q, cq, b), per_sequence(k, ck, b), per_sequence(v, ck, b)
+            gs = [per_sequence(g[0], cq, b), per_sequence(g[1], ck, b), per_sequence(g[2], ck, b)]
+            why, stats = accuracy.check_gradients(gs, qs, ks, vs, per_sequence(dout, cq, b), "bottom_right", None,
+                                                  None, softcap, None if alibi is None else alibi[b:b + 1])
+            assert why is None, f"softcap={softcap} alibi={alibi is not None} sequence {b}: {why} {stats}. " \
+                                f"{repro(request)}"

@@ -815,7 +815,7 @@ __global__ void __launch_bounds__(V2_BWD_DQ_WARPS * 32) v2_bwd_dq(const attn_bwd
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
 
 /* v2_bwd_configs.h's table, kernel by kernel, [fp16, bf16]; [seq]: packed batches' kernels (SEQ), [mods]: the
- * softcap / ALiBi kernels (MODS); SEQ with MODS is not compiled (NULL: such calls run v1). */
+ * softcap / ALiBi kernels (MODS). */
 typedef struct {
     const void *dkdv[2][2][2][2], *dq[2][2][2]; /* dkdv[seq][mods][deterministic][dtype], dq[seq][mods][dtype] */
     const void *prep[2], *convert[2];
@@ -824,22 +824,21 @@ typedef struct {
 } v2_bwd_row;
 
 #define V2B_PAIR(kernel, ...) {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
-#define V2B_NONE {NULL, NULL}
 #define V2B_DKDV(md, sq, dp, br, bc, w, ws, wkv, wq, st, dqf)                                                       \
     {V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, true, md, sq),                                    \
      V2B_PAIR(v2_bwd_dkdv, dp, br, bc, w, ws, wkv, wq, st, dqf, false, md, sq)}
 #define V2B_ROW(dp, br, bc, w, ws, wkv, wq, st, dqf, dqbc)                                                       \
     {{{V2B_DKDV(false, false, dp, br, bc, w, ws, wkv, wq, st, dqf),                                                \
        V2B_DKDV(true, false, dp, br, bc, w, ws, wkv, wq, st, dqf)},                                                \
-      {V2B_DKDV(false, true, dp, br, bc, w, ws, wkv, wq, st, dqf), {V2B_NONE, V2B_NONE}}},                        \
+      {V2B_DKDV(false, true, dp, br, bc, w, ws, wkv, wq, st, dqf),                                                 \
+       V2B_DKDV(true, true, dp, br, bc, w, ws, wkv, wq, st, dqf)}},                                                \
      {{V2B_PAIR(v2_bwd_dq, dp, dqbc, false, false), V2B_PAIR(v2_bwd_dq, dp, dqbc, true, false)},                  \
-      {V2B_PAIR(v2_bwd_dq, dp, dqbc, false, true), V2B_NONE}},                                                    \
+      {V2B_PAIR(v2_bwd_dq, dp, dqbc, false, true), V2B_PAIR(v2_bwd_dq, dp, dqbc, true, true)}},                   \
      V2B_PAIR(v2_bwd_prep, dp), V2B_PAIR(v2_bwd_convert, dp), dp, br, bc, w, V2_BWD_SMEM(dp, br, bc, st),          \
      V2_BWD_DQ_SMEM(dp, dqbc)},
 static const v2_bwd_row v2_bwd_rows[V2_BWD_NCONFIGS] = {V2_BWD_CONFIGS(V2B_ROW)};
 #undef V2B_ROW
 #undef V2B_DKDV
-#undef V2B_NONE
 #undef V2B_PAIR
 
 /* Every kernel whose shared memory fits this device may use it (larger configs are never planned here). */
@@ -853,10 +852,9 @@ extern "C" fattn_status fattn_prepare_bwd_v2(int device) {
                 const int sq = k >> 1, md = k & 1;
                 if (r->smem > 48 * 1024 && r->smem <= (size_t)limit)
                     for (int det = 0; det < 2; det++)
-                        if (r->dkdv[sq][md][det][t])
-                            FATTN_CUDA_CHECK(cudaFuncSetAttribute(
-                                r->dkdv[sq][md][det][t], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->smem));
-                if (r->dq[sq][md][t] && r->dq_smem > 48 * 1024 && r->dq_smem <= (size_t)limit)
+                        FATTN_CUDA_CHECK(cudaFuncSetAttribute(
+                            r->dkdv[sq][md][det][t], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r->smem));
+                if (r->dq_smem > 48 * 1024 && r->dq_smem <= (size_t)limit)
                     FATTN_CUDA_CHECK(cudaFuncSetAttribute(r->dq[sq][md][t],
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)r->dq_smem));
@@ -874,8 +872,6 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
     if (p->ws_cols != r->dp || p->ws_rows < p->fwd.sq || p->ws_rows % r->br || !p->dq_accum || !p->dpsum)
         return FATTN_FAIL(FATTN_ERR_INVALID, "v2 backward: the workspace is not laid out for config %d", plan->config);
     const int ti = p->fwd.dtype - FATTN_F16, md = fattn_score_mods(&p->fwd), sq = p->fwd.cu_seqlens_q != NULL;
-    if (!r->dkdv[sq][md][0][ti]) return FATTN_FAIL(FATTN_ERR_INVALID, "v2 backward: no kernel for packed batches "
-                                                   "with a softcap or ALiBi");
     const cudaStream_t s = (cudaStream_t)stream;
     int zero_dq = !p->deterministic, heads_fastest = plan->order == FATTN_ORDER_BLOCKS;
     const int rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */

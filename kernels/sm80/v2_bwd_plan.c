@@ -81,9 +81,6 @@ fattn_status fattn_plan_bwd_v2(const attn_bwd_params *p, const struct fattn_tune
     const attn_params *f = &p->fwd;
     const char *missing = fattn_missing_feature(f, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI | FATTN_TAKES_VARLEN);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v2 backward does not take %s yet", missing);
-    if (f->cu_seqlens_q && fattn_score_mods(f)) /* SEQ kernels are compiled without MODS */
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v2 backward does not take packed batches with a softcap or "
-                          "ALiBi yet");
     if (f->dtype != FATTN_F16 && f->dtype != FATTN_BF16)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 backward runs fp16 and bf16 only");
     if (!f->lse) return FATTN_FAIL(FATTN_ERR_INVALID, "the backward needs the forward's LSE");
