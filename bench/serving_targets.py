@@ -83,16 +83,23 @@ def packed_bwd_rows(args, lengths, name):
     rows = []
     for causal in (False, True):
         mode = "bottom_right" if causal else False
-        do, dl = fattn.attention(*dense[:3], causal=mode, layout="bshd", return_lse=True)
-        po, pl = fattn.attention_varlen(*packed[:3], cu, cu, max_seqlen_q=smax, max_seqlen_k=smax, causal=mode,
-                                        return_lse=True)
-        fns = {"dense": lambda: fattn.attention_backward(dense[3], *dense[:3], do, dl, causal=mode, layout="bshd"),
-               "varlen": lambda: fattn.attention_varlen_backward(packed[3], *packed[:3], po, pl, cu, cu,
-                                                                 max_seqlen_q=smax, max_seqlen_k=smax, causal=mode)}
+        fns, dense_of = {}, {}
+        for cap in (0.0, 30.0):  # plain, and a softcap (v2's packed x score-modifying kernels; v1 beside them)
+            sfx = "-softcap" if cap else ""
+            do, dl = fattn.attention(*dense[:3], causal=mode, layout="bshd", softcap=cap, return_lse=True)
+            po, pl = fattn.attention_varlen(*packed[:3], cu, cu, max_seqlen_q=smax, max_seqlen_k=smax, causal=mode,
+                                            softcap=cap, return_lse=True)
+            fns["dense" + sfx] = lambda do=do, dl=dl, cap=cap: fattn.attention_backward(
+                dense[3], *dense[:3], do, dl, causal=mode, layout="bshd", softcap=cap)
+            for var in ((None, "v1") if cap else (None,)):
+                fns["varlen" + sfx + ("-v1" if var else "")] = lambda po=po, pl=pl, cap=cap, var=var: \
+                    fattn.attention_varlen_backward(packed[3], *packed[:3], po, pl, cu, cu, max_seqlen_q=smax,
+                                                    max_seqlen_k=smax, causal=mode, softcap=cap, variant=var)
+                dense_of["varlen" + sfx + ("-v1" if var else "")] = "dense" + sfx
         p50 = timed(fns, args)
         for impl, us in p50.items():
             rows.append({"target": name, "impl": impl, "causal": causal, "lengths": lengths, "p50_us": us,
-                         "speed_vs_dense": p50["dense"] / us})
+                         "speed_vs_dense": p50[dense_of.get(impl, impl)] / us})
     return rows
 
 

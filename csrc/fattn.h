@@ -96,8 +96,14 @@ typedef struct {
     int64_t q0, k0, sq, sk;
 } fattn_extent;
 
-FATTN_HD fattn_extent fattn_extent_of(const attn_params *p, int64_t b) {
+/* A dense batch's extent (every sequence the call's lengths, from row 0). */
+FATTN_HD fattn_extent fattn_dense_extent(const attn_params *p) {
     fattn_extent x = {0, 0, p->sq, p->sk};
+    return x;
+}
+
+FATTN_HD fattn_extent fattn_extent_of(const attn_params *p, int64_t b) {
+    fattn_extent x = fattn_dense_extent(p);
     if (p->cu_seqlens_q) {
         x.q0 = p->cu_seqlens_q[b];
         x.k0 = p->cu_seqlens_k[b];
@@ -227,8 +233,8 @@ typedef struct attn_bwd_params {
 FATTN_HD void fattn_seq_bwd_params(const attn_bwd_params *p, int64_t b, attn_bwd_params *s) {
     *s = *p;
     fattn_seq_params(&p->fwd, b, &s->fwd);
-    const int64_t q0 = p->fwd.cu_seqlens_q ? p->fwd.cu_seqlens_q[b] : 0;
-    const int64_t k0 = p->fwd.cu_seqlens_k ? p->fwd.cu_seqlens_k[b] : 0;
+    const fattn_extent x = fattn_extent_of(&p->fwd, b);
+    const int64_t q0 = x.q0, k0 = x.k0;
     const int64_t e = fattn_elem_bytes(p->fwd.dtype);
     s->dout = (const char *)p->dout + (b * p->do_stride_b + q0 * p->do_stride_s) * e;
     s->dq = (char *)p->dq + (b * p->dq_stride_b + q0 * p->dq_stride_s) * e;

@@ -66,7 +66,7 @@ DEV float fast_exp2(float x) {
 
 /* tanh(x) on the special-function unit (tanh.approx.f32, sm_75+: relative error below 2^-10.98, fp16's own
  * rounding).  The softcap's cost: in an interleaved A/B on the H100 (evidence/serving/h100_score_mods_1c7ea64.md)
- * it ran v2's softcap forward at 1.20-1.33x the plain call's time, against 1.76-2.50x for 1 - 2 / (2^(2x log2 e) + 1)
+ * it ran v2's softcap forward at 1.20-1.32x the plain call's time, against 1.76-2.50x for 1 - 2 / (2^(2x log2 e) + 1)
  * (two MUFU operations), with the same tests passing. */
 DEV float fast_tanh(float x) {
     float y;

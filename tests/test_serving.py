@@ -161,7 +161,7 @@ def test_serving_varlen_errors_write_nothing():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 80, 128, 256])  # 80: columns past d in the bucket, not stored
 @pytest.mark.parametrize("causal,window", [(False, None), ("bottom_right", None), (False, (70, 10))],
                          ids=["full", "causal", "window"])
 @pytest.mark.parametrize("mods", ["plain", "softcap", "alibi"])
@@ -238,6 +238,36 @@ def test_serving_varlen_check_indices_false(device, seed):
         fattn.attention_varlen(q, k, v, cq, ck, check_indices=False)
     with pytest.raises(TypeError, match="cu_seqlens_q: dtype must be int32"):
         fattn.attention_varlen(q, k, v, cq.long(), ck, max_seqlen_q=70, max_seqlen_k=70, check_indices=False)
+    with pytest.raises(ValueError, match="max_seqlen_q: needed"):  # the C rule, for callers of fattn._C
+        fattn._C.forward(q, k, v, torch.empty_like(q), cu_seqlens_q=cq, cu_seqlens_k=ck, check_indices=False)
+
+
+@pytest.mark.gpu
+def test_serving_varlen_check_indices_false_captures(seed):
+    """check_indices=False reads nothing back: the call can be captured in a CUDA graph (where a host read-back
+    fails) and replays to the checked call's result; the checked call cannot be captured."""
+    require("cuda")
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, torch.float16, "cuda", seed)
+    want = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right")
+    out = torch.empty_like(q)
+    kw = dict(max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right", out=out)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, **kw)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, **kw)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    with pytest.raises(RuntimeError):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            fattn.attention_varlen(q, k, v, cq, ck, **kw)
+    torch.cuda.synchronize()  # nothing left pending
+    assert torch.equal(fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right"), want)
 
 
 @pytest.mark.gpu

@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(256) v2_bwd_prep(const attn_bwd_params p, cons
     const bool live = row < nrows;
     const int64_t bh = row / p.ws_rows, i = row % p.ws_rows, b = bh / f.h, h = bh % f.h;
     /* a packed batch: sequence b's rows start at q0 and number its own sq */
-    const fattn_extent x_ = f.cu_seqlens_q && live ? fattn_extent_of(&f, b) : fattn_extent{0, 0, f.sq, f.sk};
+    const fattn_extent x_ = f.cu_seqlens_q && live ? fattn_extent_of(&f, b) : fattn_dense_extent(&f);
     const int64_t iq = x_.q0 + i;
     float acc = 0.f;
     if (live && i < x_.sq && c * 8 < f.d) {
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(256) v2_bwd_convert(const attn_bwd_params p) {
     if (row >= f.b * f.h * f.sq || c * 8 >= f.d) return;
     const int64_t bh = row / f.sq, i = row % f.sq, b = bh / f.h, h = bh % f.h;
     /* a packed batch: sequence b's rows start at q0 and number its own sq */
-    const fattn_extent x_ = f.cu_seqlens_q ? fattn_extent_of(&f, b) : fattn_extent{0, 0, f.sq, f.sk};
+    const fattn_extent x_ = f.cu_seqlens_q ? fattn_extent_of(&f, b) : fattn_dense_extent(&f);
     if (i >= x_.sq) return;
     const float4 *src = (const float4 *)(p.dq_accum + (bh * p.ws_rows + i) * DP + c * 8);
     const float4 x = src[0], y = src[1];

@@ -54,7 +54,19 @@ typedef struct {
  * rule names one of these configs by value.  The kernel file and the planner expand this one list. */
 #define V3_TABLE(X) V3_DEFAULT_CONFIGS(X) V3_SWEEP_CONFIGS(X)
 #define V3_COUNT(...) +1
-enum { V3_NCONFIGS = 0 V3_TABLE(V3_COUNT), V3_NRULES = 0 V3_RULES(V3_COUNT) };
+enum { V3_NCONFIGS = 0 V3_TABLE(V3_COUNT), V3_NRULES = 0 V3_RULES(V3_COUNT),
+       V3_NDEFAULTS = 0 V3_DEFAULT_CONFIGS(V3_COUNT) /* = the buckets; V3_SEQ_CONFIGS has as many rows */ };
+
+/* The bucket (0, 1, 2) of a head-dim bucket's width (64, 128, 256): the default's table index, and the row of
+ * V3_SEQ_CONFIGS. */
+static inline int v3_bucket(int dp) { return dp == 64 ? 0 : dp == 128 ? 1 : 2; }
+
+/* The table index of a bucket's V3_SEQ_CONFIGS row (v3_plan.c): the planner chooses it, the launcher checks it. */
+#ifdef __cplusplus
+extern "C" int fattn_v3_seq_config(int dp);
+#else
+int fattn_v3_seq_config(int dp);
+#endif
 
 /* Shared memory of one block: Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot), STAGES
  * slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte

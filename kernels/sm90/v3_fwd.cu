@@ -22,7 +22,7 @@
  * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
  * with zeros, so no load reads past it.
  * A tile visits only the key blocks its rows see (mask.h: fattn_key_span); the others are never loaded.
- * SEQ (kernels of their own, the defaults' configs): per-sequence lengths -- packed variable-length batches (TMA
+ * SEQ (kernels of their own, V3_SEQ_CONFIGS: the D=128 / 256 defaults, D=64 on two consumers): per-sequence lengths -- packed variable-length batches (TMA
  * maps over all the rows, a sequence's tiles starting at its first row; tiles past its queries skipped by producer
  * and consumers alike, the Q barriers counting only the tiles run) and seqused_k.  Rows of the next sequence that
  * a tile's loads pick up are masked (keys) or never stored: a sequence's last, partial 64 rows of O are stored by
@@ -109,7 +109,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         int ring = 0, round = 0, qround = 0; /* K/V ring position, tiles walked, Q tiles loaded (SEQ skips some) */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             v3_tile w = v3_tile_place(&p, BR, tile, head_group);
-            const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_extent{0, 0, p.sq, p.sk};
+            const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
             v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
             const int qr = SEQ ? qround++ : round;
@@ -269,7 +269,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     int ring = 0, round = 0, qround = 0;
     for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
         v3_tile w = v3_tile_place(&p, BR, tile, head_group);
-        const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_extent{0, 0, p.sq, p.sk};
+        const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
         if (SEQ && w.i0 >= x.sq) continue; /* the producer skips it too */
         v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
         const int qr = SEQ ? qround++ : round;
@@ -421,7 +421,7 @@ typedef struct {
     {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true)},              \
      V3_SMEM(DP, BC, STAGES, CWG)},
 static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_DEFAULT_CONFIGS(V3_ENTRY_MODS) V3_SWEEP_CONFIGS(V3_ENTRY)};
-static const v3_entry v3_seq_kernels[3] = {V3_SEQ_CONFIGS(V3_ENTRY_SEQ)};
+static const v3_entry v3_seq_kernels[V3_NDEFAULTS] = {V3_SEQ_CONFIGS(V3_ENTRY_SEQ)}; /* by bucket */
 #undef V3_ENTRY_SEQ
 #undef V3_ENTRY
 #undef V3_ENTRY_MODS
@@ -430,7 +430,7 @@ static const v3_entry v3_seq_kernels[3] = {V3_SEQ_CONFIGS(V3_ENTRY_SEQ)};
 /* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set). */
 extern "C" fattn_status fattn_prepare_v3(int device) {
     (void)device;
-    for (int i = 0; i < V3_NCONFIGS + 3; i++) {
+    for (int i = 0; i < V3_NCONFIGS + V3_NDEFAULTS; i++) {
         const v3_entry *e = i < V3_NCONFIGS ? &v3_kernels[i] : &v3_seq_kernels[i - V3_NCONFIGS];
         for (int k = 0; k < 4; k++)
             if (e->kern[k >> 1][k & 1])
@@ -505,17 +505,11 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
                      64, "out")))
         return st;
     void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
-    /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, which the planner chose (plan->config is its index) */
-    const int bucket = c->dp == 64 ? 0 : c->dp == 128 ? 1 : 2;
-    static const v3_config seq_cfgs[3] = {
-#define CFG(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
-        V3_SEQ_CONFIGS(CFG)
-#undef CFG
-    };
+    /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, whose table index the planner chose */
     const int seq = p->cu_seqlens_q || p->seqused_k;
-    if (seq && memcmp(c, &seq_cfgs[bucket], sizeof *c))
+    if (seq && plan->config != fattn_v3_seq_config(c->dp))
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no kernel for per-sequence lengths", plan->config);
-    const void *kernel = (seq ? &v3_seq_kernels[bucket] : &v3_kernels[plan->config])
+    const void *kernel = (seq ? &v3_seq_kernels[v3_bucket(c->dp)] : &v3_kernels[plan->config])
                              ->kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
     if (!kernel) return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no softcap / ALiBi kernel", plan->config);
     FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem,

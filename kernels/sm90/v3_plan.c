@@ -25,7 +25,7 @@ static const v3_rule v3_rules[V3_NRULES + 1] = {
 #undef RULE
     {{0, 0, 0, 0, 0}, -1, 0, 0}};
 
-static const v3_config v3_seq_table[3] = {
+static const v3_config v3_seq_table[V3_NDEFAULTS] = {
 #define ROW(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
     V3_SEQ_CONFIGS(ROW)
 #undef ROW
@@ -37,6 +37,8 @@ static int v3_index_of(const v3_config *c) {
     return -1;
 }
 
+int fattn_v3_seq_config(int dp) { return v3_index_of(&v3_seq_table[v3_bucket(dp)]); }
+
 int fattn_configs_v3(int i, fattn_config_info *out) {
     static const char *names[] = {"dp", "bc", "stages", "consumers", "pingpong"};
     if (i < 0 || i >= V3_NCONFIGS) return 0;
@@ -44,7 +46,7 @@ int fattn_configs_v3(int i, fattn_config_info *out) {
     memset(out, 0, sizeof *out);
     int rule = 0;
     for (int r = 0; r < V3_NRULES; r++) rule |= !memcmp(&v3_rules[r].cfg, c, sizeof *c);
-    out->role = i < 3 ? "default" : rule ? "rule" : "sweep";
+    out->role = i < V3_NDEFAULTS ? "default" : rule ? "rule" : "sweep";
     out->dtypes = 1 << FATTN_F16 | 1 << FATTN_BF16;
     out->smem = V3_SMEM(c->dp, c->bc, c->stages, c->consumers);
     const int64_t values[] = {c->dp, c->bc, c->stages, c->consumers, c->pingpong};
@@ -92,23 +94,23 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
     /* a softcap or ALiBi: kernels of their own for the defaults; per-sequence lengths: V3_SEQ_CONFIGS (with mods) */
     const int dp = fattn_head_dim_bucket(p->d), seq = p->cu_seqlens_q || p->seqused_k;
     const int own = fattn_score_mods(p) || seq;
-    const int seq_index = v3_index_of(&v3_seq_table[dp == 64 ? 0 : dp == 128 ? 1 : 2]);
+    const int seq_index = fattn_v3_seq_config(dp);
     if (ov->config >= 0) {
         if (ov->config >= V3_NCONFIGS)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d out of range [0, %d)", ov->config, V3_NCONFIGS);
         if (seq && ov->config != seq_index)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d has no kernel for per-sequence lengths (config %d "
                               "does)", ov->config, seq_index);
-        if (!seq && own && ov->config >= 3)
-            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d has no softcap / ALiBi kernel (configs 0-2 do)",
-                              ov->config);
+        if (!seq && own && ov->config >= V3_NDEFAULTS)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d has no softcap / ALiBi kernel (configs 0-%d do)",
+                              ov->config, V3_NDEFAULTS - 1);
         if (v3_table[ov->config].dp != dp)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 config %d is for head dims in the %d bucket", ov->config,
                               v3_table[ov->config].dp);
         *index = ov->config;
         return FATTN_OK;
     }
-    *index = seq ? seq_index : dp == 64 ? 0 : dp == 128 ? 1 : 2; /* the defaults come first, in bucket order */
+    *index = seq ? seq_index : v3_bucket(dp); /* the defaults come first, in bucket order */
     for (int r = 0; r < V3_NRULES && !own; r++) {
         const v3_rule *u = &v3_rules[r];
         if (u->cfg.dp == dp && u->causal == (p->mask.causal != 0) && p->sk >= u->sk_min && p->sk <= u->sk_max) {
