@@ -48,36 +48,43 @@ def _jax(x, like):
     return jax.device_put(x, next(iter(like.devices())))
 
 
-def _forward(q, k, v, causal, scale, layout):
+def _forward(q, k, v, alibi, opts):
     qh, kh, vh = _host(q, "q"), _host(k, "k"), _host(v, "v")
-    out, lse = _api.attention(qh, kh, vh, causal=causal, scale=scale, layout=layout, return_lse=True)
+    al = None if alibi is None else _host(alibi, "alibi_slopes")
+    out, lse = _api.attention(qh, kh, vh, return_lse=True, alibi_slopes=al, **dict(opts))
     return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _attention(q, k, v, causal, scale, layout):
-    return _jax(_forward(q, k, v, causal, scale, layout)[0], q)
+# opts: the keyword arguments that are not arrays (causal, scale, layout, window, softcap) as a hashable tuple of
+# pairs; alibi_slopes is an array argument whose cotangent is zero (the slopes are constants).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, alibi, opts):
+    return _jax(_forward(q, k, v, alibi, opts)[0], q)
 
 
-def _attention_fwd(q, k, v, causal, scale, layout):
-    out, lse = _forward(q, k, v, causal, scale, layout)
+def _attention_fwd(q, k, v, alibi, opts):
+    out, lse = _forward(q, k, v, alibi, opts)
     out_j, lse_j = _jax(out, q), _jax(lse, q)
-    return out_j, (q, k, v, out_j, lse_j)
+    return out_j, (q, k, v, alibi, out_j, lse_j)
 
 
-def _attention_bwd(causal, scale, layout, saved, g):
-    q, k, v, out, lse = saved
+def _attention_bwd(opts, saved, g):
+    q, k, v, alibi, out, lse = saved
+    al = None if alibi is None else _host(alibi, "alibi_slopes")
     grads = _api.attention_backward(_host(g, "dout"), _host(q, "q"), _host(k, "k"), _host(v, "v"), _host(out, "out"),
-                                    _host(lse, "lse"), causal=causal, scale=scale, layout=layout)
-    return tuple(_jax(g, x) for g, x in zip(grads, (q, k, v)))
+                                    _host(lse, "lse"), alibi_slopes=al, **dict(opts))
+    dalibi = None if alibi is None else jax.numpy.zeros_like(alibi)
+    return tuple(_jax(g, x) for g, x in zip(grads, (q, k, v))) + (dalibi,)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def attention(q, k, v, *, causal=False, scale=None, layout="bhsd"):
-    """Scaled dot-product attention of jax.Arrays, differentiable (jax.grad / jax.vjp).  Arguments as for
-    :func:`fattn.attention`; float16, bfloat16 or float32 on the CPU, float16 or bfloat16 on a GPU."""
-    scale = _args.scale_value(scale)
-    _args.causal_code(causal)
-    return _attention(q, k, v, causal, scale, layout)
+def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """Scaled dot-product attention of jax.Arrays, differentiable in q, k, v (jax.grad / jax.vjp).  Arguments as for
+    :func:`fattn.attention` (alibi_slopes a float32 jax.Array, whose gradient is zero: the slopes are constants);
+    float16, bfloat16 or float32 on the CPU, float16 or bfloat16 on a GPU."""
+    _, scale, window, softcap, _ = _args.call_options(causal, scale, window, softcap, None)
+    _args.layout_code(layout)
+    opts = (("causal", causal), ("scale", scale), ("layout", layout), ("window", window), ("softcap", softcap))
+    return _attention(q, k, v, alibi_slopes, opts)

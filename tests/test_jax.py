@@ -63,3 +63,32 @@ def test_jax_under_jit_is_a_clear_error():
         jax.jit(lambda q: fattn.jax.attention(q, q, q))(q)
     with pytest.raises(TypeError, match="q: expected a jax.Array"):
         fattn.jax.attention(np.zeros((1, 1, 4, 8), np.float32), q, q)
+
+
+@pytest.mark.parametrize("window,softcap,alibi", [((20, 5), 0.0, False), ((-1, -1), 3.0, False),
+                                                 ((-1, -1), 0.0, True), ((30, -1), 2.0, True)],
+                         ids=["window", "softcap", "alibi", "all"])
+def test_jax_window_softcap_alibi(window, softcap, alibi):
+    """The keywords reach the kernels forward and backward (CPU), against the float64 reference; ALiBi's slopes get
+    a zero gradient."""
+    devs = jax_devices("cpu")
+    rng = np.random.default_rng(1)
+    host = [rng.standard_normal(s).astype(np.float32) * 2 for s in ((2, 4, 45, 64), (2, 2, 60, 64), (2, 2, 60, 64))]
+    q, k, v = (jax.device_put(jnp.asarray(x), devs[0]) for x in host)
+    w = jnp.asarray(rng.standard_normal((2, 4, 45, 64)), jnp.float32)
+    al = jnp.asarray(rng.uniform(0.05, 0.5, (2, 4)), jnp.float32) if alibi else None
+    kw = dict(causal="bottom_right", window=window, softcap=softcap, alibi_slopes=al)
+
+    def loss(q, k, v, al):
+        return (fattn.jax.attention(q, k, v, **{**kw, "alibi_slopes": al}) * w).sum()
+
+    out = fattn.jax.attention(q, k, v, **kw)
+    aln = None if al is None else np.asarray(al)
+    ref, _ = reference.attention(*host, "bottom_right", None, window, softcap=softcap, alibi=aln)
+    assert np.abs(np.asarray(out) - ref).max() < 1e-5
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3) if alibi else (0, 1, 2))(q, k, v, al)
+    refs = reference.gradients(*host, np.asarray(w), "bottom_right", None, window, softcap, aln)
+    for g, r in zip(grads, refs):
+        assert np.abs(np.asarray(g) - r).max() < 1e-4 * max(1.0, np.abs(r).max())
+    if alibi:
+        assert not np.asarray(grads[3]).any()
