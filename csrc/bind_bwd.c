@@ -2,7 +2,7 @@
  *
  *   _C.backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None,
  *               stream=None, deterministic=False, workspace=None, softcap=0, cu_seqlens_q=None, cu_seqlens_k=None,
- *               max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None)
+ *               max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None, check_indices=True)
  *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
  *   _C.backward_workspace_bytes(b, h, sq, d) -> the bytes a GPU backward's workspace needs
@@ -20,11 +20,11 @@
 
 const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS] = {
     "dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "causal", "scale", "layout", "window", "variant", "stream",
-    "deterministic", "workspace", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "alibi_slopes",
-    "config"};
+    "deterministic", "workspace", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+    "alibi_slopes", "check_indices", "config"};
 enum { B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_DQ, B_DK, B_DV, B_CAUSAL, B_SCALE, B_LAYOUT, B_WINDOW, B_VARIANT,
        B_STREAM, B_DETERMINISTIC, B_WORKSPACE, B_SOFTCAP, B_CU_Q, B_CU_K, B_MAX_Q, B_MAX_K, B_ALIBI,
-       B_CONFIG };
+       B_CHECK_INDICES, B_CONFIG };
 #define NARGS_PUBLIC (FATTN_BACKWARD_ARGS - 1)
 #define NTENSORS 10 /* dout .. dv, workspace */
 
@@ -101,6 +101,11 @@ static int call_take(module_state *st, PyObject **a, call *c) {
         fattn_arg_variant(a[B_VARIANT], &c->variant) || fattn_arg_softcap(a[B_SOFTCAP], &o.softcap))
         return -1;
     if (a[B_DETERMINISTIC] && (deterministic = PyObject_IsTrue(a[B_DETERMINISTIC])) < 0) return -1;
+    if (a[B_CHECK_INDICES] && a[B_CHECK_INDICES] != Py_None) { /* false: cu_seqlens trusted, as in forward() */
+        const int check = PyObject_IsTrue(a[B_CHECK_INDICES]);
+        if (check < 0) return -1;
+        o.trust_indices = !check;
+    }
     o.causal = (int)causal;
     o.layout = (int)layout;
     if (!a[B_LSE] || a[B_LSE] == Py_None) {

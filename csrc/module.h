@@ -10,7 +10,7 @@
 #define FATTN_FORWARD_ARGS 26
 extern const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS];
 /* The backward call's (bind_bwd.c). */
-#define FATTN_BACKWARD_ARGS 24
+#define FATTN_BACKWARD_ARGS 25
 extern const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS];
 
 typedef struct {

@@ -14,6 +14,12 @@ def _longest(cu_seqlens, given, name):
     return _C.longest_sequence(cu_seqlens)
 
 
+def _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k):
+    if not check_indices and (max_seqlen_q is None or max_seqlen_k is None):
+        raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are then "
+                         "not read")
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
                      causal=False, scale=None, window=(-1, -1), softcap=0.0, out=None, return_lse=False, variant=None,
                      deterministic=False, sinks=None, alibi_slopes=None, check_indices=True):
@@ -33,8 +39,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
         check_indices: ``True`` (default): cu_seqlens (and seqused_k) are read back and checked before anything runs
             -- on a GPU a small synchronous copy.  ``False`` with max_seqlen_q and max_seqlen_k given: their values
-            are trusted (no host sync; an offset outside the arrays is then undefined behaviour, as in
-            flash-attention).  Calls that record gradients always check.
+            are trusted (no host sync, in the backward of a call that records gradients too; an offset outside the
+            arrays is then undefined behaviour, as in flash-attention).
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
     GPU the forward runs v3 on Hopper (v2 elsewhere) and the backward v2.
@@ -43,9 +49,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     fw = framework_of(q)
     if len(getattr(q, "shape", ())) != 3:
         raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
-    if not check_indices and (max_seqlen_q is None or max_seqlen_k is None):
-        raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are then "
-                         "not read")
+    _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k)
     max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
     max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
     if fw == "torch":
@@ -61,7 +65,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
                               alibi_slopes=alibi_slopes)
             left, right = window or (-1, -1)
             o, lse = _torch.attention(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
-                                      cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks, alibi_slopes)
+                                      cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks, alibi_slopes,
+                                      bool(check_indices))
             if out is not None:
                 out.copy_(o)
                 o = out
@@ -86,11 +91,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
 
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
                               max_seqlen_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0, dq=None,
-                              dk=None, dv=None, deterministic=False, variant=None, sinks=None, alibi_slopes=None):
+                              dk=None, dv=None, deterministic=False, variant=None, sinks=None, alibi_slopes=None,
+                              check_indices=True):
     """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen` (packed like q, k, v) from dout, given its out and lse
-    (``return_lse=True``); the other arguments must be the forward's.  With sinks, ``(dq, dk, dv, dsinks)``."""
+    (``return_lse=True``); the other arguments must be the forward's.  With sinks, ``(dq, dk, dv, dsinks)``.
+    check_indices=False (max_seqlen_q / max_seqlen_k given): cu_seqlens are trusted, no host sync."""
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)
+    _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k)
     max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
     max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
     if fw == "torch":
@@ -107,7 +115,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
                 variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-                alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
+                alibi_slopes=_args.alibi_arg(alibi_slopes, fw), check_indices=bool(check_indices))
     if sinks is not None:
         grads.append(_args.sink_grads(dout, out, lse, sinks, q, fw, 0, stream))
     return tuple(grads)

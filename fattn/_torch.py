@@ -2,13 +2,14 @@
 
     torch.ops.fattn.attention(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q,
                               cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant, deterministic, sinks,
-                              alibi_slopes) -> (out, lse)
+                              alibi_slopes, check_indices) -> (out, lse)
     torch.ops.fattn.attention_backward(dout, q, k, v, out, lse, <the same arguments>) -> (dq, dk, dv, dsinks)
 
 One pair serves dense calls ((B, H, S, D) or (B, S, H, D), lse (B, H, Sq)) and packed variable-length ones
 (cu_seqlens given: (total, H, D), lse (H, total_q)).  With sinks (float32 (H,), differentiable) out and lse are the
 sink-adjusted ones (csrc/sinks.h); without, dsinks is an empty tensor.  alibi_slopes (float32 (H,) or (B, H)) are
-constants: no gradient.  The forward's autograd formula saves q, k, v, out, lse (sinks, alibi_slopes) and calls the
+constants: no gradient.  check_indices=False (packed batches, max_seqlen given) reads no index back in either op:
+no host sync per layer.  The forward's autograd formula saves q, k, v, out, lse (sinks, alibi_slopes) and calls the
 backward op; lse is not differentiable.  Both have fake (meta) implementations that only give shapes.
 Imported, and torch's types registered with the C side (the lean call path), by fattn.attention the first time a
 torch tensor arrives; `import fattn` never imports torch.
@@ -47,11 +48,13 @@ def _seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None, layout: int, window_left: int,
               window_right: int, softcap: float, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
               max_seqlen_q: int, max_seqlen_k: int, variant: str | None, deterministic: bool,
-              sinks: Tensor | None = None, alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor]:
+              sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
+              check_indices: bool = True) -> tuple[Tensor, Tensor]:
     out = torch.empty_like(q)
     lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
     _C.forward(q, k, v, out, lse, causal=causal, scale=scale, layout=layout, window=_window(window_left, window_right),
                softcap=softcap, variant=variant, stream=_stream(q), alibi_slopes=alibi_slopes,
+               check_indices=check_indices,
                **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if sinks is not None:
         _C.sinks(out, lse, sinks.detach(), layout=layout, stream=_stream(q))
@@ -60,7 +63,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None,
 
 @attention.register_fake
 def _(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-      max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None):
+      max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
     return torch.empty_like(q), q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
 
 
@@ -69,8 +72,8 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                        scale: float | None, layout: int, window_left: int, window_right: int, softcap: float,
                        cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
                        variant: str | None, deterministic: bool,
-                       sinks: Tensor | None = None,
-                       alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                       sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
+                       check_indices: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     workspace = None
     if q.is_cuda:
@@ -82,7 +85,7 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,
                 window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
                 deterministic=deterministic or torch.are_deterministic_algorithms_enabled(), workspace=workspace,
-                alibi_slopes=alibi_slopes, **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+                alibi_slopes=alibi_slopes, check_indices=check_indices, **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     dsinks = q.new_empty((0,), dtype=torch.float32)
     if sinks is not None:
         dsinks = torch.empty_like(sinks)
@@ -102,6 +105,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     sinks = params[12] if len(params) > 12 else None
     alibi_slopes = params[13] if len(params) > 13 else None
+    ctx.check_indices = params[14] if len(params) > 14 else True
     ctx.save_for_backward(q, k, v, out, lse, sinks, alibi_slopes)
     ctx.params = params[:12]
     ctx.n_inputs = len(inputs)
@@ -113,8 +117,8 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         return (None,) * ctx.n_inputs
     dq, dk, dv, dsinks = torch.ops.fattn.attention_backward(dout, q, k, v, out, lse, *ctx.params, sinks,
-                                                            alibi_slopes)
-    grads = (dq, dk, dv) + (None,) * len(ctx.params) + (dsinks if sinks is not None else None, None)
+                                                            alibi_slopes, ctx.check_indices)
+    grads = (dq, dk, dv) + (None,) * len(ctx.params) + (dsinks if sinks is not None else None, None, None)
     return grads[:ctx.n_inputs]
 
 

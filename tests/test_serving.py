@@ -322,3 +322,29 @@ def test_v2_varlen_backward_softcap_alibi(deterministic, seed, request):
                                                   None, softcap, None if alibi is None else alibi[b:b + 1])
             assert why is None, f"softcap={softcap} alibi={alibi is not None} sequence {b}: {why} {stats}. " \
                                 f"{repro(request)}"
+
+
+@pytest.mark.parametrize("device", devices())
+def test_serving_varlen_autograd_check_indices_false(device, seed):
+    """Packed training without host syncs: check_indices=False through the torch op gives the checked call's output
+    and gradients, bitwise (deterministic mode); attention_varlen_backward takes it too."""
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)
+    dout = randn(tuple(q.shape), dt, device, seed + 3)
+    results = []
+    for check in (True, False):
+        leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = fattn.attention_varlen(*leafs, cq, ck, max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right",
+                                     deterministic=True, check_indices=check)
+        out.backward(dout)
+        results.append([out.detach()] + [x.grad for x in leafs])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", return_lse=True)
+    g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, max_seqlen_q=70, max_seqlen_k=70,
+                                        causal="bottom_right", deterministic=True, check_indices=False)
+    for a, b in zip(g, results[0][1:]):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="max_seqlen_q: needed"):
+        fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, check_indices=False)
