@@ -54,7 +54,7 @@ No step materialises the S x S scores or the whole sequence's Q; allgather holds
 import torch
 import torch.distributed as dist
 
-from . import _api
+from . import _api, _args
 
 SEQ_DIM = {"bshd": 1, "bhsd": 2}
 HEAD_DIM = {"bshd": 2, "bhsd": 1}
@@ -70,7 +70,8 @@ _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or getattr
 # Public API
 
 
-def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", strategy="auto", check=True):
+def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", strategy="auto", check=True,
+              softcap=0.0):
     r"""Attention of this rank's query shard to the whole distributed sequence; returns this rank's output shard.
 
     Args:
@@ -82,6 +83,8 @@ def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", s
         causal: ``False`` or ``True`` (``"top_left"`` and ``"bottom_right"`` mean the same here: q and k cover the
             same positions).  Causal needs an even S_local (two zigzag chunks per rank).
         scale: softmax scale, default ``1 / sqrt(D)``.
+        softcap: ``c > 0`` caps the scores at ``c * tanh(s / c)`` (as :func:`fattn.attention`); the merge by LSE
+            and the backward are exact for it too.
         layout: ``"bshd"`` (default) or ``"bhsd"``.
         strategy: ``"ring"``, ``"allgather"`` or ``"auto"`` (allgather when the group has one rank or
             ``H_kv * 4 <= H``, else ring); see the module's docstring.
@@ -97,6 +100,7 @@ def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", s
     """
     comm = _Comm(group)
     causal = _causal_flag(causal)
+    softcap = _args.softcap_value(softcap)
     _check_choice("layout", layout, tuple(SEQ_DIM))
     _check_choice("strategy", strategy, STRATEGIES)
     problem = _local_problem(q, k, v, causal, layout)
@@ -106,7 +110,7 @@ def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", s
         raise ValueError(problem)
     if strategy == "auto":
         strategy = choose_strategy(q.shape[HEAD_DIM[layout]], k.shape[HEAD_DIM[layout]], comm.size)
-    return _Attention.apply(q, k, v, comm, causal, scale, layout, strategy)
+    return _Attention.apply(q, k, v, comm, causal, scale, layout, strategy, softcap)
 
 
 def choose_strategy(heads, kv_heads, world_size):
@@ -307,7 +311,7 @@ def _merge(out, lse, out_i, lse_i, layout):
 # Ring
 
 
-def _ring_forward(q, k, v, comm, causal, scale, layout):
+def _ring_forward(q, k, v, comm, causal, scale, layout, softcap=0.0):
     length = q.shape[SEQ_DIM[layout]]
     kv = torch.stack((k, v))  # one buffer travels: (2, ...)
     out = lse = None
@@ -316,7 +320,7 @@ def _ring_forward(q, k, v, comm, causal, scale, layout):
         q_rows, k_rows, masked = _ring_step_block(comm.rank, (comm.rank - t) % comm.size, causal, length)
         out_i, lse_i = _api.attention(_rows(q, q_rows, layout), _rows(kv[0], k_rows, layout),
                                       _rows(kv[1], k_rows, layout), causal=masked, scale=scale, layout=layout,
-                                      return_lse=True)
+                                      softcap=softcap, return_lse=True)
         if out is None:  # step 0 covers every row
             out, lse = out_i.float(), lse_i
         else:
@@ -326,7 +330,7 @@ def _ring_forward(q, k, v, comm, causal, scale, layout):
     return out.to(q.dtype), lse
 
 
-def _ring_backward(dout, q, k, v, out, lse, comm, causal, scale, layout):
+def _ring_backward(dout, q, k, v, out, lse, comm, causal, scale, layout, softcap=0.0):
     length = q.shape[SEQ_DIM[layout]]
     kv = torch.stack((k, v))
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -337,7 +341,7 @@ def _ring_backward(dout, q, k, v, out, lse, comm, causal, scale, layout):
         dq_i, dk_i, dv_i = _api.attention_backward(
             _rows(dout, q_rows, layout), _rows(q, q_rows, layout), _rows(kv[0], k_rows, layout),
             _rows(kv[1], k_rows, layout), _rows(out, q_rows, layout), _lse_rows(lse, q_rows), causal=masked,
-            scale=scale, layout=layout)
+            scale=scale, layout=layout, softcap=softcap)
         _rows(dq, q_rows, layout).add_(dq_i)
         # This K/V shard's dK/dV accumulator: new at step 0, else what the previous rank sent along with the shard.
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device) if t == 0 else returning.wait()
@@ -391,7 +395,7 @@ def _gathered_kv(k, v, comm, causal, layout):
     return _global_order(comm.all_gather(torch.stack((k, v))), causal, SEQ_DIM[layout] + 1)
 
 
-def _allgather_forward(q, k, v, comm, causal, scale, layout):
+def _allgather_forward(q, k, v, comm, causal, scale, layout, softcap=0.0):
     kv = _gathered_kv(k, v, comm, causal, layout)
     length = q.shape[SEQ_DIM[layout]]
     out = torch.empty_like(q)
@@ -400,13 +404,13 @@ def _allgather_forward(q, k, v, comm, causal, scale, layout):
         keys = slice(0, seen)
         out_i, lse_i = _api.attention(_rows(q, q_rows, layout), _rows(kv[0], keys, layout),
                                       _rows(kv[1], keys, layout), causal=masked, scale=scale, layout=layout,
-                                      return_lse=True)
+                                      softcap=softcap, return_lse=True)
         _rows(out, q_rows, layout).copy_(out_i)
         _lse_rows(lse, q_rows).copy_(lse_i)
     return out, lse
 
 
-def _allgather_backward(dout, q, k, v, out, lse, comm, causal, scale, layout):
+def _allgather_backward(dout, q, k, v, out, lse, comm, causal, scale, layout, softcap=0.0):
     kv = _gathered_kv(k, v, comm, causal, layout)  # gathered again rather than kept from the forward
     length = q.shape[SEQ_DIM[layout]]
     dq = torch.empty_like(q)
@@ -416,7 +420,7 @@ def _allgather_backward(dout, q, k, v, out, lse, comm, causal, scale, layout):
         dq_i, dk_i, dv_i = _api.attention_backward(
             _rows(dout, q_rows, layout), _rows(q, q_rows, layout), _rows(kv[0], keys, layout),
             _rows(kv[1], keys, layout), _rows(out, q_rows, layout), _lse_rows(lse, q_rows), causal=masked,
-            scale=scale, layout=layout)
+            scale=scale, layout=layout, softcap=softcap)
         _rows(dq, q_rows, layout).copy_(dq_i)
         _rows(dkv[0], keys, layout).add_(dk_i)
         _rows(dkv[1], keys, layout).add_(dv_i)
@@ -441,17 +445,18 @@ class _Attention(torch.autograd.Function):
     """Distributed forward and backward; saves this rank's q, k, v, output and LSE."""
 
     @staticmethod
-    def forward(ctx, q, k, v, comm, causal, scale, layout, strategy):
+    def forward(ctx, q, k, v, comm, causal, scale, layout, strategy, softcap):
         with torch.no_grad():
-            out, lse = FORWARD[strategy](q, k, v, comm, causal, scale, layout)
+            out, lse = FORWARD[strategy](q, k, v, comm, causal, scale, layout, softcap=softcap)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (comm, causal, scale, layout, strategy)
+        ctx.args = (comm, causal, scale, layout, strategy, softcap)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        comm, causal, scale, layout, strategy = ctx.args
+        comm, causal, scale, layout, strategy, softcap = ctx.args
         with torch.no_grad():
-            dq, dk, dv = BACKWARD[strategy](dout.contiguous(), q, k, v, out, lse, comm, causal, scale, layout)
-        return dq, dk, dv, None, None, None, None, None
+            dq, dk, dv = BACKWARD[strategy](dout.contiguous(), q, k, v, out, lse, comm, causal, scale, layout,
+                                            softcap=softcap)
+        return dq, dk, dv, None, None, None, None, None, None

@@ -33,8 +33,9 @@ SPAWN_DEADLINE_S = 150
 PG_TIMEOUT_S = 40
 
 
-def _case(strategy, causal, kv_heads, layout="bshd", dtype="fp32"):
-    return {"strategy": strategy, "causal": causal, "kv_heads": kv_heads, "layout": layout, "dtype": dtype}
+def _case(strategy, causal, kv_heads, layout="bshd", dtype="fp32", softcap=0.0):
+    return {"strategy": strategy, "causal": causal, "kv_heads": kv_heads, "layout": layout, "dtype": dtype,
+            "softcap": softcap}
 
 
 MATCH_CASES = {}
@@ -48,6 +49,8 @@ MATCH_CASES["auto-causal-hkv1"] = _case("auto", True, 1)
 MATCH_CASES["auto-full-hkv4"] = _case("auto", False, 4)
 MATCH_CASES["ring-causal-hkv2-bf16"] = _case("ring", True, 2, dtype="bf16")
 MATCH_CASES["allgather-causal-hkv1-bf16"] = _case("allgather", True, 1, dtype="bf16")
+MATCH_CASES["ring-causal-hkv2-softcap"] = _case("ring", True, 2, softcap=1.0)
+MATCH_CASES["allgather-full-hkv4-softcap"] = _case("allgather", False, 4, softcap=1.0)
 
 ERROR_CASES = ["unequal_lengths", "odd_causal_length", "layout_mismatch", "one_rank_bad", "bad_strategy",
                "bad_layout", "shard_indivisible"]
@@ -83,11 +86,11 @@ def _bhsd(x, layout):
 def run_match(case, rank, world, device):
     """Distributed forward + autograd backward vs one process's fattn (float32: within 1e-5) and the float64
     reference (the accuracy rule: 2x for the output, 3x for the gradients), checked on rank 0."""
-    layout, causal, dtype = case["layout"], case["causal"], DTYPES[case["dtype"]]
+    layout, causal, dtype, cap = case["layout"], case["causal"], DTYPES[case["dtype"]], case["softcap"]
     dim = fd.SEQ_DIM[layout]
     q, k, v, dout = _inputs(world, case, device, dtype, seed=1000 + world)
     local = [fd.shard(x, dim=dim, causal=causal).requires_grad_() for x in (q, k, v)]
-    out = fd.attention(*local, causal=causal, layout=layout, strategy=case["strategy"])
+    out = fd.attention(*local, causal=causal, layout=layout, strategy=case["strategy"], softcap=cap)
     out.backward(fd.shard(dout, dim=dim, causal=causal))
     got = [fd.unshard(t, dim=dim, causal=causal) for t in (out.detach(), local[0].grad, local[1].grad,
                                                             local[2].grad)]
@@ -96,13 +99,13 @@ def run_match(case, rank, world, device):
     bq, bk, bv, bdout = (_bhsd(x, layout) for x in (q, k, v, dout))
     out_d, dq, dk, dv = (_bhsd(x, layout) for x in got)
     with torch.no_grad():
-        single = _bhsd(fattn.attention(q, k, v, causal=causal, layout=layout), layout)
+        single = _bhsd(fattn.attention(q, k, v, causal=causal, layout=layout, softcap=cap), layout)
     if dtype == torch.float32:
         err = (out_d - single).abs().max().item()
         assert err <= 1e-5, f"forward: max |distributed - single process| = {err:.3g} > 1e-5"
-    why, err, err_low = accuracy.check_attention(out_d, bq, bk, bv, causal)
+    why, err, err_low = accuracy.check_attention(out_d, bq, bk, bv, causal, softcap=cap)
     assert why is None, f"forward: {why}"
-    why, stats = accuracy.check_gradients((dq, dk, dv), bq, bk, bv, bdout, causal)
+    why, stats = accuracy.check_gradients((dq, dk, dv), bq, bk, bv, bdout, causal, softcap=cap)
     assert why is None, f"gradients: {why} (err, err_lowp per dq, dk, dv: {stats})"
 
 
