@@ -31,7 +31,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             shapes and dtypes are still checked, the values are trusted (no host sync: what a decode loop over
             many layers wants; an out-of-range entry is then undefined behaviour, as in flash-attention).
 
-    Inference only: not differentiable, and not traceable by torch.compile (it writes into the cache).  On the GPU
+    Inference only: not differentiable.  Under torch.compile (and for fake / meta tensors) the call is the op
+    ``torch.ops.fattn.attention_with_kvcache``, which declares its writes into k_cache and v_cache.  On the GPU
     v2 (tensor cores) runs these calls, paged or not, with split keys for small batches (a softcap and ALiBi
     included); on Hopper v3 runs a contiguous cache's calls with more than 64 queries (chunked prefill).
     """
@@ -41,10 +42,20 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     fw = framework_of(q)
     if fw == "torch":
         _args.torch_registered()
-        if _args.traced_or_fake(q):
-            raise NotImplementedError("attention_with_kvcache: not traceable by torch.compile / jit.trace and not "
-                                      "for fake or meta tensors yet (it writes into the cache); call it outside the "
-                                      "compiled region")
+        if _args.traced_or_fake(q):  # torch.compile, fake or meta tensors: the op that declares its cache writes
+            from . import _torch
+
+            if len(getattr(q, "shape", ())) != 4:
+                raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(q.shape)}-D")
+            left, right = window or (-1, -1)
+            o, lse = _torch.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
+                                                   causal_code, left, right, softcap, scale, variant,
+                                                   bool(check_indices), _args.sinks_arg(sinks, q, fw, q.shape[2]),
+                                                   _args.alibi_arg(alibi_slopes, fw))
+            if out is not None:
+                out.copy_(o)
+                o = out
+            return (o, lse) if return_lse else o
     dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(out=out, k_cache=k_cache if k_new is not None else None)
     shape = tuple(getattr(q, "shape", ()))

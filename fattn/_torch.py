@@ -4,6 +4,8 @@
                               cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant, deterministic, sinks,
                               alibi_slopes, check_indices) -> (out, lse)
     torch.ops.fattn.attention_backward(dout, q, k, v, out, lse, <the same arguments>) -> (dq, dk, dv, dsinks)
+    torch.ops.fattn.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, ...)
+                                                                    -> (out, lse), k_cache / v_cache mutated
 
 One pair serves dense calls ((B, H, S, D) or (B, S, H, D), lse (B, H, Sq)) and packed variable-length ones
 (cu_seqlens given: (total, H, D), lse (H, total_q)).  With sinks (float32 (H,), differentiable) out and lse are the
@@ -123,6 +125,31 @@ def _backward(ctx, dout, dlse):
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op(f"{_LIB}::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Tensor | None, v_new: Tensor | None,
+                           cache_seqlens: Tensor | None, block_table: Tensor | None, causal: int, window_left: int,
+                           window_right: int, softcap: float, scale: float | None, variant: str | None,
+                           check_indices: bool, sinks: Tensor | None,
+                           alibi_slopes: Tensor | None) -> tuple[Tensor, Tensor]:
+    """fattn.attention_with_kvcache as an op that writes k_new / v_new into the caches (declared mutated, so
+    torch.compile and functionalization order it): returns (out, lse)."""
+    out = torch.empty_like(q)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    _C.forward(q, k_cache, v_cache, out, lse, causal=causal, scale=scale, layout=1,
+               window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
+               cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new,
+               check_indices=check_indices, alibi_slopes=alibi_slopes)
+    if sinks is not None:
+        _C.sinks(out, lse, sinks.detach(), layout=1, stream=_stream(q))
+    return out, lse
+
+
+@attention_with_kvcache.register_fake
+def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right, softcap,
+      scale, variant, check_indices, sinks, alibi_slopes):
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 def _no_double_backward(ctx, *grads):

@@ -284,3 +284,32 @@ def test_kvcache_check_indices_false_trusts_values():
     assert torch.equal(a, b) and torch.equal(kc, kc2)
     with pytest.raises(TypeError, match="block_table: dtype must be int32"):
         fattn.attention_with_kvcache(q, kc, vc, check_indices=False, **dict(args, block_table=args["block_table"].long()))
+
+
+def test_kvcache_under_torch_compile_and_fake(seed):
+    """Under torch.compile (aot_eager: functionalization sees the op's declared cache writes) the call gives the
+    eager call's output and writes the same cache slots; fake tensors get shapes; opcheck passes."""
+    b, hk, h, d = 2, 2, 4, 32
+    kc, vc = randn((b, 64, hk, d), torch.float32, "cpu", seed), randn((b, 64, hk, d), torch.float32, "cpu", seed + 1)
+    kn, vn = randn((b, 3, hk, d), torch.float32, "cpu", seed + 2), randn((b, 3, hk, d), torch.float32, "cpu", seed + 3)
+    q = randn((b, 3, h, d), torch.float32, "cpu", seed + 4)
+    lens = torch.tensor([5, 40], dtype=torch.int32)
+
+    def step(q, kc, vc):
+        return fattn.attention_with_kvcache(q, kc, vc, k_new=kn, v_new=vn, cache_seqlens=lens, softcap=4.0)
+
+    ke, ve = kc.clone(), vc.clone()
+    want = step(q, ke, ve)
+    kg, vg = kc.clone(), vc.clone()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, kg, vg)
+    assert torch.equal(got, want)
+    assert torch.equal(kg, ke) and torch.equal(vg, ve)  # the compiled call wrote the same slots
+    assert not torch.equal(kg, kc)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(x) for x in (q, kc, vc))
+        assert fattn.attention_with_kvcache(fq, fk, fv, return_lse=True)[1].shape == (b, h, 3)
+    torch.library.opcheck(torch.ops.fattn.attention_with_kvcache.default,
+                          (q, kc.clone(), vc.clone(), kn, vn, lens, None, 2, -1, -1, 0.0, None, None, True, None,
+                           None))
