@@ -33,7 +33,7 @@ def slopes(shape, device, seed):
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
-@pytest.mark.parametrize("sq,sk", [(1, 17), (17, 113), (113, 17), (64, 64)])
+@pytest.mark.parametrize("sq,sk", [(1, 17), (17, 113), (113, 17), (64, 64), (1025, 1025)])
 @pytest.mark.parametrize("per_batch", [False, True], ids=["H", "BH"])
 def test_alibi_forward_and_grad(device, causal, sq, sk, per_batch, seed, request):
     """Forward and gradients by the rule; the bias changes the result (the check sees it); the torch op's autograd
