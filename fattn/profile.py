@@ -1,9 +1,11 @@
 """Nsight Compute on exactly fattn's kernel launches, the key counters as a short table with the roofline position.
 
     python -m fattn.profile --shape 4,16,2048,128 [--sk N] [--variant v2] [--causal] [--dtype fp16] [--out DIR]
+                            [--mode fwd|bwd]
 
-Runs ncu (--clock-control none, kernel-name filter v<N>_fwd, a warm-up launch skipped, one launch profiled) on a
-child process that calls fattn.attention; parses its raw CSV; measures the ceilings in this process (fp16 matmul
+Runs ncu (--clock-control none, a kernel-name filter, warm-up launches skipped, one launch profiled) on a child
+process that calls fattn.attention -- or, with --mode bwd, attention_backward, whose main kernel (dK, dV and, by
+atomics, dQ: v2_bwd_dkdv; v1's v1_dkdv) is the one profiled and counted at the backward's 2.5x forward FLOPs; parses its raw CSV; measures the ceilings in this process (fp16 matmul
 peak, device-to-device copy bandwidth, and the cuBLAS two-GEMM baseline at the same shape); prints SM throughput,
 achieved occupancy, tensor-pipe utilisation (mma.sync, and wgmma on Hopper), DRAM throughput, shared-memory bank
 conflicts, registers, local-memory (spill) traffic and duration; writes ncu.csv and profile.json under --out.
@@ -72,8 +74,23 @@ def available_metrics(ncu):
     return [m for m in METRICS.values() if m.rsplit(".", 1)[0] in known or m.split(".")[0] in known]
 
 
+# The kernels each mode profiles (ncu --kernel-name), and its FLOPs over the forward's 4 B H Sq Sk D.
+KERNELS = {"fwd": r"regex:v[0-9]+_fwd", "bwd": r"regex:v[0-9]+(_bwd)?_dkdv"}
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5}
+
+
+def ncu_command(ncu, args, metrics):
+    """The ncu command line that profiles one launch of the mode's main kernel in a child of this module."""
+    cmd = [ncu, "--clock-control", "none", "--kernel-name-base", "function", "--kernel-name", KERNELS[args.mode],
+           "--launch-skip", "2", "--launch-count", "1", "--metrics", ",".join(metrics), "--csv", "--page", "raw",
+           "--print-units", "base", sys.executable, "-m", "fattn.profile", "--child", "--shape",
+           ",".join(map(str, args.shape)), "--dtype", args.dtype, "--mode", args.mode]
+    cmd += (["--sk", str(args.sk)] if args.sk else []) + (["--variant", args.variant] if args.variant else [])
+    return cmd + (["--causal"] if args.causal else [])
+
+
 def child(args):
-    """Runs under ncu: the profiled calls."""
+    """Runs under ncu: the profiled calls (three of each: ncu skips the first two launches of the kernel)."""
     import torch
 
     import fattn
@@ -83,8 +100,14 @@ def child(args):
     q = torch.randn(b, h, s, d, device="cuda", dtype=dt)
     k = torch.randn(b, h, args.sk or s, d, device="cuda", dtype=dt)
     v = torch.randn_like(k)
-    for _ in range(3):  # ncu skips the first two launches of the filtered kernel
-        fattn.attention(q, k, v, causal=args.causal, variant=args.variant)
+    if args.mode == "bwd":
+        out, lse = fattn.attention(q, k, v, causal=args.causal, variant=args.variant, return_lse=True)
+        dout = torch.randn_like(out)
+        for _ in range(3):
+            fattn.attention_backward(dout, q, k, v, out, lse, causal=args.causal, variant=args.variant)
+    else:
+        for _ in range(3):
+            fattn.attention(q, k, v, causal=args.causal, variant=args.variant)
     torch.cuda.synchronize()
     return 0
 
@@ -119,7 +142,7 @@ def ceilings(args):
 def summarize(rec, args, ceil):
     b, h, s, d = args.shape
     sk = args.sk or s
-    flops = 4 * b * h * s * sk * d / (2 if args.causal else 1)
+    flops = FLOP_FACTOR[getattr(args, "mode", "fwd")] * 4 * b * h * s * sk * d / (2 if args.causal else 1)
     dur_s = rec.get(METRICS["duration_ns"], 0) * 1e-9
     m = {label: rec.get(name) for label, name in METRICS.items()}
     m["tflops"] = flops / dur_s / 1e12 if dur_s else None
@@ -162,6 +185,8 @@ def main(argv=None):
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     ap.add_argument("--out", default="profile_out", help="folder for ncu.csv and profile.json")
+    ap.add_argument("--mode", default="fwd", choices=tuple(KERNELS),
+                    help="fwd: the forward kernel; bwd: the backward's dK/dV kernel")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.shape = tuple(int(x) for x in args.shape.split(","))
@@ -174,13 +199,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "ncu.csv")
     metrics = available_metrics(ncu)
-    cmd = [ncu, "--clock-control", "none", "--kernel-name-base", "function", "--kernel-name", r"regex:v[0-9]+_fwd",
-           "--launch-skip", "2", "--launch-count", "1", "--metrics", ",".join(metrics), "--csv", "--page", "raw",
-           "--print-units", "base", sys.executable, "-m", "fattn.profile", "--child", "--shape",
-           ",".join(map(str, args.shape)), "--dtype", args.dtype]
-    cmd += (["--sk", str(args.sk)] if args.sk else []) + (["--variant", args.variant] if args.variant else [])
-    cmd += ["--causal"] if args.causal else []
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(ncu_command(ncu, args, metrics), capture_output=True, text=True)
     with open(csv_path, "w") as f:
         f.write(r.stdout)
     recs = parse_ncu_csv(r.stdout)

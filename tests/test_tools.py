@@ -122,6 +122,28 @@ def test_profile_parses_recorded_ncu_csv():
     assert profile.parse_ncu_csv("==PROF== nothing profiled\n") == []
 
 
+def test_profile_backward_mode():
+    """--mode bwd profiles the backward's dK/dV kernel (v2_bwd_dkdv, v1_dkdv; not the forward, nor prep / convert)
+    in a child that runs attention_backward, and counts 2.5x the forward's FLOPs."""
+    import re
+
+    from fattn import profile
+
+    class Args:
+        shape, sk, causal, dtype, variant, mode = (2, 4, 256, 64), None, True, "fp16", "v2", "bwd"
+
+    cmd = profile.ncu_command("ncu", Args, ["m"])
+    pattern = cmd[cmd.index("--kernel-name") + 1].removeprefix("regex:")
+    for name, hit in (("v2_bwd_dkdv", True), ("v1_dkdv", True), ("v2_fwd", False), ("v2_bwd_prep", False),
+                      ("v2_bwd_convert", False), ("v3_fwd", False)):
+        assert bool(re.search(pattern, name)) == hit, name
+    assert cmd[cmd.index("--mode") + 1] == "bwd" and "--causal" in cmd
+    rec = {profile.METRICS["duration_ns"]: 1e6}
+    ceil = {"matmul_tflops": 760.0, "copy_gbps": 3000.0}
+    assert profile.summarize(rec, Args, ceil)["tflops"] == pytest.approx(2.5 * 4 * 2 * 4 * 256 * 256 * 64 / 2 / 1e-3
+                                                                         / 1e12)
+
+
 def test_clis_fail_clearly(tmp_path):
     """A bench point fattn cannot run exits 1 (it used to exit 0); plot on a missing or wrong file is a usage error,
     not a traceback; tune --help prints its usage once."""
