@@ -5,6 +5,7 @@
 #   bash bench/gpu_suite.sh "$OUT" "seeds fa3 fa3_bf16"     # a subset (fa3_bf16: the fa3 grid in bfloat16)
 #   bash bench/gpu_suite.sh "$OUT" "fa3_bwd fa3_fwdbwd"     # --mode bwd / fwdbwd on fa3 (fa3_bf16_bwd in bf16)
 #   bash bench/gpu_suite.sh "$OUT" cp                       # context parallelism over every GPU (torchrun, NCCL)
+#   bash bench/gpu_suite.sh "$OUT" serving                  # bench/serving_targets.py (FATTN_SERVING_TARGETS=a,b)
 #   FATTN_AB_OLD=.ab/old bash bench/gpu_suite.sh "$OUT" none    # this tree against an older one (bench/ab.py)
 #   FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT" none    # also compute-sanitizer
 #   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
@@ -91,6 +92,11 @@ for g in $GRIDS; do
     paged)  # decode over a paged KV cache (its own runner)
       say "bench paged"
       python3 -m fattn.bench --grid paged --json "$OUT/paged.json" 2>>"$LOG" | tee -a "$LOG"
+      continue ;;
+    serving)  # issue 17's timing targets (window, varlen, ragged, packed backward, softcap / ALiBi costs)
+      say "bench serving: ${FATTN_SERVING_TARGETS:-all}"
+      timeout "${FATTN_SERVING_TIMEOUT:-300}" python3 bench/serving_targets.py --json "$OUT/serving.json" \
+        ${FATTN_SERVING_TARGETS:+--targets "$FATTN_SERVING_TARGETS"} 2>>"$LOG" | tee -a "$LOG"
       continue ;;
     *)      args=(--grid "$g" --variants "$VARIANTS") ;;
   esac
