@@ -46,12 +46,20 @@ def window_rows(args):
         "speedup_vs_causal": p50["causal"] / us} for name, us in p50.items()]
 
 
-def packed_rows(args, lengths, name):
-    g = torch.Generator(device="cuda").manual_seed(1)
-    b, h, d, smax = len(lengths), 16, 128, max(lengths)
-    dense = [torch.randn((b, smax, h, d), generator=g, device="cuda").half() for _ in range(3)]
+def batch(lengths, count, seed):
+    """`count` fp16 arrays of a batch of `lengths` (H=16, D=128): dense (B, S_max, H, D), the same rows packed
+    (total, H, D), the prefix sums and S_max."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    smax = max(lengths)
+    dense = [torch.randn((len(lengths), smax, 16, 128), generator=g, device="cuda").half() for _ in range(count)]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
     packed = [torch.cat([x[i, :n] for i, n in enumerate(lengths)]) for x in dense]
+    return dense, packed, cu, smax
+
+
+def packed_rows(args, lengths, name):
+    dense, packed, cu, smax = batch(lengths, 3, seed=1)
+    b = len(lengths)
     rows = []
     for causal in (False, True):
         mode = "bottom_right" if causal else False
@@ -75,11 +83,7 @@ def packed_rows(args, lengths, name):
 
 def packed_bwd_rows(args, lengths, name):
     """The backward of a packed batch (attention_varlen_backward) against the dense backward on the same data."""
-    g = torch.Generator(device="cuda").manual_seed(3)
-    b, h, d, smax = len(lengths), 16, 128, max(lengths)
-    dense = [torch.randn((b, smax, h, d), generator=g, device="cuda").half() for _ in range(4)]
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
-    packed = [torch.cat([x[i, :n] for i, n in enumerate(lengths)]) for x in dense]
+    dense, packed, cu, smax = batch(lengths, 4, seed=3)
     rows = []
     for causal in (False, True):
         mode = "bottom_right" if causal else False

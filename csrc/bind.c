@@ -14,10 +14,10 @@
  * (attention_with_kvcache; layout 1): k and v are the cache, paged (num_pages, page_size, H_kv, D) with block_table
  * (int32, B x max_pages); k_new / v_new (B, S_new, H_kv, D) are written at cache_seqlens (int32, B: the lengths
  * before the call) once the call is planned, and attended to; check_indices=False trusts cache_seqlens' and
- * block_table's values (no read back: no host sync), and with max_seqlen_q / max_seqlen_k given, cu_seqlens' too.  alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes
- * (attn_params).  Overrides: config (a GPU
- * variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's), order (block
- * order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
+ * block_table's values (no read back: no host sync), and with max_seqlen_q / max_seqlen_k given, cu_seqlens' too.
+ * alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes (attn_params).  Overrides: config (a GPU variant's config
+ * index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's), order (block order, 0: the
+ * planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
  * head_group, workspace. */
 #include "module.h"
 
@@ -79,6 +79,14 @@ int fattn_arg_softcap(PyObject *obj, double *softcap) {
         PyErr_Format(PyExc_TypeError, "softcap: expected a float, got %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
+    return 0;
+}
+
+int fattn_arg_check_indices(PyObject *obj, int *trust) {
+    if (!obj || obj == Py_None) return 0;
+    const int check = PyObject_IsTrue(obj);
+    if (check < 0) return -1;
+    *trust = !check;
     return 0;
 }
 
@@ -189,11 +197,8 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     o.causal = (int)causal;
     o.layout = (int)layout;
     if (fattn_arg_variant(a[A_VARIANT], &c->variant)) return -1;
-    if (given(a[A_CHECK_INDICES])) { /* cu_seqlens, seqused_k / cache_seqlens and block_table: trusted when false */
-        const int check = PyObject_IsTrue(a[A_CHECK_INDICES]);
-        if (check < 0) return -1;
-        o.trust_indices = !check;
-    }
+    /* cu_seqlens, seqused_k / cache_seqlens and block_table: trusted when check_indices is false */
+    if (fattn_arg_check_indices(a[A_CHECK_INDICES], &o.trust_indices)) return -1;
     PyObject *stream_obj = a[A_STREAM] ? a[A_STREAM] : Py_None;
     for (int i = 0; i < 5; i++)
         if (given(a[i]) && fattn_take(&st->names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))

@@ -101,11 +101,7 @@ static int call_take(module_state *st, PyObject **a, call *c) {
         fattn_arg_variant(a[B_VARIANT], &c->variant) || fattn_arg_softcap(a[B_SOFTCAP], &o.softcap))
         return -1;
     if (a[B_DETERMINISTIC] && (deterministic = PyObject_IsTrue(a[B_DETERMINISTIC])) < 0) return -1;
-    if (a[B_CHECK_INDICES] && a[B_CHECK_INDICES] != Py_None) { /* false: cu_seqlens trusted, as in forward() */
-        const int check = PyObject_IsTrue(a[B_CHECK_INDICES]);
-        if (check < 0) return -1;
-        o.trust_indices = !check;
-    }
+    if (fattn_arg_check_indices(a[B_CHECK_INDICES], &o.trust_indices)) return -1; /* cu_seqlens, as forward() */
     o.causal = (int)causal;
     o.layout = (int)layout;
     if (!a[B_LSE] || a[B_LSE] == Py_None) {

@@ -13,9 +13,9 @@
  *
  * and finally writes O_i = acc / l_i and LSE_i = (m_i + log2(l_i)) * ln 2.  A softcap c maps S to c tanh(S / c) first
  * (in log2 units: c log2 e), then ALiBi adds its bias (fattn_alibi_bias2).  Each task works on one sequence
- * (fattn_seq_params): dense batches, packed variable-length batches and partly filled caches alike.  Both products go through one
- * register-blocked micro-kernel (gemm_rows: 6 x 16 tiles, 12 vector accumulators) whose right-hand operand is
- * read row by row.  Query chunks split a head only when there are too few heads to keep every thread busy.
+ * (fattn_seq_params): dense batches, packed variable-length batches and partly filled caches alike.  Both products
+ * go through one register-blocked micro-kernel (gemm_rows: 6 x 16 tiles, 12 vector accumulators) whose right-hand
+ * operand is read row by row.  Query chunks split a head only when there are too few heads to keep every thread busy.
  */
 #ifdef _OPENMP
 #include <omp.h>

@@ -36,6 +36,8 @@ int fattn_parse_overrides(PyObject *config, PyObject *splits, PyObject *order, f
 int fattn_raise_plan_status(fattn_status s, const char *variant, const fattn_overrides *ov);
 /* softcap: None or a float (0: none; range checked with the params). */
 int fattn_arg_softcap(PyObject *obj, double *softcap);
+/* check_indices: None / absent (check) or a truth value; *trust = 1 when false (index arrays' values not read). */
+int fattn_arg_check_indices(PyObject *obj, int *trust);
 /* The variable-length arguments (cu_seqlens_q, cu_seqlens_k, seqused_k at objs[0..3), max_seqlen_q / _k) taken
  * into ts[0..3) and o. */
 int fattn_take_varlen_args(const fattn_names *names, PyObject **objs, PyObject *max_q, PyObject *max_k,

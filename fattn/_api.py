@@ -131,7 +131,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     ``(dq, dk, dv, dsinks)`` (dsinks float32 ``(H,)``).
 
     Arguments are DLPack arrays on one device, as for :func:`attention`; q, k, v, causal, scale, layout and variant
-    (and window, softcap, alibi_slopes) must be those of the forward call, and out and lse what it returned (``attention(..., return_lse=True)``).
+    (and window, softcap, alibi_slopes) must be those of the forward call, and out and lse what it returned
+    (``attention(..., return_lse=True)``).
     FlashAttention-2's backward: P is recomputed from q, k and lse, never stored.
 
     Args:

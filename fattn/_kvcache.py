@@ -40,17 +40,18 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     if causal is True:
         causal_code = _args.CAUSAL["bottom_right"]  # a cache's queries are its last positions
     fw = framework_of(q)
+    shape = tuple(getattr(q, "shape", ()))
+    if len(shape) != 4:
+        raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(shape)}-D")
     if fw == "torch":
         _args.torch_registered()
         if _args.traced_or_fake(q):  # torch.compile, fake or meta tensors: the op that declares its cache writes
             from . import _torch
 
-            if len(getattr(q, "shape", ())) != 4:
-                raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(q.shape)}-D")
             left, right = window or (-1, -1)
             o, lse = _torch.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
                                                    causal_code, left, right, softcap, scale, variant,
-                                                   bool(check_indices), _args.sinks_arg(sinks, q, fw, q.shape[2]),
+                                                   bool(check_indices), _args.sinks_arg(sinks, q, fw, shape[2]),
                                                    _args.alibi_arg(alibi_slopes, fw))
             if out is not None:
                 out.copy_(o)
@@ -58,9 +59,6 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             return (o, lse) if return_lse else o
     dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(out=out, k_cache=k_cache if k_new is not None else None)
-    shape = tuple(getattr(q, "shape", ()))
-    if len(shape) != 4:
-        raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(shape)}-D")
     if out is None:
         out = EMPTY[fw](q, shape, False)
     lse = EMPTY[fw](q, (shape[0], shape[2], shape[1]), True) if return_lse or sinks is not None else None
