@@ -31,8 +31,8 @@ const fattn_variant fattn_gpu_variants[] = {FATTN_GPU_VARIANTS(FATTN_VARIANT_ROW
 #undef FATTN_VARIANT_ROW
 #define NVARIANTS ((int)(sizeof fattn_gpu_variants / sizeof fattn_gpu_variants[0]) - 1)
 
-#define FATTN_BWD_VARIANT_ROW(name, family, file, summary, min_sm, max_sm, dtypes)                               \
-    {#name, #family, file, summary, min_sm, max_sm, dtypes, fattn_plan_bwd_##name, LAUNCH_BWD(name),             \
+#define FATTN_BWD_VARIANT_ROW(name, family, file, summary, min_sm, max_sm, dtypes, fallback)                     \
+    {#name, #family, file, summary, min_sm, max_sm, dtypes, fallback, fattn_plan_bwd_##name, LAUNCH_BWD(name),   \
      PREPARE_BWD(name)},
 const fattn_bwd_variant fattn_gpu_bwd_variants[] = {FATTN_GPU_BWD_VARIANTS(FATTN_BWD_VARIANT_ROW){0}};
 #undef FATTN_BWD_VARIANT_ROW
@@ -322,7 +322,16 @@ fattn_status fattn_plan_gpu_bwd(const attn_bwd_params *p, const fattn_device *de
     if (forced) {
         const fattn_bwd_variant *v = fattn_find_bwd_variant(forced);
         if (!v) return FATTN_FAIL(FATTN_ERR_INVALID, "unknown GPU variant '%s'", forced);
-        return plan_bwd_one(v, p, dev, tuned, ov, plan);
+        fattn_status st = plan_bwd_one(v, p, dev, tuned, ov, plan);
+        for (int i = 0; st == FATTN_ERR_UNSUPPORTED && v->fallback && i < NBWD; i++) {
+            const fattn_bwd_variant *f = &fattn_gpu_bwd_variants[i];
+            if (!strcmp(f->name, v->fallback)) {
+                fattn_overrides fo = *ov;
+                fo.config = -1; /* the forced variant's config index means nothing to its fallback */
+                st = plan_bwd_one(f, p, dev, tuned, &fo, plan);
+            }
+        }
+        return st;
     }
     for (int i = NBWD - 1; i >= 0; i--)
         if (plan_bwd_one(&fattn_gpu_bwd_variants[i], p, dev, tuned, ov, plan) == FATTN_OK) return FATTN_OK;

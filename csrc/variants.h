@@ -58,7 +58,7 @@ typedef struct fattn_variant {
       "tensor cores (mma.sync m16n8k16), ldmatrix from swizzled smem, cp.async K/V pipeline", 80, 0, 6, NULL, NULL,  \
       v2)                                                                                                         \
     X(v3, sm90, "kernels/sm90/v3_fwd.cu", "Hopper: wgmma, TMA K/V ring with mbarriers, producer/consumer warpgroups", \
-      90, 90, 6, "v2", fattn_prefer_v3, v2)
+      90, 90, 6, "v2", fattn_prefer_v3, v3)
 
 #define FATTN_DECLARE_VARIANT(name, family, file, summary, min_sm, max_sm, dtypes, fallback, prefer, bwd)        \
     fattn_status fattn_plan_##name(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov, \
@@ -72,21 +72,27 @@ FATTN_GPU_VARIANTS(FATTN_DECLARE_VARIANT)
 int fattn_prefer_v3(const attn_params *p);
 
 /* Every GPU backward variant, in version order: the kernels that compute dQ, dK, dV (attn_bwd_params).
- * X(name, family, file, summary, min_sm, max_sm, dtype mask) */
+ * fallback: forced on a call its planner refuses, this backward variant runs instead (NULL: none).
+ * X(name, family, file, summary, min_sm, max_sm, dtype mask, fallback) */
 #define FATTN_GPU_BWD_VARIANTS(X)                                                                                 \
-    X(v1, simt, "kernels/simt/v1_bwd.cu", "scalar: a warp per query row for dQ, per key row for dK and dV", 50, 0, 7) \
+    X(v1, simt, "kernels/simt/v1_bwd.cu", "scalar: a warp per query row for dQ, per key row for dK and dV", 50, 0, 7, \
+      NULL)                                                                                                       \
     X(v2, sm80, "kernels/sm80/v2_bwd.cu",                                                                          \
-      "tensor cores (mma.sync): a block per key block walks the query blocks, dQ in float32 by atomics", 80, 0, 6)
+      "tensor cores (mma.sync): a block per key block walks the query blocks, dQ in float32 by atomics", 80, 0, 6,  \
+      NULL)                                                                                                       \
+    X(v3, sm90, "kernels/sm90/v3_bwd.cu",                                                                          \
+      "Hopper: wgmma for all five products, TMA ring of Q / dO, producer and consumer warpgroups", 90, 90, 6, "v2")
 
 typedef struct fattn_bwd_variant {
     const char *name, *family, *file, *summary;
     int min_sm, max_sm, dtypes;
+    const char *fallback;
     fattn_plan_bwd_fn plan;
     fattn_launch_bwd_fn launch;
     fattn_prepare_fn prepare;
 } fattn_bwd_variant;
 
-#define FATTN_DECLARE_BWD_VARIANT(name, family, file, summary, min_sm, max_sm, dtypes)                           \
+#define FATTN_DECLARE_BWD_VARIANT(name, family, file, summary, min_sm, max_sm, dtypes, fallback)                 \
     fattn_status fattn_plan_bwd_##name(const attn_bwd_params *p, const struct fattn_tuned *tuned,                \
                                        const fattn_overrides *ov, fattn_plan *plan);                             \
     fattn_status fattn_launch_bwd_##name(const attn_bwd_params *p, const fattn_plan *plan, void *stream);         \

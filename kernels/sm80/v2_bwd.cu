@@ -4,7 +4,7 @@
  * LSE (no max, no sum), then  D_i = rowsum(dO_i * O_i),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D_i),
  * dK = scale * dS^T Q,  dQ = scale * dS K.  Three kernels run on the stream, a fourth in deterministic mode:
  *
- *   v2_bwd_prep     D_i for every row of the workspace (0 past Sq) into dpsum; zeroes dq_accum (atomic mode only)
+ *   bwd_prep        D_i for every row of the workspace (0 past Sq) into dpsum; zeroes dq_accum (atomic mode only)
  *   v2_bwd_dkdv     a block per (key block j, b, kv head): K_j and V_j stay in shared memory, dK_j and dV_j in
  *                   registers, while the block walks the query blocks that see key block j (mask.h's rule: the rows
  *                   seeing a key form one range, found by bisection, as are the blocks that need no mask) over the kv
@@ -23,7 +23,7 @@
  *                   then writes dV and scale * dK.  Two barriers per step (three single-buffered): P and dS are
  *                   written after the step's first barrier, which every warp passes only once done with the last
  *                   step's reads of them and of the buffer about to be refilled.
- *   v2_bwd_convert  dQ = scale * dq_accum in the dtype (atomic mode)
+ *   bwd_convert     dQ = scale * dq_accum in the dtype (atomic mode)
  *   v2_bwd_dq       deterministic mode (no order-dependent atomics anywhere): dkdv skips dQ, and a block per query
  *                   block walks its key blocks in order (as the forward: K_j, V_j double-buffered), recomputes S, P, dP
  *                   and dS in registers and accumulates dQ = dS K there (dS repacked into A fragments, no shared
@@ -111,112 +111,7 @@ DEV void cp_async_4(void *smem, const void *gmem, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
 }
 
-/* One b32 of two 16-bit elements -> two floats (x = the low half). */
-DEV float2 unpack2(unsigned u, __half) { return __half22float2(*(__half2 *)&u); }
-DEV float2 unpack2(unsigned u, __nv_bfloat16) { return __bfloat1622float2(*(__nv_bfloat162 *)&u); }
-
-/* dq_accum[a..a+1] += (x, y).  sm_90 has 8-byte float atomics: one red instead of two. */
-DEV void red_add2(float *a, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd((float2 *)a, make_float2(x, y));
-#else
-    atomicAdd(a, x);
-    atomicAdd(a + 1, y);
-#endif
-}
-
-/* LSE in base 2 for the exponent of P; +inf for a row past Sq or one that saw no key (LSE = -inf), so that
- * P = exp2(S * scale_log2 - lse2) = 0 there whatever the sign of the scale. */
-DEV float lse2_of(const float *lse, int64_t i, int64_t sq) {
-    if (i >= sq) return INFINITY;
-    const float l = lse[i];
-    return l == -INFINITY ? INFINITY : l * FATTN_LOG2E;
-}
-
-/* The query rows that see some key of [j0, j1]: rows [*lo, *hi) (empty when lo >= hi).  Both ends of a row's
- * visible keys grow with the row (mask.h), so the rows whose last visible key reaches j0 are a suffix and the rows
- * whose first visible key is at most j1 a prefix: two bisections on the one rule, fattn_row_keys.  A row inside the
- * range may still see none of [j0, j1] (an empty window): the edge-block mask handles it. */
-DEV void rows_seeing(const fattn_mask *m, int64_t sq, int64_t sk, int64_t j0, int64_t j1, int64_t *lo, int64_t *hi) {
-    int64_t a = 0, b = sq;
-    while (a < b) { /* first row with a visible key >= j0 */
-        const int64_t mid = (a + b) >> 1;
-        int64_t klo, khi;
-        fattn_row_keys(m, sq, sk, mid, &klo, &khi);
-        if (khi > j0) b = mid;
-        else a = mid + 1;
-    }
-    *lo = a;
-    b = sq;
-    while (a < b) { /* first row whose visible keys all lie past j1 */
-        const int64_t mid = (a + b) >> 1;
-        int64_t klo, khi;
-        fattn_row_keys(m, sq, sk, mid, &klo, &khi);
-        if (klo > j1) b = mid;
-        else a = mid + 1;
-    }
-    *hi = a;
-}
-
-/* ---- preprocess and convert: one group of DP / 8 lanes per row, 16 bytes per lane -------------------------------- */
-
-/* D_i = rowsum(dO_i * O_i) for the b * h * ws_rows workspace rows (0 for rows past Sq, so nothing there is ever
- * uninitialised), and dq_accum zeroed when dQ is accumulated by atomics. */
-template <typename T, int DP>
-__global__ void __launch_bounds__(256) v2_bwd_prep(const attn_bwd_params p, const int zero_dq) {
-    constexpr int G = DP / 8, RPB = 256 / G;
-    const attn_params &f = p.fwd;
-    const int c = threadIdx.x % G;
-    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / G, nrows = f.b * f.h * p.ws_rows;
-    const bool live = row < nrows;
-    const int64_t bh = row / p.ws_rows, i = row % p.ws_rows, b = bh / f.h, h = bh % f.h;
-    /* a packed batch: sequence b's rows start at q0 and number its own sq */
-    const fattn_extent x_ = f.cu_seqlens_q && live ? fattn_extent_of(&f, b) : fattn_dense_extent(&f);
-    const int64_t iq = x_.q0 + i;
-    float acc = 0.f;
-    if (live && i < x_.sq && c * 8 < f.d) {
-        const uint4 x = *(const uint4 *)((const T *)p.dout + b * p.do_stride_b + h * p.do_stride_h + iq * p.do_stride_s + c * 8);
-        const uint4 y = *(const uint4 *)((const T *)f.o + b * f.o_stride_b + h * f.o_stride_h + iq * f.o_stride_s + c * 8);
-        const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float2 a = unpack2(xs[k], T()), o = unpack2(ys[k], T());
-            acc = fmaf(a.x, o.x, fmaf(a.y, o.y, acc));
-        }
-    }
-#pragma unroll
-    for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (!live) return;
-    if (c == 0) p.dpsum[row] = acc;
-    if (zero_dq) {
-        float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);
-        z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-        z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-}
-
-/* dQ = scale * dq_accum, rows < Sq, columns < d, in the dtype. */
-template <typename T, int DP>
-__global__ void __launch_bounds__(256) v2_bwd_convert(const attn_bwd_params p) {
-    constexpr int G = DP / 8, RPB = 256 / G;
-    const attn_params &f = p.fwd;
-    const int c = threadIdx.x % G;
-    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / G;
-    if (row >= f.b * f.h * f.sq || c * 8 >= f.d) return;
-    const int64_t bh = row / f.sq, i = row % f.sq, b = bh / f.h, h = bh % f.h;
-    /* a packed batch: sequence b's rows start at q0 and number its own sq */
-    const fattn_extent x_ = f.cu_seqlens_q ? fattn_extent_of(&f, b) : fattn_dense_extent(&f);
-    if (i >= x_.sq) return;
-    const float4 *src = (const float4 *)(p.dq_accum + (bh * p.ws_rows + i) * DP + c * 8);
-    const float4 x = src[0], y = src[1];
-    const float s = f.scale;
-    uint4 out;
-    out.x = pack2(x.x * s, x.y * s, T());
-    out.y = pack2(x.z * s, x.w * s, T());
-    out.z = pack2(y.x * s, y.y * s, T());
-    out.w = pack2(y.z * s, y.w * s, T());
-    *(uint4 *)((T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h + (x_.q0 + i) * p.dq_stride_s + c * 8) = out;
-}
+#include "../bwd_common.cuh"
 
 /* ---- dK, dV (and dQ by atomics): a block per key block ------------------------------------------------------------
  * ATOMIC_DQ: dQ too (the default mode); deterministic mode compiles it out (a template flag, not a run-time test, so
@@ -834,7 +729,7 @@ typedef struct {
        V2B_DKDV(true, true, dp, br, bc, w, ws, wkv, wq, st, dqf)}},                                                \
      {{V2B_PAIR(v2_bwd_dq, dp, dqbc, false, false), V2B_PAIR(v2_bwd_dq, dp, dqbc, true, false)},                  \
       {V2B_PAIR(v2_bwd_dq, dp, dqbc, false, true), V2B_PAIR(v2_bwd_dq, dp, dqbc, true, true)}},                   \
-     V2B_PAIR(v2_bwd_prep, dp), V2B_PAIR(v2_bwd_convert, dp), dp, br, bc, w, V2_BWD_SMEM(dp, br, bc, st),          \
+     V2B_PAIR(bwd_prep, dp), V2B_PAIR(bwd_convert, dp), dp, br, bc, w, V2_BWD_SMEM(dp, br, bc, st),          \
      V2_BWD_DQ_SMEM(dp, dqbc)},
 static const v2_bwd_row v2_bwd_rows[V2_BWD_NCONFIGS] = {V2_BWD_CONFIGS(V2B_ROW)};
 #undef V2B_ROW

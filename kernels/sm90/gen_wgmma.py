@@ -9,11 +9,14 @@ this script spells them out.  Run it after changing the N lists below:
 SS: D(64 x N) (+)= A(64 x 16, shared, K-major) * B(16 x N, shared, K-major): S = Q K^T.
 Shared operands are given by the low word of their descriptor (hopper.cuh: desc_lo); the high word is fixed.
 RS: D(64 x N) (+)= A(64 x 16, registers) * B(16 x N, shared, N-major, tnspB = 1): O += P V.
+SSTT: D(64 x N) (+)= A(64 x 16, shared, M-major, tnspA = 1) * B(16 x N, shared, N-major, tnspB = 1): the backward's
+dQ = dS K, with dS stored as dS^T (rows: keys) and K as loaded (rows: keys).
 """
 import os
 
 SS_N = [64, 80, 128, 176, 192]  # key-block widths Bc of S = Q K^T (kernels/sm90/v3_configs.h)
-RS_N = [64, 128, 256]  # head dims of O += P V
+RS_N = [64, 128, 256]  # head dims of O += P V (and of the backward's dV += P^T dO, dK += dS^T Q)
+SSTT_N = [64, 128]  # the backward's dQ = dS K: a consumer's columns of dQ (kernels/sm90/v3_bwd_configs.h)
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 
 
@@ -44,6 +47,18 @@ def ss(n, ctype, ptype):
 """
 
 
+def sstt(n, ctype, ptype):
+    acc = n // 2
+    return f"""DEV void wgmma_sstt_n{n}(float (&d)[{acc}], unsigned desc_a, unsigned desc_b, int accumulate, {ctype}) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\n{DESCS}mov.b64 da, {{%{acc}, hi}};\\nmov.b64 db, {{%{acc + 1}, hi}};\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{regs(acc, 0)}}}, da, db, p, 1, 1, 1, 1;\\n}}\\n"
+        : {outputs(acc)}
+        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
+}}
+"""
+
+
 def rs(n, ctype, ptype):
     acc = n // 2
     return f"""DEV void wgmma_rs_n{n}(float (&d)[{acc}], const unsigned (&a)[4], unsigned desc_b, int accumulate, {ctype}) {{
@@ -62,6 +77,7 @@ def main():
         " * wgmma.mma_async wrappers for sm_90a, overloaded on the element type (the last, unnamed argument).\n"
         " *   wgmma_ss_nN: d (+)= A * B, A and B in shared memory (K-major, descriptors), m64nNk16, f32 accumulate\n"
         " *   wgmma_rs_nN: d (+)= A * B, A in registers (the m16n8k16 A fragment per warp), B N-major in shared memory\n"
+        " *   wgmma_sstt_nN: d (+)= A * B, A M-major and B N-major in shared memory (both transposed by the descriptor)\n"
         " * Shared operands: the low word of their descriptor (hopper.cuh: desc_lo); the instruction adds the high word\n"
         " * (128-byte swizzle, 8-row groups 1024 bytes apart).\n"
         " * accumulate = 0 overwrites d.  Callers fence, commit and wait (hopper.cuh). */",
@@ -76,7 +92,10 @@ def main():
             parts.append(ss(n, ctype, ptype))
         for n in RS_N:
             parts.append(rs(n, ctype, ptype))
-    for kind, ns, a_arg, a_name in (("ss", SS_N, "unsigned desc_a", "desc_a"), ("rs", RS_N, "const unsigned (&a)[4]", "a")):
+        for n in SSTT_N:
+            parts.append(sstt(n, ctype, ptype))
+    for kind, ns, a_arg, a_name in (("ss", SS_N, "unsigned desc_a", "desc_a"), ("rs", RS_N, "const unsigned (&a)[4]", "a"),
+                                    ("sstt", SSTT_N, "unsigned desc_a", "desc_a")):
         body = "\n".join(
             f"    {'if' if i == 0 else 'else if'} constexpr (N == {n}) wgmma_{kind}_n{n}(d, {a_name}, desc_b, accumulate, T());"
             for i, n in enumerate(ns))

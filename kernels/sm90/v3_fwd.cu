@@ -45,10 +45,10 @@
 #include "../mma.cuh"
 #include "wgmma_ops.cuh"
 
-#include <pthread.h>
 #include <string.h>
 
 #include "../../csrc/variants.h"
+#include "v3_tma.h"
 #include "v3_configs.h"
 #include "v3_schedule.h"
 
@@ -440,40 +440,6 @@ extern "C" fattn_status fattn_prepare_v3(int device) {
     return FATTN_OK;
 }
 
-/* cuTensorMapEncodeTiled, reached through the runtime (fattn links no driver library); looked up once. */
-typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static encode_tiled_fn v3_encode;
-static pthread_once_t v3_encode_once = PTHREAD_ONCE_INIT;
-static void v3_find_encode(void) {
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-        v3_encode = (encode_tiled_fn)fn;
-    cudaGetLastError();
-}
-
-/* A tensor's 4-D map (d, s, heads, batch): boxes of 64 columns x `box_rows` rows, 128-byte swizzled, zeros out of
- * bounds.  Strides are in elements; a dimension of size 1 gets a harmless stride (TMA wants multiples of 16 bytes
- * even where the coordinate is always 0). */
-static fattn_status v3_map(CUtensorMap *map, const void *base, fattn_dtype dt, int64_t d, int64_t s, int64_t heads,
-                           int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows, const char *name) {
-    cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)s, (cuuint64_t)heads, (cuuint64_t)batch};
-    int64_t st[3] = {ss, sh, sb};
-    for (int i = 0; i < 3; i++) /* size 1: the extent of the dimension inside it, rounded up to 8 elements */
-        if (dims[i + 1] == 1) st[i] = ((i ? st[i - 1] : 1) * (int64_t)dims[i] + 7) / 8 * 8;
-    cuuint64_t strides[3] = {(cuuint64_t)st[0] * 2, (cuuint64_t)st[1] * 2, (cuuint64_t)st[2] * 2};
-    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, estr[4] = {1, 1, 1, 1};
-    CUresult r = v3_encode(map, dt == FATTN_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-                           (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) return FATTN_FAIL(FATTN_ERR_CUDA, "v3: cuTensorMapEncodeTiled(%s) failed (CUresult %d)", name, (int)r);
-    return FATTN_OK;
-}
-
 extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *plan, void *stream) {
     static const v3_config cfgs[V3_NCONFIGS] = {
 #define CFG(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
@@ -481,8 +447,8 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
 #undef CFG
     };
     const v3_config *c = &cfgs[plan->config];
-    pthread_once(&v3_encode_once, v3_find_encode);
-    if (!v3_encode) return FATTN_FAIL(FATTN_ERR_CUDA, "v3: the driver has no cuTensorMapEncodeTiled (CUDA 12+ needed)");
+    fattn_status st = v3_tma_ready();
+    if (st) return st;
     /* Broadcast K/V dimensions (stride 0) become size 1: every query head reads kv head 0 (h_per_kv = h), every
      * batch kv batch 0.  With Sk = 0 no key block is loaded, but the map still needs a non-empty shape. */
     attn_params pk = *p;
@@ -494,7 +460,6 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
     const int64_t rows_q = p->cu_seqlens_q ? p->total_q : p->sq, batch_q = p->cu_seqlens_q ? 1 : p->b;
     const int64_t rows_k = p->cu_seqlens_k ? (p->total_k > 0 ? p->total_k : 1) : sk;
     CUtensorMap tq, tk, tv, to;
-    fattn_status st;
     if ((st = v3_map(&tq, p->q, p->dtype, p->d, rows_q, p->h, batch_q, p->q_stride_s, p->q_stride_h, p->q_stride_b,
                      64 * c->consumers, "q")) ||
         (st = v3_map(&tk, p->k, p->dtype, p->d, rows_k, kv_heads, kv_batch, p->k_stride_s, p->k_stride_h,

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../../csrc/variants.h"
+#include "v3_addr.h"
 #include "v3_configs.h"
 #include "v3_schedule.h"
 
@@ -65,8 +66,6 @@ fattn_status fattn_check_config_v3(const int64_t *values, int n, int d, int dtyp
 
 /* ---- which calls v3 takes --------------------------------------------------------------------------------------- */
 
-static int stride_ok(int64_t stride, int64_t size) { return size == 1 || (stride > 0 && stride % 8 == 0 && stride < (1ll << 38)); }
-static int aligned16(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
 /* K and V's head or batch dimension: TMA-addressable, or broadcast (stride 0 in both: expanded K/V, read as one). */
 static int kv_dim_ok(int64_t ks, int64_t vs, int64_t size) {
     return (ks == 0 && vs == 0) || (stride_ok(ks, size) && stride_ok(vs, size));

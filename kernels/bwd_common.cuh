@@ -1,0 +1,116 @@
+/* bwd_common.cuh -- what every tensor-core backward shares (v2's sm80 kernels, v3's sm90 ones): the preprocess and
+ * convert kernels around the dK/dV pass, LSE in base 2, the rows that see a key block, the 8-byte dQ atomic.
+ * The workspace's layout (fattn.h: fattn_bwd_workspace_bytes) is the contract between them. */
+#ifndef FATTN_BWD_COMMON_CUH
+#define FATTN_BWD_COMMON_CUH
+
+#include "mma.cuh"
+
+/* One b32 of two 16-bit elements -> two floats (x = the low half). */
+DEV float2 unpack2(unsigned u, __half) { return __half22float2(*(__half2 *)&u); }
+DEV float2 unpack2(unsigned u, __nv_bfloat16) { return __bfloat1622float2(*(__nv_bfloat162 *)&u); }
+
+/* dq_accum[a..a+1] += (x, y).  sm_90 has 8-byte float atomics: one red instead of two. */
+DEV void red_add2(float *a, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd((float2 *)a, make_float2(x, y));
+#else
+    atomicAdd(a, x);
+    atomicAdd(a + 1, y);
+#endif
+}
+
+/* LSE in base 2 for the exponent of P; +inf for a row past Sq or one that saw no key (LSE = -inf), so that
+ * P = exp2(S * scale_log2 - lse2) = 0 there whatever the sign of the scale. */
+DEV float lse2_of(const float *lse, int64_t i, int64_t sq) {
+    if (i >= sq) return INFINITY;
+    const float l = lse[i];
+    return l == -INFINITY ? INFINITY : l * FATTN_LOG2E;
+}
+
+/* The query rows that see some key of [j0, j1]: rows [*lo, *hi) (empty when lo >= hi).  Both ends of a row's
+ * visible keys grow with the row (mask.h), so the rows whose last visible key reaches j0 are a suffix and the rows
+ * whose first visible key is at most j1 a prefix: two bisections on the one rule, fattn_row_keys.  A row inside the
+ * range may still see none of [j0, j1] (an empty window): the edge-block mask handles it. */
+DEV void rows_seeing(const fattn_mask *m, int64_t sq, int64_t sk, int64_t j0, int64_t j1, int64_t *lo, int64_t *hi) {
+    int64_t a = 0, b = sq;
+    while (a < b) { /* first row with a visible key >= j0 */
+        const int64_t mid = (a + b) >> 1;
+        int64_t klo, khi;
+        fattn_row_keys(m, sq, sk, mid, &klo, &khi);
+        if (khi > j0) b = mid;
+        else a = mid + 1;
+    }
+    *lo = a;
+    b = sq;
+    while (a < b) { /* first row whose visible keys all lie past j1 */
+        const int64_t mid = (a + b) >> 1;
+        int64_t klo, khi;
+        fattn_row_keys(m, sq, sk, mid, &klo, &khi);
+        if (klo > j1) b = mid;
+        else a = mid + 1;
+    }
+    *hi = a;
+}
+
+/* ---- preprocess and convert: one group of DP / 8 lanes per row, 16 bytes per lane -------------------------------- */
+
+/* D_i = rowsum(dO_i * O_i) for the b * h * ws_rows workspace rows (0 for rows past Sq, so nothing there is ever
+ * uninitialised), and dq_accum zeroed when dQ is accumulated by atomics. */
+template <typename T, int DP>
+__global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int zero_dq) {
+    constexpr int G = DP / 8, RPB = 256 / G;
+    const attn_params &f = p.fwd;
+    const int c = threadIdx.x % G;
+    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / G, nrows = f.b * f.h * p.ws_rows;
+    const bool live = row < nrows;
+    const int64_t bh = row / p.ws_rows, i = row % p.ws_rows, b = bh / f.h, h = bh % f.h;
+    /* a packed batch: sequence b's rows start at q0 and number its own sq */
+    const fattn_extent x_ = f.cu_seqlens_q && live ? fattn_extent_of(&f, b) : fattn_dense_extent(&f);
+    const int64_t iq = x_.q0 + i;
+    float acc = 0.f;
+    if (live && i < x_.sq && c * 8 < f.d) {
+        const uint4 x = *(const uint4 *)((const T *)p.dout + b * p.do_stride_b + h * p.do_stride_h + iq * p.do_stride_s + c * 8);
+        const uint4 y = *(const uint4 *)((const T *)f.o + b * f.o_stride_b + h * f.o_stride_h + iq * f.o_stride_s + c * 8);
+        const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 a = unpack2(xs[k], T()), o = unpack2(ys[k], T());
+            acc = fmaf(a.x, o.x, fmaf(a.y, o.y, acc));
+        }
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (!live) return;
+    if (c == 0) p.dpsum[row] = acc;
+    if (zero_dq) {
+        float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);
+        z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+        z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+/* dQ = scale * dq_accum, rows < Sq, columns < d, in the dtype. */
+template <typename T, int DP>
+__global__ void __launch_bounds__(256) bwd_convert(const attn_bwd_params p) {
+    constexpr int G = DP / 8, RPB = 256 / G;
+    const attn_params &f = p.fwd;
+    const int c = threadIdx.x % G;
+    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / G;
+    if (row >= f.b * f.h * f.sq || c * 8 >= f.d) return;
+    const int64_t bh = row / f.sq, i = row % f.sq, b = bh / f.h, h = bh % f.h;
+    /* a packed batch: sequence b's rows start at q0 and number its own sq */
+    const fattn_extent x_ = f.cu_seqlens_q ? fattn_extent_of(&f, b) : fattn_dense_extent(&f);
+    if (i >= x_.sq) return;
+    const float4 *src = (const float4 *)(p.dq_accum + (bh * p.ws_rows + i) * DP + c * 8);
+    const float4 x = src[0], y = src[1];
+    const float s = f.scale;
+    uint4 out;
+    out.x = pack2(x.x * s, x.y * s, T());
+    out.y = pack2(x.z * s, x.w * s, T());
+    out.z = pack2(y.x * s, y.y * s, T());
+    out.w = pack2(y.z * s, y.w * s, T());
+    *(uint4 *)((T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h + (x_.q0 + i) * p.dq_stride_s + c * 8) = out;
+}
+
+#endif

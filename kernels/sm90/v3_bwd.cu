@@ -1,0 +1,306 @@
+/* v3_bwd.cu -- version 3's backward: Hopper (sm_90a), wgmma for all five products, TMA loads into an mbarrier ring,
+ * warp specialisation; the FlashAttention-3 structure.  The math is v2's (kernels/sm80/v2_bwd.cu): P recomputed from
+ * the forward's LSE, D_i = rowsum(dO_i * O_i), dV = P^T dO, dP = dO V^T, dS = P (dP - D), dK = scale dS^T Q,
+ * dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i, dQ's accumulator zeroed; kernels/bwd_common.cuh),
+ * v3_bwd_dkdv, bwd_convert (dQ = scale * dq_accum in the dtype).
+ *
+ * v3_bwd_dkdv: a block per (key block of BC = 128 keys, b, kv head); K_j and V_j stay in shared memory, dK_j and
+ * dV_j in the consumers' registers, while the block walks every query block of BR rows that sees key block j, for
+ * each query head of the kv head's group (GQA: dK, dV summed in registers).
+ *   the producer warp: K_j, V_j once (TMA); per step Q_i and dO_i (TMA) and the rows' LSE (base 2, +inf past Sq or
+ *     for a row that saw no key) and D (copied by its 32 lanes) into a ring of STAGES slots, a "full" mbarrier each
+ *     (32 arrivals + the TMA bytes) and an "empty" one the consumers' 8 warps arrive on;
+ *   two consumer warpgroups, 64 keys each (setmaxnreg: 240 registers), per step:
+ *     S^T  = K_w Q_i^T     wgmma m64nBRk16, both operands K-major in 128-byte-swizzled shared memory
+ *     dP^T = V_w dO_i^T    the same, issued right behind S^T
+ *     P^T  = exp2(S^T scale log2 e - LSE2_col)     (masked -> 0 on the mask's edge blocks only)
+ *     dS^T = P^T (dP^T - D_col)                    both packed to fp16 / bf16 A fragments in registers
+ *     dS^T -> shared memory (double-buffered, swizzled as TMA would: rows keys, 64-query panels)
+ *     dV  += P^T dO_i      wgmma RS: A from registers, dO N-major (transposed by the descriptor, no copy)
+ *     dK  += dS^T Q_i      the same with Q
+ *     (named barrier: both consumers' dS^T in shared memory)
+ *     dQ_i = dS K          wgmma SS with both operands transposed by their descriptors (dS^T M-major, K N-major):
+ *                          a 64 x 64 tile per consumer -- BR = 128: its 64 query rows; BR = 64: its 64 columns --
+ *                          added to the float32 dq_accum by 8-byte atomics (red.global.add.v2.f32)
+ *   then dK * scale and dV are stored (rows < Sk, columns < d).
+ * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
+ * block is an edge block) and never stored.  Dense calls only (no varlen, softcap, ALiBi), fp16 / bf16, head dims
+ * to 128, positive scale, no deterministic mode yet: v3_bwd_plan.c sends everything else to v2.
+ * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
+ */
+#include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
+
+#include "hopper.cuh"
+#include "../bwd_common.cuh"
+#include "wgmma_ops.cuh"
+
+#include <string.h>
+
+#include "../../csrc/variants.h"
+#include "v3_bwd_configs.h"
+#include "v3_tma.h"
+
+/* Named barrier 1: both consumers' dS^T of the step are in shared memory (0 is __syncthreads). */
+#define V3B_BAR_DS 1
+#define V3B_PRODUCER_REGS 24
+#define V3B_CONSUMER_REGS 240
+
+template <typename T, int DP, int BR, int BC, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do, const attn_bwd_params p) {
+    static_assert(BC == 128, "two consumers of 64 keys");
+    constexpr int PANELS = DP / 64;                              /* 64-column panels of a Q / K tile */
+    constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
+    constexpr int NS = BR / 2;  /* S^T and dP^T accumulators per thread (64 keys x BR queries) */
+    constexpr int KS = BR / 16; /* k-steps of dV += P^T dO and dK += dS^T Q: A fragments of P^T, dS^T */
+    constexpr int NA = DP / 2;  /* dK and dV accumulators per thread (64 keys x DP) */
+    constexpr bool DQ_ROWS = BR == 128; /* dQ split between the consumers by rows, else by columns */
+    static_assert(DQ_ROWS ? DP == 64 : DP == 128, "a consumer's dQ tile is 64 x 64");
+    extern __shared__ unsigned char smem_raw[];
+    T *sK = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    T *sV = sK + KV_TILE, *sQ = sV + KV_TILE, *sdO = sQ + STAGES * Q_TILE, *sdS = sdO + STAGES * Q_TILE;
+    float *sLse = (float *)(sdS + 2 * DS_TILE), *sD = sLse + STAGES * BR;
+    uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
+    uint64_t *kv_full = bar, *q_full = bar + 1, *q_empty = q_full + STAGES;
+
+    const attn_params &f = p.fwd;
+    const int nkb = (int)((f.sk + BC - 1) / BC), kb = (int)(blockIdx.x % nkb), j0 = kb * BC;
+    const int64_t bhk = blockIdx.x / nkb, b = bhk / f.h_kv, hk = bhk % f.h_kv, h0 = hk * f.h_per_kv;
+    /* the nm query blocks from i_begin hold the rows that see key block kb; step it is query head h0 + it / nm, rows
+     * i_begin + (it % nm) BR + [0, BR) */
+    int64_t i_lo, i_hi;
+    rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
+    const int i_begin = (int)(i_lo / BR) * BR;
+    const int nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin / BR : 0, n_it = nm * (int)f.h_per_kv;
+
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    if (threadIdx.x == 0) {
+        mbar_init(kv_full, 1);
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&q_full[s], 32); /* the producer warp's lanes (LSE, D), lane 0 with the TMA bytes */
+            mbar_init(&q_empty[s], 8); /* one arrival per consumer warp */
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* ---- producer ---- */
+        setmaxnreg_dec<V3B_PRODUCER_REGS>();
+        if (warp != 0 || n_it == 0) return;
+        if (lane == 0) {
+            tma_prefetch_map(&tm_q);
+            tma_prefetch_map(&tm_do);
+            mbar_arrive_expect_tx(kv_full, 2 * KV_TILE * 2);
+#pragma unroll
+            for (int c = 0; c < PANELS; c++) {
+                tma_load_4d(sK + c * BC * 64, &tm_k, kv_full, c * 64, j0, (int)hk, (int)b);
+                tma_load_4d(sV + c * BC * 64, &tm_v, kv_full, c * 64, j0, (int)hk, (int)b);
+            }
+        }
+        for (int it = 0; it < n_it; it++) {
+            const int s = it % STAGES, i0 = i_begin + (it % nm) * BR;
+            const int64_t h = h0 + it / nm;
+            if (it >= STAGES) mbar_wait(&q_empty[s], (it / STAGES - 1) & 1);
+            const float *lse = f.lse + b * f.lse_stride_b + h * f.lse_stride_h;
+            const float *dsum = p.dpsum + (b * f.h + h) * p.ws_rows; /* ws_rows >= every step's rows */
+            for (int r = lane; r < BR; r += 32) {
+                sLse[s * BR + r] = lse2_of(lse, i0 + r, f.sq);
+                sD[s * BR + r] = dsum[i0 + r];
+            }
+            if (lane == 0) {
+                mbar_arrive_expect_tx(&q_full[s], 2 * Q_TILE * 2);
+#pragma unroll
+                for (int c = 0; c < PANELS; c++) {
+                    tma_load_4d(sQ + s * Q_TILE + c * BR * 64, &tm_q, &q_full[s], c * 64, i0, (int)h, (int)b);
+                    tma_load_4d(sdO + s * Q_TILE + c * BR * 64, &tm_do, &q_full[s], c * 64, i0, (int)h, (int)b);
+                }
+            } else {
+                mbar_arrive(&q_full[s]);
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    setmaxnreg_inc<V3B_CONSUMER_REGS>();
+    const int cw = wg - 1, g = lane / 4, t = lane % 4;
+    const int krow = cw * 64 + warp * 16 + g; /* this thread's first key row in the block (the second is + 8) */
+    const float c = f.scale_log2;             /* > 0 (the planner's rule): masked scores stay -inf */
+    float dk[NA], dv[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
+    /* descriptors' low words: K, V as the A operand of S^T / dP^T (K-major, this consumer's 64 rows), K as the B
+     * operand of dQ = dS K (N-major: 64-column panels BC * 128 bytes apart) */
+    const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
+    const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
+    auto release = [&](uint64_t *b_) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b_);
+    };
+
+    if (n_it > 0) mbar_wait(kv_full, 0);
+    for (int it = 0; it < n_it; it++) {
+        const int s = it % STAGES, i0 = i_begin + (it % nm) * BR;
+        const int64_t h = h0 + it / nm;
+        T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (it & 1) * DS_TILE;
+        const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
+        const bool masked = !(kb >= sp.n_full_min && kb < sp.n_full_max);
+        mbar_wait(&q_full[s], (it / STAGES) & 1);
+
+        /* S^T = K_w Q^T and dP^T = V_w dO^T: DP / 16 k-steps each, four per 64-column panel, 32 bytes apart */
+        float st[NS], dpt[NS];
+        const unsigned q_lo = desc_lo(q_s, 0), do_lo = desc_lo(do_s, 0);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++)
+            wgmma_ss<BR, T>(st, k_lo + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4),
+                            q_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++)
+            wgmma_ss<BR, T>(dpt, v_lo + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4),
+                            do_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        reg_fence(st);
+
+        /* P^T: element i is key krow + 8 ((i >> 1) & 1), query column 8 (i / 4) + 2 t + (i & 1) of the step */
+        const float *lse_s = sLse + s * BR, *d_s = sD + s * BR;
+        if (masked) { /* key r, column q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
+            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, j0);
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                const int r = krow + 8 * ((i >> 1) & 1), diag = r - (8 * (i / 4) + 2 * t + (i & 1));
+                if (!(diag >= bm.pl && diag < bm.pr && r < bm.kc)) st[i] = -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i += 2) {
+            const float2 l2 = *(const float2 *)(lse_s + 8 * (i / 4) + 2 * t);
+            st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
+            st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
+        }
+        wgmma_wait<0>();
+        reg_fence(dpt);
+        /* P^T and dS^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1); dS^T also to shared memory */
+        unsigned pp[KS][4], pd[KS][4];
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 8 * kk + 2 * e, col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1);
+                const float2 dd = *(const float2 *)(d_s + col);
+                pp[kk][e] = pack2(st[i], st[i + 1], T());
+                pd[kk][e] = pack2(st[i] * (dpt[i] - dd.x), st[i + 1] * (dpt[i + 1] - dd.y), T());
+                const int chunk = (col % 64) / 8;
+                *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
+            }
+        fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
+
+        /* dV += P^T dO, dK += dS^T Q: BR / 16 k-steps of 16 query rows (2048 bytes) each, panels BR * 128 apart */
+        const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dv, pp[kk], dot_lo + ((kk * 2048) >> 4), 1);
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dk, pd[kk], qt_lo + ((kk * 2048) >> 4), 1);
+        wgmma_commit();
+        named_barrier_sync(V3B_BAR_DS, 256);
+
+        /* dQ_i = dS K: BC / 16 k-steps of 16 keys; dS^T's panel of this consumer's rows (BR = 128) or the whole dS^T
+         * with K's panel of its columns (BR = 64) */
+        float dq[32];
+        const unsigned ds_lo = desc_lo(ds_b + (DQ_ROWS ? cw * BC * 64 : 0), BC * 128);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++)
+            wgmma_sstt<64, T>(dq, ds_lo + ((kk * 2048) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(dq);
+        reg_fence(dk);
+        reg_fence(dv);
+        release(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
+        float *acc = p.dq_accum + ((b * f.h + h) * p.ws_rows + i0 + (DQ_ROWS ? cw * 64 : 0)) * DP + (DQ_ROWS ? 0 : cw * 64);
+#pragma unroll
+        for (int i = 0; i < 32; i += 2)
+            red_add2(acc + (warp * 16 + g + 8 * ((i >> 1) & 1)) * DP + 8 * (i / 4) + 2 * t, dq[i], dq[i + 1]);
+    }
+
+    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
+    T *dkp = (T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, *dvp = (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h;
+    const float scale = f.scale;
+#pragma unroll
+    for (int i = 0; i < NA; i += 2) {
+        const int64_t r = j0 + krow + 8 * ((i >> 1) & 1);
+        const int col = 8 * (i / 4) + 2 * t;
+        if (r < f.sk && col < f.d) {
+            *(unsigned *)(dkp + r * p.dk_stride_s + col) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
+            *(unsigned *)(dvp + r * p.dv_stride_s + col) = pack2(dv[i], dv[i + 1], T());
+        }
+    }
+}
+
+/* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
+
+typedef struct {
+    const void *dkdv[2], *prep[2], *convert[2]; /* [fp16, bf16] */
+    int dp, br, bc;
+    size_t smem;
+} v3_bwd_row;
+
+#define V3B_PAIR(kernel, ...) {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
+#define V3B_ROW(dp, br, bc, st)                                                                                   \
+    {V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st), V3B_PAIR(bwd_prep, dp), V3B_PAIR(bwd_convert, dp), dp, br, bc,          \
+     V3_BWD_SMEM(dp, br, bc, st)},
+static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_CONFIGS(V3B_ROW)};
+#undef V3B_ROW
+#undef V3B_PAIR
+
+extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
+    (void)device;
+    for (int i = 0; i < V3_BWD_NCONFIGS; i++)
+        for (int t = 0; t < 2; t++)
+            FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_bwd_rows[i].dkdv[t], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)v3_bwd_rows[i].smem));
+    return FATTN_OK;
+}
+
+extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {
+    if (plan->config < 0 || plan->config >= V3_BWD_NCONFIGS)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: no config %d", plan->config);
+    const v3_bwd_row *r = &v3_bwd_rows[plan->config];
+    const attn_params *f = &p->fwd;
+    if (p->ws_cols != r->dp || p->ws_rows < f->sq || p->ws_rows % 128 || !p->dq_accum || !p->dpsum)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: the workspace is not laid out for config %d", plan->config);
+    fattn_status st = v3_tma_ready();
+    if (st) return st;
+    /* maps need non-empty shapes: with Sq = 0 no query block is loaded (the block still writes dK = dV = 0) */
+    const int64_t sq = f->sq > 0 ? f->sq : 1, sk = f->sk > 0 ? f->sk : 1;
+    CUtensorMap tq, tk, tv, tdo;
+    if ((st = v3_map(&tq, f->q, f->dtype, f->d, sq, f->h, f->b, f->q_stride_s, f->q_stride_h, f->q_stride_b, r->br,
+                     "q")) ||
+        (st = v3_map(&tdo, p->dout, f->dtype, f->d, sq, f->h, f->b, p->do_stride_s, p->do_stride_h, p->do_stride_b,
+                     r->br, "dout")) ||
+        (st = v3_map(&tk, f->k, f->dtype, f->d, sk, f->h_kv, f->b, f->k_stride_s, f->k_stride_h, f->k_stride_b, r->bc,
+                     "k")) ||
+        (st = v3_map(&tv, f->v, f->dtype, f->d, sk, f->h_kv, f->b, f->v_stride_s, f->v_stride_h, f->v_stride_b, r->bc,
+                     "v")))
+        return st;
+    const int ti = f->dtype - FATTN_F16, rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
+    const cudaStream_t s = (cudaStream_t)stream;
+    const int64_t prep_blocks = (f->b * f->h * p->ws_rows + rpb - 1) / rpb;
+    const int64_t conv_blocks = (f->b * f->h * f->sq + rpb - 1) / rpb;
+    if (prep_blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
+    int zero_dq = 1;
+    void *pargs[] = {(void *)p, (void *)&zero_dq};
+    if (prep_blocks > 0) FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
+    if (plan->grid_x > 0)
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[ti], dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
+    void *cargs[] = {(void *)p};
+    if (conv_blocks > 0)
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(256), cargs, 0, s));
+    return FATTN_OK;
+}

@@ -1,0 +1,35 @@
+/* v3_bwd_configs.h -- the tile configurations of v3's backward (v3_bwd.cu), as data: the kernel file and the planner
+ * (v3_bwd_plan.c) expand this one list.  Plain C, no CUDA.
+ *
+ * A row is X(dp, br, bc, stages): a block owns bc = 128 keys (two consumer warpgroups of 64 keys each) and walks the
+ * query blocks of br rows that see them, Q_i / dO_i / LSE_i / D_i in a ring of `stages` slots.  dQ = dS K is split
+ * between the consumers by rows when br = 128 (each takes 64 query rows, all dp columns) and by columns when br = 64
+ * (each takes dp / 2 columns); either way a consumer's dQ tile is 64 x 64 (wgmma_sstt<64>).
+ * Registers per consumer thread (240 at most, 2 consumers): dK and dV (dp / 2 floats each), S^T and dP^T (br / 2
+ * each) -- 192 at D=64 (br 128) and at D=128 (br 64); D=256 (256 for dK and dV alone) is not compiled yet.
+ */
+#ifndef FATTN_V3_BWD_CONFIGS_H
+#define FATTN_V3_BWD_CONFIGS_H
+
+#include <stddef.h>
+
+typedef struct {
+    int dp, br, bc, stages;
+} v3_bwd_config;
+
+/* One row per head-dim bucket, in bucket order. */
+#define V3_BWD_CONFIGS(X) \
+    X(64, 128, 128, 2)    \
+    X(128, 64, 128, 2)
+
+#define V3_BWD_COUNT(...) +1
+enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT) };
+
+/* Dynamic shared memory, bytes: K and V (bc x dp), Q and dO (stages x br x dp), dS^T twice (bc x br), all fp16 /
+ * bf16; LSE and D of each stage's rows (float); the mbarriers; 1024 bytes of alignment slack (128-byte swizzled
+ * tiles start on 1024-byte boundaries). */
+#define V3_BWD_SMEM(dp, br, bc, stages)                                                                          \
+    ((size_t)(2 * (bc) * (dp) + 2 * (stages) * (br) * (dp) + 2 * (bc) * (br)) * 2 + (size_t)2 * (stages) * (br) * 4 + \
+     (size_t)(1 + 2 * (stages)) * 8 + 1024)
+
+#endif

@@ -1,0 +1,84 @@
+/* v3_bwd_plan.c -- v3's backward planner in plain C: whether the Hopper backward (v3_bwd.cu) takes a call, which
+ * config (v3_bwd_configs.h) runs it, its grid and workspace.  What it refuses (FATTN_ERR_UNSUPPORTED, with the
+ * reason) runs v2's backward: the dispatcher tries the variants from the highest down, and a call forced to v3
+ * falls back to v2 (variants.h). */
+#include <string.h>
+
+#include "../../csrc/variants.h"
+#include "v3_addr.h"
+#include "v3_bwd_configs.h"
+
+static const v3_bwd_config v3_bwd_table[V3_BWD_NCONFIGS] = {
+#define ROW(dp, br, bc, st) {dp, br, bc, st},
+    V3_BWD_CONFIGS(ROW)
+#undef ROW
+};
+
+/* Every tensor TMA reads (q, k, v, dout; o through the preprocess kernel's 16-byte loads) and every gradient (4-byte
+ * stores at even columns; dQ by 16-byte stores from the convert kernel): 16-byte aligned, strides a multiple of 8
+ * elements, positive where the dimension has more than one element (no broadcast K / V: its gradient would need a
+ * reduction over the broadcast dimension). */
+static int tensors_ok(const attn_bwd_params *p) {
+    const attn_params *f = &p->fwd;
+    const int64_t sq = f->sq, sk = f->sk, h = f->h, hk = f->h_kv, b = f->b;
+    return aligned16(f->q) && aligned16(f->k) && aligned16(f->v) && aligned16(f->o) && aligned16(p->dout) &&
+           aligned16(p->dq) && aligned16(p->dk) && aligned16(p->dv) && stride_ok(f->q_stride_s, sq) &&
+           stride_ok(f->q_stride_h, h) && stride_ok(f->q_stride_b, b) && stride_ok(f->k_stride_s, sk) &&
+           stride_ok(f->k_stride_h, hk) && stride_ok(f->k_stride_b, b) && stride_ok(f->v_stride_s, sk) &&
+           stride_ok(f->v_stride_h, hk) && stride_ok(f->v_stride_b, b) && stride_ok(f->o_stride_s, sq) &&
+           stride_ok(f->o_stride_h, h) && stride_ok(f->o_stride_b, b) && stride_ok(p->do_stride_s, sq) &&
+           stride_ok(p->do_stride_h, h) && stride_ok(p->do_stride_b, b) && stride_ok(p->dq_stride_s, sq) &&
+           stride_ok(p->dq_stride_h, h) && stride_ok(p->dq_stride_b, b) && stride_ok(p->dk_stride_s, sk) &&
+           stride_ok(p->dk_stride_h, hk) && stride_ok(p->dk_stride_b, b) && stride_ok(p->dv_stride_s, sk) &&
+           stride_ok(p->dv_stride_h, hk) && stride_ok(p->dv_stride_b, b) && h <= 0x7fffffff && b <= 0x7fffffff;
+}
+
+/* The reason v3's backward cannot run p, or NULL. */
+static const char *refusal(const attn_bwd_params *p) {
+    const attn_params *f = &p->fwd;
+    if (f->dtype != FATTN_F16 && f->dtype != FATTN_BF16) return "the v3 backward runs fp16 and bf16 only";
+    if (!f->lse) return "the backward needs the forward's LSE";
+    if (f->d < 8 || f->d > 128 || f->d % 8) return "the v3 backward needs a head dim that is a multiple of 8 up to 128";
+    if (p->deterministic) return "the v3 backward has no deterministic mode yet";
+    if (!(f->scale > 0.f)) return "the v3 backward needs a positive scale";
+    if (f->h_kv < 1 || f->h_per_kv < 1 || f->h != f->h_kv * f->h_per_kv) return "heads are not kv heads x group";
+    if (f->sq >= (1 << 30) || f->sk >= (1 << 30)) return "the v3 backward: sequences of 2^30 or more";
+    if (!tensors_ok(p))
+        return "the v3 backward needs q, k, v, out, dout, dq, dk, dv 16-byte aligned with strides a multiple of 8 "
+               "elements (no broadcast k / v)";
+    return NULL;
+}
+
+fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov,
+                               fattn_plan *plan) {
+    (void)tuned;
+    const attn_params *f = &p->fwd;
+    const char *missing = fattn_missing_feature(f, 0), *why = refusal(p);
+    if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward does not take %s yet", missing);
+    if (why) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s", why);
+    const int bucket = fattn_head_dim_bucket(f->d);
+    int idx = -1;
+    for (int i = 0; i < V3_BWD_NCONFIGS; i++)
+        if (v3_bwd_table[i].dp == bucket) idx = i;
+    if (ov && ov->config >= 0) {
+        if (ov->config >= V3_BWD_NCONFIGS || v3_bwd_table[ov->config].dp != bucket)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d does not exist for head dim bucket %d",
+                              ov->config, bucket);
+        idx = ov->config;
+    }
+    if (idx < 0) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: no config for head dim bucket %d", bucket);
+    const v3_bwd_config *c = &v3_bwd_table[idx];
+    const int64_t nkb = (f->sk + c->bc - 1) / c->bc, blocks = nkb * f->b * f->h_kv;
+    if (blocks > 0x7fffffff || f->b * f->h * fattn_bwd_ws_rows(f->sq) / 8 > 0x7fffffff)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: grid too large");
+    plan->config = idx;
+    plan->grid_x = (unsigned)blocks;
+    plan->grid_y = 1;
+    plan->threads = 384; /* a producer warpgroup and two consumers */
+    plan->smem = V3_BWD_SMEM(c->dp, c->br, c->bc, c->stages);
+    plan->order = FATTN_ORDER_HEADS; /* a kv head's key blocks side by side, key block 0 (causal: the longest) first */
+    plan->splits = 1;
+    plan->split_blocks = nkb;
+    plan->workspace_bytes = (size_t)fattn_bwd_workspace_bytes(f->b, f->h, f->sq, f->d);
+    return FATTN_OK;
+}
