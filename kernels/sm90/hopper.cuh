@@ -57,9 +57,17 @@ DEV void tma_store_4d(const void *map, const void *src, int c0, int c1, int c2, 
                  ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
                  : "memory");
 }
+/* dst[0 .. bytes) += src[0 .. bytes) (float32, global <- shared, bytes a multiple of 16): one bulk reduction, in the
+ * same bulk groups as the TMA stores (commit, wait as they do). */
+DEV void bulk_reduce_add_f32(float *dst, const float *src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
+}
 DEV void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* Waits until the committed stores have finished reading shared memory. */
 DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+/* Waits until the committed stores / reductions have finished writing global memory. */
+DEV void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
 
 /* Orders this thread's ordinary shared-memory writes before later async-proxy (TMA, wgmma) reads of them. */

@@ -40,15 +40,25 @@
 #include "v3_bwd_configs.h"
 #include "v3_tma.h"
 
-/* Named barrier 1: both consumers' dS^T of the step are in shared memory (0 is __syncthreads). */
+/* dq_accum's layout for v3: 64 x 64 float tiles (rows i0 + [0, 64) of a (b, h), columns 64 p + [0, 64) at
+ * ((b h + h) ws_rows + i0) ws_cols + 64 * 64 p), each in the order a consumer warpgroup holds it -- float e of
+ * accumulator quad v of thread tid at 4 (128 v + tid) + e -- so that its 128 threads store it to shared memory as
+ * float4s without bank conflicts and one bulk reduce-add copies it out.  Thread tid's element i is row
+ * 16 (tid / 32) + (tid % 32) / 4 + 8 ((i >> 1) & 1), column 8 (i / 4) + 2 (tid % 4) + (i & 1) (wgmma's accumulator). */
+DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; }
+
+/* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory; 2, 3 a consumer's
+ * own dQ tile (its shared-memory slot free, then written). */
 #define V3B_BAR_DS 1
+#define V3B_BAR_DQ 2
 #define V3B_PRODUCER_REGS 24
 #define V3B_CONSUMER_REGS 240
 
 template <typename T, int DP, int BR, int BC, int STAGES>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do, const attn_bwd_params p) {
+            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do, const attn_bwd_params p,
+            const int heads_fastest) {
     static_assert(BC == 128, "two consumers of 64 keys");
     constexpr int PANELS = DP / 64;                              /* 64-column panels of a Q / K tile */
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
@@ -56,17 +66,25 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     constexpr int KS = BR / 16; /* k-steps of dV += P^T dO and dK += dS^T Q: A fragments of P^T, dS^T */
     constexpr int NA = DP / 2;  /* dK and dV accumulators per thread (64 keys x DP) */
     constexpr bool DQ_ROWS = BR == 128; /* dQ split between the consumers by rows, else by columns */
+    /* dV's GEMM issued before dS is computed (its A fragments then live beside S^T, dP^T and dS^T's: at BR = 128
+     * that exceeds 240 registers) */
+    constexpr bool DV_EARLY = BR == 64;
     static_assert(DQ_ROWS ? DP == 64 : DP == 128, "a consumer's dQ tile is 64 x 64");
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     T *sV = sK + KV_TILE, *sQ = sV + KV_TILE, *sdO = sQ + STAGES * Q_TILE, *sdS = sdO + STAGES * Q_TILE;
-    float *sLse = (float *)(sdS + 2 * DS_TILE), *sD = sLse + STAGES * BR;
+    float *sdQ = (float *)(sdS + 2 * DS_TILE); /* [2][64 x 64]: each consumer's dQ tile, in v3_dq_index order */
+    float *sLse = sdQ + 2 * 64 * 64, *sD = sLse + STAGES * BR;
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     uint64_t *kv_full = bar, *q_full = bar + 1, *q_empty = q_full + STAGES;
 
     const attn_params &f = p.fwd;
-    const int nkb = (int)((f.sk + BC - 1) / BC), kb = (int)(blockIdx.x % nkb), j0 = kb * BC;
-    const int64_t bhk = blockIdx.x / nkb, b = bhk / f.h_kv, hk = bhk % f.h_kv, h0 = hk * f.h_per_kv;
+    /* head by head (key block fastest), or heads fastest (causal: key block 0, which the most rows see, first) */
+    const int nkb = (int)((f.sk + BC - 1) / BC);
+    const int64_t nbh = f.b * f.h_kv;
+    const int kb = (int)(heads_fastest ? blockIdx.x / nbh : blockIdx.x % nkb), j0 = kb * BC;
+    const int64_t bhk = heads_fastest ? blockIdx.x % nbh : blockIdx.x / nkb;
+    const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv, h0 = hk * f.h_per_kv;
     /* the nm query blocks from i_begin hold the rows that see key block kb; step it is query head h0 + it / nm, rows
      * i_begin + (it % nm) BR + [0, BR) */
     int64_t i_lo, i_hi;
@@ -134,6 +152,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
      * operand of dQ = dS K (N-major: 64-column panels BC * 128 bytes apart) */
     const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
+    float *sdQw = sdQ + cw * 64 * 64;
     auto release = [&](uint64_t *b_) {
         __syncwarp();
         if (lane == 0) mbar_arrive(b_);
@@ -175,34 +194,48 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                 if (!(diag >= bm.pl && diag < bm.pr && r < bm.kc)) st[i] = -INFINITY;
             }
         }
-#pragma unroll
-        for (int i = 0; i < NS; i += 2) {
-            const float2 l2 = *(const float2 *)(lse_s + 8 * (i / 4) + 2 * t);
-            st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
-            st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
-        }
-        wgmma_wait<0>();
-        reg_fence(dpt);
-        /* P^T and dS^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1); dS^T also to shared memory */
+        /* P^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1); dV += P^T dO (BR / 16 k-steps of 16 query
+         * rows, 2048 bytes each; dO's panels BR * 128 bytes apart) issued at once while dP^T finishes (DV_EARLY), or
+         * with dK */
         unsigned pp[KS][4], pd[KS][4];
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 8 * kk + 2 * e;
+                const float2 l2 = *(const float2 *)(lse_s + 8 * (i / 4) + 2 * t);
+                st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
+                st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
+                pp[kk][e] = pack2(st[i], st[i + 1], T());
+            }
+        const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
+        auto issue_dv = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dv, pp[kk], dot_lo + ((kk * 2048) >> 4), 1);
+        };
+        if constexpr (DV_EARLY) {
+            wgmma_fence();
+            issue_dv();
+            wgmma_commit();
+            wgmma_wait<1>(); /* dP^T done; dV may still run */
+        } else {
+            wgmma_wait<0>();
+        }
+        reg_fence(dpt);
+        /* dS^T = P^T (dP^T - D): A fragments, and to shared memory for dQ (rows keys, 64-query panels, swizzled) */
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = 8 * kk + 2 * e, col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1);
                 const float2 dd = *(const float2 *)(d_s + col);
-                pp[kk][e] = pack2(st[i], st[i + 1], T());
                 pd[kk][e] = pack2(st[i] * (dpt[i] - dd.x), st[i + 1] * (dpt[i + 1] - dd.y), T());
                 const int chunk = (col % 64) / 8;
                 *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
             }
         fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
-
-        /* dV += P^T dO, dK += dS^T Q: BR / 16 k-steps of 16 query rows (2048 bytes) each, panels BR * 128 apart */
-        const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dv, pp[kk], dot_lo + ((kk * 2048) >> 4), 1);
+        if constexpr (!DV_EARLY) issue_dv();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dk, pd[kk], qt_lo + ((kk * 2048) >> 4), 1);
         wgmma_commit();
@@ -222,11 +255,22 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         reg_fence(dk);
         reg_fence(dv);
         release(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
-        float *acc = p.dq_accum + ((b * f.h + h) * p.ws_rows + i0 + (DQ_ROWS ? cw * 64 : 0)) * DP + (DQ_ROWS ? 0 : cw * 64);
+        /* the 64 x 64 dQ tile -> this consumer's slot (once the last reduction has read it) -> one bulk reduce-add
+         * into dq_accum, whose 64 x 64 tiles are laid out alike (v3_dq_index) */
+        if (tid == 0) tma_store_wait_read();
+        named_barrier_sync(V3B_BAR_DQ + cw, 128);
 #pragma unroll
-        for (int i = 0; i < 32; i += 2)
-            red_add2(acc + (warp * 16 + g + 8 * ((i >> 1) & 1)) * DP + 8 * (i / 4) + 2 * t, dq[i], dq[i + 1]);
+        for (int v4 = 0; v4 < 8; v4++)
+            *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+        fence_proxy_async();
+        named_barrier_sync(V3B_BAR_DQ + cw, 128);
+        if (tid == 0) {
+            const int64_t r0 = (b * f.h + h) * p.ws_rows + i0 + (DQ_ROWS ? cw * 64 : 0); /* the tile's first row */
+            bulk_reduce_add_f32(p.dq_accum + r0 * DP + (DQ_ROWS ? 0 : cw * 64 * 64), sdQw, 64 * 64 * 4);
+            tma_store_commit();
+        }
     }
+    if (tid == 0) tma_store_wait_all();
 
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
     T *dkp = (T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, *dvp = (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h;
@@ -242,6 +286,29 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     }
 }
 
+/* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum
+ * (v3_dq_index's order: thread tid reads its own float4s, coalesced, and writes two rows of each). */
+template <typename T, int DP>
+__global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
+    const attn_params &f = p.fwd;
+    const int64_t nrb = (f.sq + 63) / 64, tile = blockIdx.x / (DP / 64);
+    const int panel = (int)(blockIdx.x % (DP / 64));
+    const int64_t rb = tile % nrb, bh = tile / nrb, b = bh / f.h, h = bh % f.h;
+    const int tid = threadIdx.x, t = tid % 4;
+    const int64_t row = rb * 64 + (tid / 32) * 16 + (tid % 32) / 4;
+    const float *src = p.dq_accum + (bh * p.ws_rows + rb * 64) * DP + panel * 64 * 64;
+    T *out = (T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h;
+    const float s = f.scale;
+#pragma unroll
+    for (int v4 = 0; v4 < 8; v4++) {
+        const float4 x = *(const float4 *)(src + v3_dq_index(tid, 4 * v4));
+        const int col = panel * 64 + 8 * v4 + 2 * t;
+        if (col >= f.d) continue;
+        if (row < f.sq) *(unsigned *)(out + row * p.dq_stride_s + col) = pack2(x.x * s, x.y * s, T());
+        if (row + 8 < f.sq) *(unsigned *)(out + (row + 8) * p.dq_stride_s + col) = pack2(x.z * s, x.w * s, T());
+    }
+}
+
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
 
 typedef struct {
@@ -252,7 +319,7 @@ typedef struct {
 
 #define V3B_PAIR(kernel, ...) {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
 #define V3B_ROW(dp, br, bc, st)                                                                                   \
-    {V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st), V3B_PAIR(bwd_prep, dp), V3B_PAIR(bwd_convert, dp), dp, br, bc,          \
+    {V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st), V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc,       \
      V3_BWD_SMEM(dp, br, bc, st)},
 static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_CONFIGS(V3B_ROW)};
 #undef V3B_ROW
@@ -291,16 +358,18 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const int ti = f->dtype - FATTN_F16, rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
     const cudaStream_t s = (cudaStream_t)stream;
     const int64_t prep_blocks = (f->b * f->h * p->ws_rows + rpb - 1) / rpb;
-    const int64_t conv_blocks = (f->b * f->h * f->sq + rpb - 1) / rpb;
-    if (prep_blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
+    const int64_t conv_blocks = f->b * f->h * ((f->sq + 63) / 64) * (r->dp / 64);
+    if (prep_blocks > 0x7fffffff || conv_blocks > 0x7fffffff)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
     int zero_dq = 1;
     void *pargs[] = {(void *)p, (void *)&zero_dq};
     if (prep_blocks > 0) FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
-    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
+    int heads_fastest = plan->order == FATTN_ORDER_BLOCKS;
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, (void *)&heads_fastest};
     if (plan->grid_x > 0)
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[ti], dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};
     if (conv_blocks > 0)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(256), cargs, 0, s));
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
     return FATTN_OK;
 }

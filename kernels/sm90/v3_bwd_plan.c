@@ -76,7 +76,10 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     plan->grid_y = 1;
     plan->threads = 384; /* a producer warpgroup and two consumers */
     plan->smem = V3_BWD_SMEM(c->dp, c->br, c->bc, c->stages);
-    plan->order = FATTN_ORDER_HEADS; /* a kv head's key blocks side by side, key block 0 (causal: the longest) first */
+    /* Causal or windowed calls: heads fastest, so every head's key block 0 -- which the most rows see under a causal
+     * mask -- starts first; otherwise head by head, a kv head's key blocks side by side sharing its Q, dO in L2. */
+    const int uneven = f->mask.causal || f->mask.left >= 0 || f->mask.right >= 0;
+    plan->order = ov && ov->order ? ov->order : uneven ? FATTN_ORDER_BLOCKS : FATTN_ORDER_HEADS;
     plan->splits = 1;
     plan->split_blocks = nkb;
     plan->workspace_bytes = (size_t)fattn_bwd_workspace_bytes(f->b, f->h, f->sq, f->d);
