@@ -234,15 +234,15 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                 *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
             }
         fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
-        wgmma_fence();
-        if constexpr (!DV_EARLY) issue_dv();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dk, pd[kk], qt_lo + ((kk * 2048) >> 4), 1);
-        wgmma_commit();
+        if constexpr (!DV_EARLY) {
+            wgmma_fence();
+            issue_dv();
+            wgmma_commit();
+        }
         named_barrier_sync(V3B_BAR_DS, 256);
 
-        /* dQ_i = dS K: BC / 16 k-steps of 16 keys; dS^T's panel of this consumer's rows (BR = 128) or the whole dS^T
-         * with K's panel of its columns (BR = 64) */
+        /* dQ_i = dS K (BC / 16 k-steps of 16 keys; dS^T's panel of this consumer's rows (BR = 128) or the whole dS^T
+         * with K's panel of its columns (BR = 64)), then dK += dS^T Q, which runs while dQ goes out */
         float dq[32];
         const unsigned ds_lo = desc_lo(ds_b + (DQ_ROWS ? cw * BC * 64 : 0), BC * 128);
         wgmma_fence();
@@ -250,11 +250,11 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         for (int kk = 0; kk < BC / 16; kk++)
             wgmma_sstt<64, T>(dq, ds_lo + ((kk * 2048) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
         wgmma_commit();
-        wgmma_wait<0>();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dk, pd[kk], qt_lo + ((kk * 2048) >> 4), 1);
+        wgmma_commit();
+        wgmma_wait<1>(); /* dV and dQ done; dK may still run */
         reg_fence(dq);
-        reg_fence(dk);
-        reg_fence(dv);
-        release(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
         /* the 64 x 64 dQ tile -> this consumer's slot (once the last reduction has read it) -> one bulk reduce-add
          * into dq_accum, whose 64 x 64 tiles are laid out alike (v3_dq_index) */
         if (tid == 0) tma_store_wait_read();
@@ -269,6 +269,10 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             bulk_reduce_add_f32(p.dq_accum + r0 * DP + (DQ_ROWS ? 0 : cw * 64 * 64), sdQw, 64 * 64 * 4);
             tma_store_commit();
         }
+        wgmma_wait<0>();
+        reg_fence(dk);
+        reg_fence(dv);
+        release(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
     if (tid == 0) tma_store_wait_all();
 

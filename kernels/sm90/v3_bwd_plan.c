@@ -76,10 +76,10 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     plan->grid_y = 1;
     plan->threads = 384; /* a producer warpgroup and two consumers */
     plan->smem = V3_BWD_SMEM(c->dp, c->br, c->bc, c->stages);
-    /* Causal or windowed calls: heads fastest, so every head's key block 0 -- which the most rows see under a causal
-     * mask -- starts first; otherwise head by head, a kv head's key blocks side by side sharing its Q, dO in L2. */
-    const int uneven = f->mask.causal || f->mask.left >= 0 || f->mask.right >= 0;
-    plan->order = ov && ov->order ? ov->order : uneven ? FATTN_ORDER_BLOCKS : FATTN_ORDER_HEADS;
+    /* Head by head: a kv head's key blocks side by side, sharing its Q and dO in L2.  (Heads fastest, every head's
+     * key block 0 first, ran causal calls at S <= 2k 1.2-1.46x slower on the H100, the blocks in flight reading 132
+     * heads' Q and dO, more than L2 holds: evidence/backward/h100_v3_bwd_61e560a.md against ..._first_14d0171.md.) */
+    plan->order = ov && ov->order ? ov->order : FATTN_ORDER_HEADS;
     plan->splits = 1;
     plan->split_blocks = nkb;
     plan->workspace_bytes = (size_t)fattn_bwd_workspace_bytes(f->b, f->h, f->sq, f->d);
