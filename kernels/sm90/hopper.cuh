@@ -12,6 +12,10 @@
 #include "../common.cuh"
 
 DEV unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+/* The dynamic shared array advanced to its first 1024-byte boundary (128-byte-swizzled tiles start on one), by pointer
+ * arithmetic on the array itself: a round trip through an integer would lose the address space, and every access
+ * through the result would compile to a generic load or store (the L1TEX path, a long-scoreboard wait). */
+DEV unsigned char *smem_align1024(unsigned char *raw) { return raw + ((1024u - smem_addr(raw)) & 1023u); }
 
 /* ---- mbarriers ------------------------------------------------------------------------------------------ */
 

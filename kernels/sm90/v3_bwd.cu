@@ -71,7 +71,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     constexpr bool DV_EARLY = BR == 64;
     static_assert(DQ_ROWS ? DP == 64 : DP == 128, "a consumer's dQ tile is 64 x 64");
     extern __shared__ unsigned char smem_raw[];
-    T *sK = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    T *sK = (T *)smem_align1024(smem_raw);
     T *sV = sK + KV_TILE, *sQ = sV + KV_TILE, *sdO = sQ + STAGES * Q_TILE, *sdS = sdO + STAGES * Q_TILE;
     float *sdQ = (float *)(sdS + 2 * DS_TILE); /* [2][64 x 64]: each consumer's dQ tile, in v3_dq_index order */
     float *sLse = sdQ + 2 * 64 * 64, *sD = sLse + STAGES * BR;

@@ -78,7 +78,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
     extern __shared__ unsigned char smem_raw[];
-    T *sQ = (T *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    T *sQ = (T *)smem_align1024(smem_raw);
     T *sO = SEP_O ? sQ + Q_TILE : sQ;
     T *sK = sQ + (SEP_O ? 2 : 1) * Q_TILE, *sV = sK + STAGES * KV_TILE;
     uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
