@@ -75,8 +75,9 @@ def test_jax_window_softcap_alibi(window, softcap, alibi):
     rng = np.random.default_rng(1)
     host = [rng.standard_normal(s).astype(np.float32) * 2 for s in ((2, 4, 45, 64), (2, 2, 60, 64), (2, 2, 60, 64))]
     q, k, v = (jax.device_put(jnp.asarray(x), devs[0]) for x in host)
-    w = jnp.asarray(rng.standard_normal((2, 4, 45, 64)), jnp.float32)
-    al = jnp.asarray(rng.uniform(0.05, 0.5, (2, 4)), jnp.float32) if alibi else None
+    # every array on the CPU device (on a GPU machine JAX's default device is the GPU)
+    w = jax.device_put(jnp.asarray(rng.standard_normal((2, 4, 45, 64)), jnp.float32), devs[0])
+    al = jax.device_put(jnp.asarray(rng.uniform(0.05, 0.5, (2, 4)), jnp.float32), devs[0]) if alibi else None
     kw = dict(causal="bottom_right", window=window, softcap=softcap, alibi_slopes=al)
 
     def loss(q, k, v, al):

@@ -79,6 +79,11 @@ DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" :
 
 /* ---- warpgroups ----------------------------------------------------------------------------------------- */
 
+/* This thread's warpgroup, as a value the compiler knows is the same across the warp (a shuffle from lane 0): what is
+ * computed from it -- the warpgroup's tile offsets, the wgmma descriptors built from them -- then lives in uniform
+ * registers, instead of being copied into them (R2UR) before every wgmma. */
+DEV int warpgroup_index() { return __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); }
+
 template <int N> DEV void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> DEV void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 

@@ -69,6 +69,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     /* dV's GEMM issued before dS is computed (its A fragments then live beside S^T, dP^T and dS^T's: at BR = 128
      * that exceeds 240 registers) */
     constexpr bool DV_EARLY = BR == 64;
+    /* LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128, 64
+     * would spill) */
+    constexpr bool PRELOAD = BR == 64;
     static_assert(DQ_ROWS ? DP == 64 : DP == 128, "a consumer's dQ tile is 64 x 64");
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)smem_align1024(smem_raw);
@@ -92,7 +95,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const int i_begin = (int)(i_lo / BR) * BR;
     const int nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin / BR : 0, n_it = nm * (int)f.h_per_kv;
 
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
         for (int s = 0; s < STAGES; s++) {
@@ -181,11 +184,26 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             wgmma_ss<BR, T>(dpt, v_lo + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4),
                             do_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4), kk > 0);
         wgmma_commit();
+        /* LSE and D of this thread's columns: element i is key krow + 8 ((i >> 1) & 1), query column 8 (i / 4) +
+         * 2 t + (i & 1) of the step, so columns come in pairs, one float2 per n8 tile.  PRELOAD: read into registers
+         * while the GEMMs run (else each exponential waits on its shared-memory load). */
+        const float *lse_s = sLse + s * BR, *d_s = sD + s * BR;
+        float2 lse2[PRELOAD ? NS / 4 : 1], dsum[PRELOAD ? NS / 4 : 1];
+        auto pick = [&](const float2 *regs, const float *smem, int j) {
+            if constexpr (PRELOAD) return regs[j];
+            else return *(const float2 *)(smem + 8 * j + 2 * t);
+        };
+        if constexpr (PRELOAD) {
+#pragma unroll
+            for (int j = 0; j < NS / 4; j++) lse2[j] = *(const float2 *)(lse_s + 8 * j + 2 * t);
+        }
         wgmma_wait<1>();
         reg_fence(st);
 
-        /* P^T: element i is key krow + 8 ((i >> 1) & 1), query column 8 (i / 4) + 2 t + (i & 1) of the step */
-        const float *lse_s = sLse + s * BR, *d_s = sD + s * BR;
+        if constexpr (PRELOAD) {
+#pragma unroll
+            for (int j = 0; j < NS / 4; j++) dsum[j] = *(const float2 *)(d_s + 8 * j + 2 * t);
+        }
         if (masked) { /* key r, column q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
             const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, j0);
 #pragma unroll
@@ -203,7 +221,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = 8 * kk + 2 * e;
-                const float2 l2 = *(const float2 *)(lse_s + 8 * (i / 4) + 2 * t);
+                const float2 l2 = pick(lse2, lse_s, i / 4);
                 st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
                 st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
                 pp[kk][e] = pack2(st[i], st[i + 1], T());
@@ -228,7 +246,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = 8 * kk + 2 * e, col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1);
-                const float2 dd = *(const float2 *)(d_s + col);
+                const float2 dd = pick(dsum, d_s, i / 4);
                 pd[kk][e] = pack2(st[i] * (dpt[i] - dd.x), st[i + 1] * (dpt[i + 1] - dd.y), T());
                 const int chunk = (col % 64) / 8;
                 *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];

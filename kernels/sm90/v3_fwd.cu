@@ -86,7 +86,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
              *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
     const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
 
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
         mbar_init(q_empty, 4 * CWG); /* one arrival per consumer warp */
