@@ -82,9 +82,7 @@ static int take_workspace(call *c) {
         PyErr_SetString(PyExc_ValueError, "workspace: data pointer is not 16-byte aligned");
         return -1;
     }
-    c->p.dq_accum = (float *)base;
-    c->p.dpsum = c->p.dq_accum + c->p.fwd.b * c->p.fwd.h * fattn_bwd_ws_rows(c->p.fwd.sq) *
-                                     fattn_head_dim_bucket(c->p.fwd.d);
+    fattn_bwd_workspace_set(&c->p, (float *)base);
     return 0;
 }
 

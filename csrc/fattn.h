@@ -224,6 +224,8 @@ typedef struct attn_bwd_params {
     int64_t dv_stride_b, dv_stride_h, dv_stride_s;
     float *dpsum;                     /* [(b * h + h) * ws_rows + i]: D_i */
     float *dq_accum;                  /* [((b * h + h) * ws_rows + i) * ws_cols + e] */
+    int *dq_sem;                      /* [(b * h + h) * ws_rows + k]: v3's deterministic mode, the adds each dQ tile
+                                         has had (fattn_bwd_workspace_set) */
     int64_t ws_rows, ws_cols;
     int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
 } attn_bwd_params;
@@ -242,10 +244,12 @@ FATTN_HD void fattn_seq_bwd_params(const attn_bwd_params *p, int64_t b, attn_bwd
     s->dv = (char *)p->dv + (b * p->dv_stride_b + k0 * p->dv_stride_s) * e;
     if (p->dpsum) s->dpsum = p->dpsum + b * p->fwd.h * p->ws_rows;
     if (p->dq_accum) s->dq_accum = p->dq_accum + b * p->fwd.h * p->ws_rows * p->ws_cols;
+    if (p->dq_sem) s->dq_sem = p->dq_sem + b * p->fwd.h * p->ws_rows;
 }
 
 /* The GPU backward's workspace: ws_rows = sq rounded up to 128, ws_cols = the head-dim bucket; dq_accum first, then
- * dpsum.  One rule for every GPU variant (the Python side sizes a framework-allocated workspace with it). */
+ * dpsum (a float per row), then dq_sem (an int per row).  One rule for every GPU variant (the Python side sizes a
+ * framework-allocated workspace with it). */
 #define FATTN_BWD_ROW_ALIGN 128
 FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
     return (sq + FATTN_BWD_ROW_ALIGN - 1) / FATTN_BWD_ROW_ALIGN * FATTN_BWD_ROW_ALIGN;
@@ -254,7 +258,14 @@ FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
 FATTN_HD int fattn_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d) {
-    return 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 1);
+    return 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 2);
+}
+/* p's workspace pointers into `ws` (at least fattn_bwd_workspace_bytes), laid out as above. */
+FATTN_HD void fattn_bwd_workspace_set(attn_bwd_params *p, float *ws) {
+    const int64_t rows = p->fwd.b * p->fwd.h * fattn_bwd_ws_rows(p->fwd.sq);
+    p->dq_accum = ws;
+    p->dpsum = ws + rows * fattn_head_dim_bucket(p->fwd.d);
+    p->dq_sem = (int *)(p->dpsum + rows);
 }
 
 /* Status codes; a non-zero status comes with a message from fattn_last_error(). */

@@ -349,8 +349,7 @@ static fattn_status run_bwd_on_device(const attn_bwd_params *p, const fattn_plan
         if (!ws)
             return FATTN_FAIL(FATTN_ERR_NOMEM, "no workspace for the backward (%zu bytes): under CUDA graph capture, or "
                               "out of memory; pass one (fattn.attention_backward does)", plan->workspace_bytes);
-        q.dq_accum = ws;
-        q.dpsum = ws + p->fwd.b * p->fwd.h * q.ws_rows * q.ws_cols;
+        fattn_bwd_workspace_set(&q, ws);
     }
     return plan->bwd->launch(&q, plan, stream);
 }

@@ -41,7 +41,8 @@ def parse_args(argv=None):
     ap.add_argument("--both-causal", action="store_true", help="run every point causal and non-causal")
     ap.add_argument("--dtype", choices=tuple(suite.DTYPES), help="default fp16 on cuda, fp32 on cpu")
     ap.add_argument("--device", choices=("cpu", "cuda"), help="default cuda if fattn.cuda_available()")
-    ap.add_argument("--variants", help="fattn variants, comma-separated (default all)")
+    ap.add_argument("--variants", help="fattn variants, comma-separated (default all); with --mode bwd, 'v3-det' "
+                                       "times v3's backward in deterministic mode")
     ap.add_argument("--torch-backends", help="flash,efficient,cudnn,math on cuda; cpu on cpu; 'none' for no torch")
     ap.add_argument("--grid", choices=tuple(grids.GRIDS), help="run a named grid instead of --shape")
     ap.add_argument("--mode", choices=tuple(grids.MODES), default="fwd",
@@ -96,7 +97,7 @@ def build_impls(args):
         args.error("--device cuda: fattn was built without CUDA, or torch / fattn see no GPU")
     avail = fattn.variants(args.device)
     chosen = args.variants.split(",") if args.variants else avail
-    unknown = [v for v in chosen if v not in avail]
+    unknown = [v for v in chosen if v.removesuffix(suite.DET) not in avail]
     if unknown:
         args.error(f"--variants: {unknown} not among {avail} for {args.device}")
     names = ["cpu"] if args.device == "cpu" else list(suite.TORCH_BACKENDS)

@@ -56,7 +56,8 @@ DEV void rows_seeing(const fattn_mask *m, int64_t sq, int64_t sk, int64_t j0, in
 /* ---- preprocess and convert: one group of DP / 8 lanes per row, 16 bytes per lane -------------------------------- */
 
 /* D_i = rowsum(dO_i * O_i) for the b * h * ws_rows workspace rows (0 for rows past Sq, so nothing there is ever
- * uninitialised), and dq_accum zeroed when dQ is accumulated by atomics. */
+ * uninitialised), dq_accum zeroed when dQ is accumulated by atomics, and dq_sem zeroed (v3's deterministic mode
+ * counts the adds to each dQ tile there). */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int zero_dq) {
     constexpr int G = DP / 8, RPB = 256 / G;
@@ -82,7 +83,10 @@ __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const i
 #pragma unroll
     for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (!live) return;
-    if (c == 0) p.dpsum[row] = acc;
+    if (c == 0) {
+        p.dpsum[row] = acc;
+        if (p.dq_sem) p.dq_sem[row] = 0;
+    }
     if (zero_dq) {
         float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);
         z[0] = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -17,10 +17,10 @@ DET = "-det"
 
 def bwd_targets():
     """(device, variant): the CPU backend, and each GPU backward (named by a forward variant it differentiates),
-    v2's also in deterministic mode.  v3's (Hopper only) takes dense calls with head dims to 128 and falls back to
-    v2's for the rest, so its cases check both the Hopper kernels and the fallback."""
+    v2's and v3's also in deterministic mode.  v3's (Hopper only) takes dense calls with head dims to 128 and falls
+    back to v2's for the rest, so its cases check both the Hopper kernels and the fallback."""
     out = [pytest.param("cpu", "cpu", id="cpu")]
-    for name in ("v1", "v2", "v2" + DET, "v3"):
+    for name in ("v1", "v2", "v2" + DET, "v3", "v3" + DET):
         out.append(pytest.param("cuda", name, id=f"cuda-{name}", marks=pytest.mark.gpu))
     return out
 
@@ -192,14 +192,15 @@ def test_grad_bshd_strided_inputs_and_strided_grads(device, variant, seed, reque
 
 
 @pytest.mark.parametrize("device,variant", bwd_targets())
-def test_grad_is_bitwise_repeatable(device, variant, seed):
-    """The CPU backend, v1 and v2's deterministic mode: bitwise-equal gradients over 100 runs (GPU: with other
-    streams busy at the same time)."""
+@pytest.mark.parametrize("d", [64, 128])
+def test_grad_is_bitwise_repeatable(device, variant, d, seed):
+    """The CPU backend, v1 and the deterministic modes of v2 and v3: bitwise-equal gradients over 100 runs (GPU:
+    with other streams busy at the same time).  v3's two head dims split dQ between its consumers differently."""
     require_variant(device, variant)
     if variant in ("v2", "v3"):
         pytest.skip(f"{variant}'s default mode accumulates dQ with atomics (deterministic=True is the repeatable one)")
     dt = torch.float32 if device == "cpu" else torch.float16
-    q, k, v, dout = inputs(2, 4, 2, 300, 300, 64, dt, device, seed)
+    q, k, v, dout = inputs(2, 4, 2, 300, 300, d, dt, device, seed)
     first = grads(q, k, v, dout, variant, True)[2]
     side = [torch.cuda.Stream() for _ in range(2)] if device == "cuda" else []
     for i in range(100 if device == "cuda" else 20):
@@ -276,10 +277,13 @@ def test_grad_gpu_plans_and_unaligned_fallback(seed):
     sm = torch.cuda.get_device_capability()
     assert plan["variant"] == ("v3" if sm == (9, 0) else "v2" if sm >= (8, 0) else "v1")
     assert plan["workspace"] == _C.backward_workspace_bytes(1, 4, 70, 64)
-    if "v3" in fattn.variants("cuda"):  # v3's backward has no deterministic mode yet: forced, it falls back to v2's
-        assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v3")["variant"] == "v3"
+    if "v3" in fattn.variants("cuda"):  # forced to v3, a call v3's backward does not take (D = 256) runs v2's
         assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v3",
-                                     deterministic=True)["variant"] == "v2"
+                                     deterministic=True)["variant"] == "v3"
+        q2, k2, v2_, d2 = inputs(1, 2, 2, 70, 90, 256, torch.float16, "cuda", seed)
+        o2, l2 = fattn.attention(q2, k2, v2_, return_lse=True)
+        g2 = [torch.empty_like(x) for x in (q2, k2, v2_)]
+        assert _C._dev.plan_backward(d2, q2, k2, v2_, o2, l2, *g2, stream=stream, variant="v3")["variant"] == "v2"
     assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v0")["variant"] == "v1"
     # q one element off 16-byte alignment: v2 cannot read it with 16-byte copies; the default falls back to v1
     buf = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")

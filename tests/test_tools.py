@@ -183,6 +183,28 @@ def test_bench_gradient_modes_validate_and_count_flops(tmp_path, mode):
         assert abs(r["tflops"] * 1e12 * r["p50_us"] * 1e-6 - fwd * grids.MODES[mode]) < 1e-3 * fwd
 
 
+def test_bench_deterministic_suffix(tmp_path):
+    """'cpu-det' times the CPU backward with deterministic=True (--mode bwd, validated like the others); in the other
+    modes a -det variant is skipped, not run as something else."""
+    import json
+
+    import torch
+
+    from fattn import bench
+    from fattn.testing import suite
+
+    path = tmp_path / "r.json"
+    rc = bench.main(["--device", "cpu", "--shape", "1,2,40,16", "--mode", "bwd", "--variants", "cpu-det",
+                     "--torch-backends", "none", "--reps", "1", "--rounds", "1", "--warmup", "0", "--quiet",
+                     "--json", str(path)])
+    rows = json.loads(path.read_text())["rows"]
+    assert rc == 0 and [r["impl"] for r in rows] == ["fattn:cpu-det"] and rows[0]["max_abs_err"] <= rows[0]["tol"]
+    q = torch.randn(1, 2, 8, 16)
+    for mode in ("fwd", "fwdbwd"):
+        with pytest.raises(suite.Skip, match="-det"):
+            suite.make_impl("fattn:cpu-det", q, q, q, False, mode=mode, dout=q)
+
+
 def test_bench_own_runner_grids():
     """--grid cp / paged go to their own runners with the remaining arguments; other grids stay with the suite."""
     from fattn.bench import own_runner_args

@@ -71,21 +71,28 @@ def torch_sdpa(q, k, v, causal):
     return (lambda: F.scaled_dot_product_attention(q, k, v, **kw)), need_mask
 
 
+DET = "-det"
+
+
 def make_impl(impl, q, k, v, causal, mode="fwd", dout=None):
     """(fn, context) for one implementation: fn() computes what the mode times -- the output (fwd), or the gradients
     (dq, dk, dv) for dout: of a forward done once here (bwd), or forward and backward (fwdbwd); context() wraps its
     calls."""
+    kind, _, name = impl.partition(":")
+    det = name.endswith(DET)  # "v3-det": the variant's backward in deterministic mode
+    if det and mode != "bwd":
+        raise Skip("a -det variant times the backward alone (--mode bwd)")
     if mode == "fwd":
         return make_forward(impl, q, k, v, causal)
     import torch
 
-    kind, _, name = impl.partition(":")
     if kind == "cublas":
         raise Skip("the gemm baseline has no backward")
     if kind == "fattn" and mode == "bwd":
+        name = name.removesuffix(DET)
         out, lse = fattn.attention(q, k, v, causal=causal, variant=name, return_lse=True)
-        return (lambda: fattn.attention_backward(dout, q, k, v, out, lse, causal=causal, variant=name)), \
-            contextlib.nullcontext
+        return (lambda: fattn.attention_backward(dout, q, k, v, out, lse, causal=causal, variant=name,
+                                                 deterministic=det)), contextlib.nullcontext
     leafs = [x.detach().requires_grad_() for x in (q, k, v)]
     fwd, ctx = make_forward(impl, *leafs, causal)
     if mode == "bwd":

@@ -21,11 +21,16 @@
  *     (named barrier: both consumers' dS^T in shared memory)
  *     dQ_i = dS K          wgmma SS with both operands transposed by their descriptors (dS^T M-major, K N-major):
  *                          a 64 x 64 tile per consumer -- BR = 128: its 64 query rows; BR = 64: its 64 columns --
- *                          added to the float32 dq_accum by 8-byte atomics (red.global.add.v2.f32)
- *   then dK * scale and dV are stored (rows < Sk, columns < d).
+ *                          issued before dK's GEMM, and written to shared memory while dK's runs
+ *   then dK * scale and dV are stored (rows < Sk, columns < d);
+ *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
+ *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
+ *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
+ *     the workspace (dq_sem) for its turn and counts its add once it has landed -- so the sums, and dQ, are bitwise
+ *     repeatable; blocks start head by head in key-block order, so a wait is always on a block already running.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.  Dense calls only (no varlen, softcap, ALiBi), fp16 / bf16, head dims
- * to 128, positive scale, no deterministic mode yet: v3_bwd_plan.c sends everything else to v2.
+ * to 128, positive scale: v3_bwd_plan.c sends everything else to v2.
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
@@ -47,18 +52,31 @@
  * 16 (tid / 32) + (tid % 32) / 4 + 8 ((i >> 1) & 1), column 8 (i / 4) + 2 (tid % 4) + (i & 1) (wgmma's accumulator). */
 DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; }
 
-/* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory; 2, 3 a consumer's
- * own dQ tile (its shared-memory slot free, then written). */
+/* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory; 2 + cw consumer cw's
+ * dQ tile is in shared memory (its 128 threads and the dQ writer warp), 4 + cw the writer has read it out. */
 #define V3B_BAR_DS 1
-#define V3B_BAR_DQ 2
-#define V3B_PRODUCER_REGS 24
+#define V3B_BAR_DQ_FULL 2
+#define V3B_BAR_DQ_EMPTY 4
+#define V3B_DQ_THREADS 160
+#define V3B_PRODUCER_REGS 32
 #define V3B_CONSUMER_REGS 240
 
-template <typename T, int DP, int BR, int BC, int STAGES>
+/* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
+ * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
+ * ld.acquire), and after its own reduce has landed counts one more (red.release). */
+DEV int ld_acquire(const int *a) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+    return v;
+}
+DEV void red_release_add(int *a, int v) { asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory"); }
+DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+
+template <typename T, int DP, int BR, int BC, int STAGES, bool DET>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do, const attn_bwd_params p,
-            const int heads_fastest) {
+            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do, const attn_bwd_params p) {
     static_assert(BC == 128, "two consumers of 64 keys");
     constexpr int PANELS = DP / 64;                              /* 64-column panels of a Q / K tile */
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
@@ -82,11 +100,11 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     uint64_t *kv_full = bar, *q_full = bar + 1, *q_empty = q_full + STAGES;
 
     const attn_params &f = p.fwd;
-    /* head by head (key block fastest), or heads fastest (causal: key block 0, which the most rows see, first) */
-    const int nkb = (int)((f.sk + BC - 1) / BC);
-    const int64_t nbh = f.b * f.h_kv;
-    const int kb = (int)(heads_fastest ? blockIdx.x / nbh : blockIdx.x % nkb), j0 = kb * BC;
-    const int64_t bhk = heads_fastest ? blockIdx.x % nbh : blockIdx.x / nkb;
+    /* head by head, key blocks in order: a kv head's blocks run side by side sharing its Q and dO in L2, and each
+     * starts no later than those of its higher key blocks, which deterministic mode's waits need (a block never
+     * waits on one not yet scheduled) */
+    const int nkb = (int)((f.sk + BC - 1) / BC), kb = (int)(blockIdx.x % nkb), j0 = kb * BC;
+    const int64_t bhk = blockIdx.x / nkb;
     const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv, h0 = hk * f.h_per_kv;
     /* the nm query blocks from i_begin hold the rows that see key block kb; step it is query head h0 + it / nm, rows
      * i_begin + (it % nm) BR + [0, BR) */
@@ -106,8 +124,53 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     }
     __syncthreads();
 
-    if (wg == 0) { /* ---- producer ---- */
+    /* one 64 x 64 dQ tile of step it for consumer cw: its first float in dq_accum, and its semaphore */
+    auto dq_tile = [&](int it, int cw_) {
+        const int i0 = i_begin + (it % nm) * BR;
+        const int64_t bh = b * f.h + h0 + it / nm, r0 = i0 + (DQ_ROWS ? cw_ * 64 : 0), panel = DQ_ROWS ? 0 : cw_;
+        return (bh * p.ws_rows + r0) * DP + panel * 64 * 64;
+    };
+    auto dq_sem_of = [&](int it, int cw_) {
+        const int i0 = i_begin + (it % nm) * BR;
+        const int64_t bh = b * f.h + h0 + it / nm;
+        return p.dq_sem + bh * p.ws_rows + (i0 / 64 + (DQ_ROWS ? cw_ : 0)) * (DP / 64) + (DQ_ROWS ? 0 : cw_);
+    };
+
+    if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
+        if (warp == 1 && n_it > 0) {
+            /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
+             * handed back.  Deterministic mode: in key-block order, each add complete before the next begins. */
+            named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+            named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
+            for (int it = 0; it < n_it; it++) {
+                const int turn = DET ? kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, i_begin + (it % nm) * BR, BR, BC).n_min : 0;
+                for (int w = 0; w < 2; w++) {
+                    named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
+                    if (lane == 0) {
+                        int *sem = DET ? dq_sem_of(it, w) : nullptr;
+                        if (DET) {
+                            while (ld_acquire(sem) != turn) {
+                            }
+                            fence_proxy_async_global();
+                        }
+                        bulk_reduce_add_f32(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                        tma_store_commit();
+                        if (DET) {
+                            tma_store_wait_all();
+                            fence_proxy_async_global();
+                            red_release_add(sem, 1);
+                        } else {
+                            tma_store_wait_read();
+                        }
+                    }
+                    __syncwarp();
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
+                }
+            }
+            if (lane == 0) tma_store_wait_all();
+            return;
+        }
         if (warp != 0 || n_it == 0) return;
         if (lane == 0) {
             tma_prefetch_map(&tm_q);
@@ -164,7 +227,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     if (n_it > 0) mbar_wait(kv_full, 0);
     for (int it = 0; it < n_it; it++) {
         const int s = it % STAGES, i0 = i_begin + (it % nm) * BR;
-        const int64_t h = h0 + it / nm;
         T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (it & 1) * DS_TILE;
         const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
         const bool masked = !(kb >= sp.n_full_min && kb < sp.n_full_max);
@@ -273,26 +335,19 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         wgmma_commit();
         wgmma_wait<1>(); /* dV and dQ done; dK may still run */
         reg_fence(dq);
-        /* the 64 x 64 dQ tile -> this consumer's slot (once the last reduction has read it) -> one bulk reduce-add
-         * into dq_accum, whose 64 x 64 tiles are laid out alike (v3_dq_index) */
-        if (tid == 0) tma_store_wait_read();
-        named_barrier_sync(V3B_BAR_DQ + cw, 128);
+        /* the 64 x 64 dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds it
+         * to dq_accum (whose 64 x 64 tiles are laid out alike, v3_dq_index) */
+        named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
 #pragma unroll
         for (int v4 = 0; v4 < 8; v4++)
             *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
         fence_proxy_async();
-        named_barrier_sync(V3B_BAR_DQ + cw, 128);
-        if (tid == 0) {
-            const int64_t r0 = (b * f.h + h) * p.ws_rows + i0 + (DQ_ROWS ? cw * 64 : 0); /* the tile's first row */
-            bulk_reduce_add_f32(p.dq_accum + r0 * DP + (DQ_ROWS ? 0 : cw * 64 * 64), sdQw, 64 * 64 * 4);
-            tma_store_commit();
-        }
+        named_barrier_arrive(V3B_BAR_DQ_FULL + cw, V3B_DQ_THREADS);
         wgmma_wait<0>();
         reg_fence(dk);
         reg_fence(dv);
         release(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
-    if (tid == 0) tma_store_wait_all();
 
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
     T *dkp = (T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, *dvp = (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h;
@@ -334,14 +389,15 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
 
 typedef struct {
-    const void *dkdv[2], *prep[2], *convert[2]; /* [fp16, bf16] */
+    const void *dkdv[2][2], *prep[2], *convert[2]; /* dkdv[deterministic][fp16, bf16] */
     int dp, br, bc;
     size_t smem;
 } v3_bwd_row;
 
 #define V3B_PAIR(kernel, ...) {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
 #define V3B_ROW(dp, br, bc, st)                                                                                   \
-    {V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st), V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc,       \
+    {{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true)},                     \
+     V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc,                                             \
      V3_BWD_SMEM(dp, br, bc, st)},
 static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_CONFIGS(V3B_ROW)};
 #undef V3B_ROW
@@ -351,8 +407,9 @@ extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     (void)device;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++)
         for (int t = 0; t < 2; t++)
-            FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_bwd_rows[i].dkdv[t], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  (int)v3_bwd_rows[i].smem));
+            for (int det = 0; det < 2; det++)
+                FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_bwd_rows[i].dkdv[det][t],
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v3_bwd_rows[i].smem));
     return FATTN_OK;
 }
 
@@ -361,7 +418,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: no config %d", plan->config);
     const v3_bwd_row *r = &v3_bwd_rows[plan->config];
     const attn_params *f = &p->fwd;
-    if (p->ws_cols != r->dp || p->ws_rows < f->sq || p->ws_rows % 128 || !p->dq_accum || !p->dpsum)
+    if (p->ws_cols != r->dp || p->ws_rows < f->sq || p->ws_rows % 128 || !p->dq_accum || !p->dpsum || !p->dq_sem)
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: the workspace is not laid out for config %d", plan->config);
     fattn_status st = v3_tma_ready();
     if (st) return st;
@@ -386,10 +443,10 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     int zero_dq = 1;
     void *pargs[] = {(void *)p, (void *)&zero_dq};
     if (prep_blocks > 0) FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
-    int heads_fastest = plan->order == FATTN_ORDER_BLOCKS;
-    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, (void *)&heads_fastest};
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
     if (plan->grid_x > 0)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[ti], dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x), dim3(plan->threads),
+                                          args, plan->smem, s));
     void *cargs[] = {(void *)p};
     if (conv_blocks > 0)
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
