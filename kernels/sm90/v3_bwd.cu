@@ -58,8 +58,12 @@ DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; 
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
-#define V3B_PRODUCER_REGS 32
+/* setmaxnreg: the block is launched with 168 registers a thread (384 threads); the producer warpgroup gives up what
+ * the consumers take, exactly: 128 (168 - 24) = 256 (240 - 168).  (A consumer asking for more than was given back
+ * waits in setmaxnreg forever.) */
+#define V3B_PRODUCER_REGS 24
 #define V3B_CONSUMER_REGS 240
+static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168), "setmaxnreg: registers given < taken");
 
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
  * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
