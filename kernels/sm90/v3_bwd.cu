@@ -111,11 +111,15 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const int64_t bhk = blockIdx.x / nkb;
     const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv, h0 = hk * f.h_per_kv;
     /* the nm query blocks from i_begin hold the rows that see key block kb; step it is query head h0 + it / nm, rows
-     * i_begin + (it % nm) BR + [0, BR) */
+     * row0_of(it) + [0, BR) */
     int64_t i_lo, i_hi;
     rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
     const int i_begin = (int)(i_lo / BR) * BR;
     const int nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin / BR : 0, n_it = nm * (int)f.h_per_kv;
+    /* step it's first row.  Deterministic mode walks the query blocks last first: the last blocks are the ones every
+     * key block sees under a causal mask, so each block's first add waits about one step per lower key block, not
+     * for those blocks to walk down from the top. */
+    auto row0_of = [&](int it) { return i_begin + (DET ? nm - 1 - it % nm : it % nm) * BR; };
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
@@ -130,12 +134,12 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 
     /* one 64 x 64 dQ tile of step it for consumer cw: its first float in dq_accum, and its semaphore */
     auto dq_tile = [&](int it, int cw_) {
-        const int i0 = i_begin + (it % nm) * BR;
+        const int i0 = row0_of(it);
         const int64_t bh = b * f.h + h0 + it / nm, r0 = i0 + (DQ_ROWS ? cw_ * 64 : 0), panel = DQ_ROWS ? 0 : cw_;
         return (bh * p.ws_rows + r0) * DP + panel * 64 * 64;
     };
     auto dq_sem_of = [&](int it, int cw_) {
-        const int i0 = i_begin + (it % nm) * BR;
+        const int i0 = row0_of(it);
         const int64_t bh = b * f.h + h0 + it / nm;
         return p.dq_sem + bh * p.ws_rows + (i0 / 64 + (DQ_ROWS ? cw_ : 0)) * (DP / 64) + (DQ_ROWS ? 0 : cw_);
     };
@@ -148,7 +152,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
-                const int turn = DET ? kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, i_begin + (it % nm) * BR, BR, BC).n_min : 0;
+                const int turn = DET ? kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min : 0;
                 for (int w = 0; w < 2; w++) {
                     named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                     if (lane == 0) {
@@ -187,7 +191,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             }
         }
         for (int it = 0; it < n_it; it++) {
-            const int s = it % STAGES, i0 = i_begin + (it % nm) * BR;
+            const int s = it % STAGES, i0 = row0_of(it);
             const int64_t h = h0 + it / nm;
             if (it >= STAGES) mbar_wait(&q_empty[s], (it / STAGES - 1) & 1);
             const float *lse = f.lse + b * f.lse_stride_b + h * f.lse_stride_h;
@@ -230,7 +234,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 
     if (n_it > 0) mbar_wait(kv_full, 0);
     for (int it = 0; it < n_it; it++) {
-        const int s = it % STAGES, i0 = i_begin + (it % nm) * BR;
+        const int s = it % STAGES, i0 = row0_of(it);
         T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (it & 1) * DS_TILE;
         const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
         const bool masked = !(kb >= sp.n_full_min && kb < sp.n_full_max);
