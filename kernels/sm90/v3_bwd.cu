@@ -148,32 +148,42 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (warp == 1 && n_it > 0) {
             /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
-             * handed back.  Deterministic mode: in key-block order, each add complete before the next begins. */
+             * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
+             * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
             named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
-                const int turn = DET ? kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min : 0;
-                for (int w = 0; w < 2; w++) {
-                    named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
+                if constexpr (DET) {
+                    const int turn = kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min;
+                    named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
+                    named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {
-                        int *sem = DET ? dq_sem_of(it, w) : nullptr;
-                        if (DET) {
-                            while (ld_acquire(sem) != turn) {
+                        for (int w = 0; w < 2; w++) {
+                            while (ld_acquire(dq_sem_of(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
+                            bulk_reduce_add_f32(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         }
-                        bulk_reduce_add_f32(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         tma_store_commit();
-                        if (DET) {
-                            tma_store_wait_all();
-                            fence_proxy_async_global();
-                            red_release_add(sem, 1);
-                        } else {
-                            tma_store_wait_read();
-                        }
+                        tma_store_wait_all();
+                        fence_proxy_async_global();
+                        red_release_add(dq_sem_of(it, 0), 1);
+                        red_release_add(dq_sem_of(it, 1), 1);
                     }
                     __syncwarp();
-                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
+                } else {
+                    for (int w = 0; w < 2; w++) {
+                        named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
+                        if (lane == 0) {
+                            bulk_reduce_add_f32(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                            tma_store_commit();
+                            tma_store_wait_read();
+                        }
+                        __syncwarp();
+                        named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
+                    }
                 }
             }
             if (lane == 0) tma_store_wait_all();
