@@ -5,7 +5,7 @@
 
 Runs ncu (--clock-control none, a kernel-name filter, warm-up launches skipped, one launch profiled) on a child
 process that calls fattn.attention -- or, with --mode bwd, attention_backward, whose main kernel (dK, dV and, by
-atomics, dQ: v2_bwd_dkdv; v1's v1_dkdv) is the one profiled and counted at the backward's 2.5x forward FLOPs; parses its raw CSV; measures the ceilings in this process (fp16 matmul
+atomics or bulk reduce-adds, dQ: v3_bwd_dkdv, v2_bwd_dkdv; v1's v1_dkdv) is the one profiled and counted at the backward's 2.5x forward FLOPs; parses its raw CSV; measures the ceilings in this process (fp16 matmul
 peak, device-to-device copy bandwidth, and the cuBLAS two-GEMM baseline at the same shape); prints SM throughput,
 achieved occupancy, tensor-pipe utilisation (mma.sync, and wgmma on Hopper), DRAM throughput, shared-memory bank
 conflicts, registers, local-memory (spill) traffic and duration; writes ncu.csv and profile.json under --out.

@@ -1,8 +1,8 @@
 /* v3_bwd.cu -- version 3's backward: Hopper (sm_90a), wgmma for all five products, TMA loads into an mbarrier ring,
  * warp specialisation; the FlashAttention-3 structure.  The math is v2's (kernels/sm80/v2_bwd.cu): P recomputed from
  * the forward's LSE, D_i = rowsum(dO_i * O_i), dV = P^T dO, dP = dO V^T, dS = P (dP - D), dK = scale dS^T Q,
- * dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i, dQ's accumulator zeroed; kernels/bwd_common.cuh),
- * v3_bwd_dkdv, bwd_convert (dQ = scale * dq_accum in the dtype).
+ * dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i, dQ's accumulator and counters zeroed;
+ * kernels/bwd_common.cuh), v3_bwd_dkdv, v3_bwd_convert (dQ = scale * dq_accum in the dtype, from v3's tile layout).
  *
  * v3_bwd_dkdv: a block per (key block of BC = 128 keys, b, kv head); K_j and V_j stay in shared memory, dK_j and
  * dV_j in the consumers' registers, while the block walks every query block of BR rows that sees key block j, for
@@ -14,24 +14,30 @@
  *     S^T  = K_w Q_i^T     wgmma m64nBRk16, both operands K-major in 128-byte-swizzled shared memory
  *     dP^T = V_w dO_i^T    the same, issued right behind S^T
  *     P^T  = exp2(S^T scale log2 e - LSE2_col)     (masked -> 0 on the mask's edge blocks only)
- *     dS^T = P^T (dP^T - D_col)                    both packed to fp16 / bf16 A fragments in registers
- *     dS^T -> shared memory (double-buffered, swizzled as TMA would: rows keys, 64-query panels)
- *     dV  += P^T dO_i      wgmma RS: A from registers, dO N-major (transposed by the descriptor, no copy)
- *     dK  += dS^T Q_i      the same with Q
+ *     dV  += P^T dO_i      wgmma RS: A (P^T packed to fp16 / bf16) from registers, dO N-major (transposed by the
+ *                          descriptor, no copy); at D=128 issued here, while dP^T finishes (else with dK)
+ *     dS^T = P^T (dP^T - D_col)                    packed likewise, and to shared memory (double-buffered,
+ *                                                  swizzled as TMA would: rows keys, 64-query panels)
  *     (named barrier: both consumers' dS^T in shared memory)
  *     dQ_i = dS K          wgmma SS with both operands transposed by their descriptors (dS^T M-major, K N-major):
- *                          a 64 x 64 tile per consumer -- BR = 128: its 64 query rows; BR = 64: its 64 columns --
- *                          issued before dK's GEMM, and written to shared memory while dK's runs
+ *                          a 64 x 64 tile per consumer -- BR = 128: its 64 query rows; BR = 64: its 64 columns
+ *     dK  += dS^T Q_i      wgmma RS as dV, issued behind dQ: it runs while the dQ tile goes to shared memory
  *   then dK * scale and dV are stored (rows < Sk, columns < d);
  *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
  *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
  *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
  *     the workspace (dq_sem) for its turn and counts its add once it has landed -- so the sums, and dQ, are bitwise
- *     repeatable; blocks start head by head in key-block order, so a wait is always on a block already running.
+ *     repeatable; blocks start head by head in key-block order, so a wait is always on a block already running,
+ *     and walk their query blocks last first (under a causal mask every key block sees the last ones).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.  Dense calls only (no varlen, softcap, ALiBi), fp16 / bf16, head dims
  * to 128, positive scale: v3_bwd_plan.c sends everything else to v2.
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
+ * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run, evidence/backward/
+ * h100_v3_bwd_det_be2dfd9.md): D=128 290-510 TFLOP/s at S >= 2k (0.75-0.93x cudnn), D=64 237-414 (0.76-0.91x), S=512
+ * and 1k 0.69-0.73x.  Deterministic mode 1.07-1.40x the default's time there, 1.09-1.29x after the dQ writer's
+ * batched adds (6b104f0, six points).  This kernel's first version already ran 1.0-1.35x faster than v2's backward
+ * (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
