@@ -258,7 +258,9 @@ FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
 FATTN_HD int fattn_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d) {
-    return 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 2);
+    const int64_t n = 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 2);
+    return n > 0 ? n : 16; /* never empty: with no query rows the dK / dV kernel still runs (dK = dV = 0), and a
+                              zero-byte allocation may have no address to give it */
 }
 /* p's workspace pointers into `ws` (at least fattn_bwd_workspace_bytes), laid out as above. */
 FATTN_HD void fattn_bwd_workspace_set(attn_bwd_params *p, float *ws) {

@@ -262,9 +262,28 @@ def test_backward_numpy_and_empty_shapes():
         g = fattn.attention_backward(dout, q, k, v, out, lse)
         for x in g:
             assert x.numel() == 0 or (x == 0).all()
+    # the GPU workspace is never empty (with Sq = 0 the dK / dV kernel still runs and needs an address)
+    assert _C.backward_workspace_bytes(2, 4, 0, 64) == 16 and _C.backward_workspace_bytes(0, 4, 9, 64) == 16
 
 
 # ---- GPU dispatch: plans, fallback, graphs, streams -------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["v2", "v3"])
+def test_grad_gpu_empty_shapes(variant, seed):
+    """Sq = 0 (dK = dV = 0, through a workspace that is never empty) and Sk = 0 (dQ = 0) on the tensor-core
+    backwards, both modes."""
+    require_variant("cuda", variant)
+    for sq, sk in ((0, 130), (70, 0)):
+        q, k, v, dout = inputs(2, 4, 2, sq, sk, 64, torch.float16, "cuda", seed)
+        out, lse = fattn.attention(q, k, v, return_lse=True)
+        for det in (False, True):
+            g = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+            fattn.attention_backward(dout, q, k, v, out, lse, variant=variant, deterministic=det, dq=g[0], dk=g[1],
+                                     dv=g[2])
+            for x in g:
+                assert x.numel() == 0 or (x == 0).all(), (sq, sk, det)
+
 
 @pytest.mark.gpu
 def test_grad_gpu_plans_and_unaligned_fallback(seed):
