@@ -78,9 +78,9 @@ for g in $GRIDS; do
     fa3)    args=(--grid fa3 --variants "$VARIANTS" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,efficient,cudnn}" --reps 10 --warmup 2) ;;
     fa3_bf16) args=(--grid fa3 --dtype bf16 --variants "$VARIANTS" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,efficient,cudnn}" --reps 10 --warmup 2) ;;
     decode) args=(--grid decode --variants "$VARIANTS" --torch-backends flash,efficient,cudnn) ;;
-    fa3_bwd|fa3_bf16_bwd|fa3_fwdbwd)  # the backward alone / forward + backward (v2 and v3 backwards side by side)
+    fa3_bwd|fa3_bf16_bwd|fa3_fwdbwd)  # the backward alone (v2, v3 and v3's deterministic mode) / forward + backward
       mode=${g##*_}; dt=fp16; [ "$g" = fa3_bf16_bwd ] && dt=bf16
-      bv=${FATTN_BWD_VARIANTS:-v2,v3}
+      bv=${FATTN_BWD_VARIANTS:-v2,v3,v3-det}; [ "$mode" = fwdbwd ] && bv=${FATTN_BWD_VARIANTS:-v2,v3}
       args=(--grid fa3 --mode "$mode" --dtype $dt --variants "$bv" --torch-backends "${FATTN_TORCH_BACKENDS:-flash,cudnn}" --reps 10 --warmup 2) ;;
     cp)  # context parallelism on every GPU of the host; FATTN_CP_ARGS overrides the grid's defaults
       n=$(nvidia-smi -L | wc -l)

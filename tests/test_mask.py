@@ -80,3 +80,20 @@ def test_window_through_the_public_api_and_autograd(seed):
     for bad, exc in [((-2, 0), ValueError), ((1,), TypeError), ("ab", TypeError), ((1.5, 2), TypeError), (3, TypeError)]:
         with pytest.raises(exc, match="window"):
             fattn.attention(q, k, v, window=bad)
+
+
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("window", WINDOWS, ids=WIDS)
+def test_key_blocks_seen_by_a_query_block_are_contiguous(causal, window):
+    """What v3's deterministic backward counts on (kernels/sm90/v3_bwd.cu): the key blocks some row of a query block
+    sees are one range [first, last] -- so the block for key block kb adds its dQ tile as turn kb - first, and the
+    blocks before it in the range are exactly those that add first -- for every mask and window, with the query
+    and key blocks of both backward tilings (64 or 128 rows against 128 keys)."""
+    for sq, sk in SHAPES + [(300, 1000), (1000, 300), (129, 129)]:
+        vis = reference.visible(sq, sk, causal, window)
+        for br, bc in ((64, 128), (128, 128)):
+            for i0 in range(0, sq, br):
+                cols = np.flatnonzero(vis[i0:i0 + br].any(axis=0))
+                blocks = np.unique(cols // bc)
+                assert blocks.size == 0 or np.array_equal(blocks, np.arange(blocks[0], blocks[-1] + 1)), \
+                    (sq, sk, i0, br, blocks)

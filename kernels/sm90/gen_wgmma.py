@@ -35,24 +35,13 @@ DESC_HI = (1 << 30) | (1024 >> 4)
 DESCS = ".reg .b64 da, db;\\n.reg .b32 hi;\\nmov.b32 hi, %d;\\n" % DESC_HI
 
 
-def ss(n, ctype, ptype):
+def ss(n, ctype, ptype, name="ss", trans="0, 0"):
+    """Both operands from shared memory; trans: imm-trans-a, imm-trans-b ("1, 1" for SSTT)."""
     acc = n // 2
-    return f"""DEV void wgmma_ss_n{n}(float (&d)[{acc}], unsigned desc_a, unsigned desc_b, int accumulate, {ctype}) {{
+    return f"""DEV void wgmma_{name}_n{n}(float (&d)[{acc}], unsigned desc_a, unsigned desc_b, int accumulate, {ctype}) {{
     asm volatile(
         "{{\\n.reg .pred p;\\n{DESCS}mov.b64 da, {{%{acc}, hi}};\\nmov.b64 db, {{%{acc + 1}, hi}};\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{regs(acc, 0)}}}, da, db, p, 1, 1, 0, 0;\\n}}\\n"
-        : {outputs(acc)}
-        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
-}}
-"""
-
-
-def sstt(n, ctype, ptype):
-    acc = n // 2
-    return f"""DEV void wgmma_sstt_n{n}(float (&d)[{acc}], unsigned desc_a, unsigned desc_b, int accumulate, {ctype}) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\n{DESCS}mov.b64 da, {{%{acc}, hi}};\\nmov.b64 db, {{%{acc + 1}, hi}};\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{regs(acc, 0)}}}, da, db, p, 1, 1, 1, 1;\\n}}\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{regs(acc, 0)}}}, da, db, p, 1, 1, {trans};\\n}}\\n"
         : {outputs(acc)}
         : "r"(desc_a), "r"(desc_b), "r"(accumulate));
 }}
@@ -93,7 +82,7 @@ def main():
         for n in RS_N:
             parts.append(rs(n, ctype, ptype))
         for n in SSTT_N:
-            parts.append(sstt(n, ctype, ptype))
+            parts.append(ss(n, ctype, ptype, "sstt", "1, 1"))
     for kind, ns, a_arg, a_name in (("ss", SS_N, "unsigned desc_a", "desc_a"), ("rs", RS_N, "const unsigned (&a)[4]", "a"),
                                     ("sstt", SSTT_N, "unsigned desc_a", "desc_a")):
         body = "\n".join(

@@ -43,7 +43,7 @@
 
 #include "hopper.cuh"
 #include "../bwd_common.cuh"
-#include "wgmma_ops.cuh"
+#include "wgmma_tiles.cuh"
 
 #include <string.h>
 
@@ -260,15 +260,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         float st[NS], dpt[NS];
         const unsigned q_lo = desc_lo(q_s, 0), do_lo = desc_lo(do_s, 0);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++)
-            wgmma_ss<BR, T>(st, k_lo + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4),
-                            q_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        wgmma_kmajor_tiles<BR, T, DP, BC, BR>(st, k_lo, q_lo);
         wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++)
-            wgmma_ss<BR, T>(dpt, v_lo + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4),
-                            do_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        wgmma_kmajor_tiles<BR, T, DP, BC, BR>(dpt, v_lo, do_lo);
         wgmma_commit();
         /* LSE and D of this thread's columns: element i is key krow + 8 ((i >> 1) & 1), query column 8 (i / 4) +
          * 2 t + (i & 1) of the step, so columns come in pairs, one float2 per n8 tile.  PRELOAD: read into registers

@@ -43,7 +43,7 @@
 
 #include "hopper.cuh"
 #include "../mma.cuh"
-#include "wgmma_ops.cuh"
+#include "wgmma_tiles.cuh"
 
 #include <string.h>
 
@@ -163,10 +163,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     auto issue_s = [&](int st) {
         const unsigned k_st = k_lo + st * (KV_TILE * 2 >> 4);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++)
-            wgmma_ss<BC, T>(s, q_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4),
-                            k_st + (((kk / 4) * BC * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        wgmma_kmajor_tiles<BC, T, DP, BR, BC>(s, q_lo, k_st);
         wgmma_commit();
     };
     /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart. */
