@@ -36,8 +36,8 @@
  * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run, evidence/backward/
  * h100_v3_bwd_det_be2dfd9.md): D=128 290-510 TFLOP/s at S >= 2k (0.75-0.93x cudnn), D=64 237-414 (0.76-0.91x), S=512
  * and 1k 0.69-0.73x.  Deterministic mode 1.07-1.40x the default's time there, 1.09-1.29x after the dQ writer's
- * batched adds (6b104f0, six points).  This kernel's first version already ran 1.0-1.35x faster than v2's backward
- * (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
+ * batched adds (6b104f0, six points).  This kernel's first version already ran at 0.99-1.35x the speed of v2's
+ * backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
@@ -69,7 +69,8 @@ DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; 
  * waits in setmaxnreg forever.) */
 #define V3B_PRODUCER_REGS 24
 #define V3B_CONSUMER_REGS 240
-static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168), "setmaxnreg: registers given < taken");
+static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168),
+              "setmaxnreg: registers given < taken");
 
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
  * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
@@ -79,14 +80,17 @@ DEV int ld_acquire(const int *a) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
     return v;
 }
-DEV void red_release_add(int *a, int v) { asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory"); }
+DEV void red_release_add(int *a, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
 DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 
 template <typename T, int DP, int BR, int BC, int STAGES, bool DET>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do, const attn_bwd_params p) {
+            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+            const attn_bwd_params p) {
     static_assert(BC == 128, "two consumers of 64 keys");
     constexpr int PANELS = DP / 64;                              /* 64-column panels of a Q / K tile */
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
@@ -358,7 +362,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
 #pragma unroll
         for (int v4 = 0; v4 < 8; v4++)
-            *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+            *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
+                make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
         fence_proxy_async();
         named_barrier_arrive(V3B_BAR_DQ_FULL + cw, V3B_DQ_THREADS);
         wgmma_wait<0>();
@@ -368,7 +373,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     }
 
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
-    T *dkp = (T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, *dvp = (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h;
+    T *dkp = (T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h;
+    T *dvp = (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h;
     const float scale = f.scale;
 #pragma unroll
     for (int i = 0; i < NA; i += 2) {
@@ -412,7 +418,8 @@ typedef struct {
     size_t smem;
 } v3_bwd_row;
 
-#define V3B_PAIR(kernel, ...) {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
+#define V3B_PAIR(kernel, ...)                                                                                    \
+    {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
 #define V3B_ROW(dp, br, bc, st)                                                                                   \
     {{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true)},                     \
      V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc,                                             \
@@ -427,7 +434,8 @@ extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
         for (int t = 0; t < 2; t++)
             for (int det = 0; det < 2; det++)
                 FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_bwd_rows[i].dkdv[det][t],
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v3_bwd_rows[i].smem));
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      (int)v3_bwd_rows[i].smem));
     return FATTN_OK;
 }
 
@@ -460,7 +468,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
     int zero_dq = 1;
     void *pargs[] = {(void *)p, (void *)&zero_dq};
-    if (prep_blocks > 0) FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
+    if (prep_blocks > 0)
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
     if (plan->grid_x > 0)
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x), dim3(plan->threads),
