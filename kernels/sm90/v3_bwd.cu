@@ -448,8 +448,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: the workspace is not laid out for config %d", plan->config);
     fattn_status st = v3_tma_ready();
     if (st) return st;
-    /* maps need non-empty shapes: with Sq = 0 no query block is loaded (the block still writes dK = dV = 0) */
-    const int64_t sq = f->sq > 0 ? f->sq : 1, sk = f->sk > 0 ? f->sk : 1;
+    /* Sq, Sk > 0 (the planner's rule: an empty side may have no address for a tensor map) */
+    const int64_t sq = f->sq, sk = f->sk;
     CUtensorMap tq, tk, tv, tdo;
     if ((st = v3_map(&tq, f->q, f->dtype, f->d, sq, f->h, f->b, f->q_stride_s, f->q_stride_h, f->q_stride_b, r->br,
                      "q")) ||

@@ -42,6 +42,8 @@ static const char *refusal(const attn_bwd_params *p) {
     if (!(f->scale > 0.f)) return "the v3 backward needs a positive scale";
     if (f->h_kv < 1 || f->h_per_kv < 1 || f->h != f->h_kv * f->h_per_kv) return "heads are not kv heads x group";
     if (f->sq >= (1 << 30) || f->sk >= (1 << 30)) return "the v3 backward: sequences of 2^30 or more";
+    /* an empty side has nothing for TMA to address (its pointer may be NULL); v2 writes the zero gradients */
+    if (f->sq == 0 || f->sk == 0) return "the v3 backward needs queries and keys (v2's writes the zero gradients)";
     if (!tensors_ok(p))
         return "the v3 backward needs q, k, v, out, dout, dq, dk, dv 16-byte aligned with strides a multiple of 8 "
                "elements (no broadcast k / v)";
