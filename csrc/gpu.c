@@ -44,11 +44,16 @@ const fattn_variant *fattn_find_variant(const char *name) {
     return NULL;
 }
 
+/* The backward variant called `name` (its own name, not a forward's). */
+static const fattn_bwd_variant *bwd_variant_named(const char *name) {
+    for (const fattn_bwd_variant *v = fattn_gpu_bwd_variants; name && v->name; v++)
+        if (!strcmp(v->name, name)) return v;
+    return NULL;
+}
+
 const fattn_bwd_variant *fattn_find_bwd_variant(const char *name) {
     const fattn_variant *f = fattn_find_variant(name);
-    for (const fattn_bwd_variant *v = fattn_gpu_bwd_variants; f && v->name; v++)
-        if (!strcmp(v->name, f->bwd)) return v;
-    return NULL;
+    return f ? bwd_variant_named(f->bwd) : NULL;
 }
 
 #ifdef FATTN_WITH_CUDA
@@ -323,13 +328,11 @@ fattn_status fattn_plan_gpu_bwd(const attn_bwd_params *p, const fattn_device *de
         const fattn_bwd_variant *v = fattn_find_bwd_variant(forced);
         if (!v) return FATTN_FAIL(FATTN_ERR_INVALID, "unknown GPU variant '%s'", forced);
         fattn_status st = plan_bwd_one(v, p, dev, tuned, ov, plan);
-        for (int i = 0; st == FATTN_ERR_UNSUPPORTED && v->fallback && i < NBWD; i++) {
-            const fattn_bwd_variant *f = &fattn_gpu_bwd_variants[i];
-            if (!strcmp(f->name, v->fallback)) {
-                fattn_overrides fo = *ov;
-                fo.config = -1; /* the forced variant's config index means nothing to its fallback */
-                st = plan_bwd_one(f, p, dev, tuned, &fo, plan);
-            }
+        const fattn_bwd_variant *f = st == FATTN_ERR_UNSUPPORTED ? bwd_variant_named(v->fallback) : NULL;
+        if (f) {
+            fattn_overrides fo = *ov;
+            fo.config = -1; /* the forced variant's config index means nothing to its fallback */
+            st = plan_bwd_one(f, p, dev, tuned, &fo, plan);
         }
         return st;
     }

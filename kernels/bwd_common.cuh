@@ -1,5 +1,6 @@
-/* bwd_common.cuh -- what every tensor-core backward shares (v2's sm80 kernels, v3's sm90 ones): the preprocess and
- * convert kernels around the dK/dV pass, LSE in base 2, the rows that see a key block, the 8-byte dQ atomic.
+/* bwd_common.cuh -- what the tensor-core backwards (v2's sm80 kernels, v3's sm90 ones) share: the preprocess kernel
+ * before the dK/dV pass, LSE in base 2, the rows that see a key block; and, v2's alone, the 8-byte dQ atomic and the
+ * convert kernel of its row-major dQ accumulator (v3 keeps its own tile layout and convert, v3_bwd.cu).
  * The workspace's layout (fattn.h: fattn_bwd_workspace_bytes) is the contract between them. */
 #ifndef FATTN_BWD_COMMON_CUH
 #define FATTN_BWD_COMMON_CUH

@@ -448,16 +448,16 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: the workspace is not laid out for config %d", plan->config);
     fattn_status st = v3_tma_ready();
     if (st) return st;
-    /* Sq, Sk > 0 (the planner's rule: an empty side may have no address for a tensor map) */
-    const int64_t sq = f->sq, sk = f->sk;
+    /* Sq, Sk > 0 (the planner's rule: an empty side may have no address for a tensor map), so every grid is
+     * non-empty */
     CUtensorMap tq, tk, tv, tdo;
-    if ((st = v3_map(&tq, f->q, f->dtype, f->d, sq, f->h, f->b, f->q_stride_s, f->q_stride_h, f->q_stride_b, r->br,
+    if ((st = v3_map(&tq, f->q, f->dtype, f->d, f->sq, f->h, f->b, f->q_stride_s, f->q_stride_h, f->q_stride_b, r->br,
                      "q")) ||
-        (st = v3_map(&tdo, p->dout, f->dtype, f->d, sq, f->h, f->b, p->do_stride_s, p->do_stride_h, p->do_stride_b,
+        (st = v3_map(&tdo, p->dout, f->dtype, f->d, f->sq, f->h, f->b, p->do_stride_s, p->do_stride_h, p->do_stride_b,
                      r->br, "dout")) ||
-        (st = v3_map(&tk, f->k, f->dtype, f->d, sk, f->h_kv, f->b, f->k_stride_s, f->k_stride_h, f->k_stride_b, r->bc,
+        (st = v3_map(&tk, f->k, f->dtype, f->d, f->sk, f->h_kv, f->b, f->k_stride_s, f->k_stride_h, f->k_stride_b, r->bc,
                      "k")) ||
-        (st = v3_map(&tv, f->v, f->dtype, f->d, sk, f->h_kv, f->b, f->v_stride_s, f->v_stride_h, f->v_stride_b, r->bc,
+        (st = v3_map(&tv, f->v, f->dtype, f->d, f->sk, f->h_kv, f->b, f->v_stride_s, f->v_stride_h, f->v_stride_b, r->bc,
                      "v")))
         return st;
     const int ti = f->dtype - FATTN_F16, rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
@@ -468,14 +468,11 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
     int zero_dq = 1;
     void *pargs[] = {(void *)p, (void *)&zero_dq};
-    if (prep_blocks > 0)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
+    FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
-    if (plan->grid_x > 0)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x), dim3(plan->threads),
-                                          args, plan->smem, s));
+    FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x), dim3(plan->threads), args,
+                                      plan->smem, s));
     void *cargs[] = {(void *)p};
-    if (conv_blocks > 0)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
+    FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
     return FATTN_OK;
 }

@@ -2,8 +2,6 @@
  * config (v3_bwd_configs.h) runs it, its grid and workspace.  What it refuses (FATTN_ERR_UNSUPPORTED, with the
  * reason) runs v2's backward: the dispatcher tries the variants from the highest down, and a call forced to v3
  * falls back to v2 (variants.h). */
-#include <string.h>
-
 #include "../../csrc/variants.h"
 #include "v3_addr.h"
 #include "v3_bwd_configs.h"
