@@ -211,9 +211,9 @@ FATTN_HD int64_t fattn_key_offset(const attn_params *s, int64_t j, int64_t strid
  * GQA: dK and dV of a kv head are summed over its group's query heads.  Rows that see no key (LSE = -inf) have
  * P = 0: zero gradients.  dq, dk, dv have q's and k's shapes and strides of their own (last dimension contiguous).
  *
- * GPU kernels keep two float32 arrays in the plan's workspace (fattn_bwd_workspace_bytes): dpsum, D_i per row, and
- * dq_accum, dQ accumulated across key blocks before it is scaled and converted; both are laid out per (b, h) with
- * ws_rows rows (sq rounded up) of ws_cols columns (the head-dim bucket). */
+ * GPU kernels keep float32 arrays in the plan's workspace (fattn_bwd_workspace_bytes): dpsum, D_i per row, lse2, the
+ * row's LSE in base 2, and dq_accum, dQ accumulated across key blocks before it is scaled and converted; all laid out
+ * per (b, h) with ws_rows rows (sq rounded up), dq_accum's of ws_cols columns (the head-dim bucket). */
 typedef struct attn_bwd_params {
     attn_params fwd;                  /* q, k, v, o, lse (read), mask, scale */
     const void *dout;
@@ -223,6 +223,8 @@ typedef struct attn_bwd_params {
     int64_t dk_stride_b, dk_stride_h, dk_stride_s;
     int64_t dv_stride_b, dv_stride_h, dv_stride_s;
     float *dpsum;                     /* [(b * h + h) * ws_rows + i]: D_i */
+    float *lse2;                      /* [(b * h + h) * ws_rows + i]: LSE_i log2 e, +inf past Sq or for a row that saw
+                                         no key (so that P = 0 there) */
     float *dq_accum;                  /* [((b * h + h) * ws_rows + i) * ws_cols + e] */
     int *dq_sem;                      /* [(b * h + h) * ws_rows + k]: v3's deterministic mode, the adds each dQ tile
                                          has had (fattn_bwd_workspace_set) */
@@ -243,12 +245,13 @@ FATTN_HD void fattn_seq_bwd_params(const attn_bwd_params *p, int64_t b, attn_bwd
     s->dk = (char *)p->dk + (b * p->dk_stride_b + k0 * p->dk_stride_s) * e;
     s->dv = (char *)p->dv + (b * p->dv_stride_b + k0 * p->dv_stride_s) * e;
     if (p->dpsum) s->dpsum = p->dpsum + b * p->fwd.h * p->ws_rows;
+    if (p->lse2) s->lse2 = p->lse2 + b * p->fwd.h * p->ws_rows;
     if (p->dq_accum) s->dq_accum = p->dq_accum + b * p->fwd.h * p->ws_rows * p->ws_cols;
     if (p->dq_sem) s->dq_sem = p->dq_sem + b * p->fwd.h * p->ws_rows;
 }
 
 /* The GPU backward's workspace: ws_rows = sq rounded up to 128, ws_cols = the head-dim bucket; dq_accum first, then
- * dpsum (a float per row), then dq_sem (an int per row).  One rule for every GPU variant (the Python side sizes a
+ * dpsum and lse2 (a float per row each), then dq_sem (an int per row).  One rule for every GPU variant (the Python side sizes a
  * framework-allocated workspace with it). */
 #define FATTN_BWD_ROW_ALIGN 128
 FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
@@ -258,7 +261,7 @@ FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
 FATTN_HD int fattn_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d) {
-    const int64_t n = 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 2);
+    const int64_t n = 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 3);
     return n > 0 ? n : 16; /* never empty: with no query rows the dK / dV kernel still runs (dK = dV = 0), and a
                               zero-byte allocation may have no address to give it */
 }
@@ -267,7 +270,8 @@ FATTN_HD void fattn_bwd_workspace_set(attn_bwd_params *p, float *ws) {
     const int64_t rows = p->fwd.b * p->fwd.h * fattn_bwd_ws_rows(p->fwd.sq);
     p->dq_accum = ws;
     p->dpsum = ws + rows * fattn_head_dim_bucket(p->fwd.d);
-    p->dq_sem = (int *)(p->dpsum + rows);
+    p->lse2 = p->dpsum + rows;
+    p->dq_sem = (int *)(p->lse2 + rows);
 }
 
 /* Status codes; a non-zero status comes with a message from fattn_last_error(). */

@@ -55,6 +55,13 @@ DEV void tma_load_4d(void *dst, const void *map, uint64_t *bar, int c0, int c1, 
         ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
         : "memory");
 }
+/* bytes (a multiple of 16, both addresses 16-byte aligned) from global src -> shared memory at dst, one bulk copy;
+ * completes `bytes` on bar. */
+DEV void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
 /* Shared memory at src -> box (c0, c1, c2, c3) of `map`; elements out of the tensor's bounds are not written. */
 DEV void tma_store_4d(const void *map, const void *src, int c0, int c1, int c2, int c3) {
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
@@ -67,12 +74,37 @@ DEV void bulk_reduce_add_f32(float *dst, const float *src, unsigned bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                  ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
 }
+/* dst[0 .. bytes) = src[0 .. bytes) (global <- shared, bytes a multiple of 16): a bulk copy in the same groups. */
+DEV void bulk_store(void *dst, const void *src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
+}
 DEV void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* Waits until the committed stores have finished reading shared memory. */
 DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 /* Waits until the committed stores / reductions have finished writing global memory. */
 DEV void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
+
+/* The 128-byte line at a (128-byte aligned) leaves the L2 without being written back: for data no one reads again. */
+DEV void discard_l2(const void *a) { asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(a) : "memory"); }
+
+/* Counters between blocks: acquire load, release add, and an acquire-release add that returns the old value. */
+DEV int ld_acquire(const int *a) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+    return v;
+}
+DEV void red_release_add(int *a, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
+DEV int atom_acq_rel_add(int *a, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(a), "r"(v) : "memory");
+    return old;
+}
+/* Orders this thread's async-proxy global writes (bulk copies, once waited for) with its generic accesses after. */
+DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 /* Orders this thread's ordinary shared-memory writes before later async-proxy (TMA, wgmma) reads of them. */
 DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

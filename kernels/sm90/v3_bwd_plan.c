@@ -13,7 +13,7 @@ static const v3_bwd_config v3_bwd_table[V3_BWD_NCONFIGS] = {
 };
 
 /* Every tensor TMA reads (q, k, v, dout; o through the preprocess kernel's 16-byte loads) and every gradient (4-byte
- * stores at even columns; dQ by 16-byte stores from the convert kernel): 16-byte aligned, strides a multiple of 8
+ * stores at even columns; dQ zeroed by 16-byte stores in the preprocess kernel for rows that see no key): 16-byte aligned, strides a multiple of 8
  * elements, positive where the dimension has more than one element (no broadcast K / V: its gradient would need a
  * reduction over the broadcast dimension). */
 static int tensors_ok(const attn_bwd_params *p) {
