@@ -8,6 +8,7 @@ wrong.
     python3 bench/ab.py --candidates v2 --splits 0,1,2,4,8,16 --grid decode  # split-KV sweep
     python3 bench/ab.py --candidates v2:order=1 v2:order=2 --grid fa3 --causal top_left
     python3 bench/ab.py --old .ab/old --candidates v3 old:v3 --grid fa3      # this tree against an older one
+    python3 bench/ab.py --old .ab/old --mode bwd --candidates api:v3 old:v3 --grid fa3 --torch cudnn   # backward
 
 Candidates: VARIANT[:config=I][:splits=N][:order=O] (overrides through fattn._C._dev.forward), api:VARIANT (the
 public fattn.attention, for end-to-end timing with --timer batch), old:VARIANT (the package `fattn_old` built from
@@ -44,15 +45,24 @@ def parse_candidate(text):
     return "fattn", head, kw
 
 
-def make_fn(cand, q, k, v, causal, old):
+def make_fn(cand, q, k, v, causal, old, dout=None):
+    """fn() -> the output, or with dout (--mode bwd) the gradients (dq, dk, dv) of a forward done once here."""
     kind, name, kw = cand
     if kind == "torch":
-        fn, ctx = suite.make_impl(f"torch:{name}", q, k, v, causal)
+        fn, ctx = suite.make_impl(f"torch:{name}", q, k, v, causal, "bwd" if dout is not None else "fwd", dout)
 
         def run():
             with ctx():
                 return fn()
         return run
+    if dout is not None:
+        if kind not in ("old", "api") and kw:
+            raise SystemExit("--mode bwd: fattn candidates are api:VARIANT[-det] or old:VARIANT[-det]")
+        lib = old if kind == "old" else fattn
+        det = name.endswith(suite.DET)
+        name = name.removesuffix(suite.DET)
+        out, lse = lib.attention(q, k, v, causal=causal, variant=name, return_lse=True)
+        return lambda: lib.attention_backward(dout, q, k, v, out, lse, causal=causal, variant=name, deterministic=det)
     if kind == "old":
         return lambda: old.attention(q, k, v, causal=causal, variant=name)
     if kind == "api":
@@ -66,6 +76,13 @@ def make_fn(cand, q, k, v, causal, old):
     return run
 
 
+def equal(a, b):
+    """Bitwise equality of two outputs, or of two gradient triples."""
+    if isinstance(a, tuple):
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b)
+
+
 def applies(cand, d):
     """A config override belongs to one head-dim bucket."""
     kind, name, kw = cand
@@ -77,16 +94,17 @@ def applies(cand, d):
 def points_of(args):
     causal = {"none": [False], "both": [False, "top_left"], "top_left": ["top_left"],
               "bottom_right": ["bottom_right"]}[args.causal]
+    dims = [int(d) for d in args.head_dims.split(",")] if args.head_dims else None
     if args.grid:
         pts = grids.GRIDS[args.grid]("top_left", args.dtype, "cuda", True)
-        return [p for p in pts if p["causal"] in causal]
+        return [dict(p, mode=args.mode) for p in pts if p["causal"] in causal and (not dims or p["D"] in dims)]
     out = []
     for s in args.shapes:
         x = [int(t) for t in s.split(",")]
         b, h, sq, d = x[:4]
         for c in causal:
             out.append(grids.point("shape", b, h, sq, d, Sk=x[4] if len(x) > 4 else None,
-                                   H_kv=x[5] if len(x) > 5 else None, causal=c, dtype=args.dtype))
+                                   H_kv=x[5] if len(x) > 5 else None, causal=c, dtype=args.dtype, mode=args.mode))
     return out
 
 
@@ -99,8 +117,11 @@ def main():
     ap.add_argument("--torch", default="flash,cudnn", help="torch backends to time beside (comma-separated)")
     ap.add_argument("--shapes", nargs="*", default=[])
     ap.add_argument("--grid", choices=tuple(grids.GRIDS))
+    ap.add_argument("--head-dims", help="only the grid's points of these head dims (comma-separated)")
     ap.add_argument("--causal", choices=("none", "both", "top_left", "bottom_right"), default="none")
     ap.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    ap.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
+                    help="bwd: time the backward alone (api:X, old:X, X-det for deterministic mode, torch:B)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--timer", choices=("events", "batch"), default="events",
@@ -125,20 +146,22 @@ def main():
     for p in points_of(args):
         q, k, v = suite.make_inputs(p)
         nb, nh = suite.ref_slice(p)
-        ref, tol = suite.validate(p, q, k, v, nb, nh)
+        dout = suite.make_inputs(dict(p, H_kv=p["H"], Sk=p["Sq"]), 1)[0] if args.mode == "bwd" else None
+        ref, tol = suite.validate(p, q, k, v, nb, nh, dout)
         fns, errs, outs = {}, {}, {}
         for t, c in cands.items():
             if not applies(c, p["D"]):
                 continue
             try:
-                fn = make_fn(c, q, k, v, p["causal"], old)
-                o = fn().clone()
+                fn = make_fn(c, q, k, v, p["causal"], old, dout)
+                o = fn()
+                o = tuple(g.clone() for g in o) if dout is not None else o.clone()
             except Exception as e:  # a candidate that cannot run this point is reported, never fatal
                 print(f"{grids.describe(p)} {t}: cannot run ({type(e).__name__}: {str(e).splitlines()[0]})")
                 continue
-            errs[t] = (o[:nb, :nh].double() - ref).abs().max().item()
-            if errs[t] > tol:
-                print(f"{grids.describe(p)} {t}: WRONG (max err {errs[t]:.3g} > {tol:.3g}), not timed")
+            errs[t], bound = suite.slice_error(o, ref, tol, nb, nh)
+            if not errs[t] <= bound:
+                print(f"{grids.describe(p)} {t}: WRONG (max err {errs[t]:.3g} > {bound:.3g}), not timed")
                 continue
             fns[t], outs[t] = fn, o
         time_one = timer.cuda if args.timer == "events" else timer.cuda_batch
@@ -153,12 +176,12 @@ def main():
         pairs = [(new, t) for t, c in cands.items() if c[0] == "old" for new in (c[1], "api:" + c[1])
                  if t in us and new in us]
         for new, t in pairs:
-            same = torch.equal(outs[new], outs[t])
+            same = equal(outs[new], outs[t])
             print(f"    {new} / {t}: {us[t] / us[new]:.3f}x speed, outputs bitwise {'equal' if same else 'DIFFERENT'}")
         results.append({"point": {k_: p[k_] for k_ in grids.POINT_KEYS}, "median_us": us, "rounds_us": med,
                         "max_err": errs, "tol": tol, "best_torch_us": best_torch,
-                        "bitwise_equal_to_old": {new: torch.equal(outs[new], outs[t]) for new, t in pairs}})
-        del q, k, v, ref, outs
+                        "bitwise_equal_to_old": {new: equal(outs[new], outs[t]) for new, t in pairs}})
+        del q, k, v, dout, ref, outs
         torch.cuda.empty_cache()
     if args.json:
         meta = suite.collect_meta("cuda", "events", " ".join(sys.argv))

@@ -7,6 +7,7 @@
 #   bash bench/gpu_suite.sh "$OUT" cp                       # context parallelism over every GPU (torchrun, NCCL)
 #   bash bench/gpu_suite.sh "$OUT" serving                  # bench/serving_targets.py (FATTN_SERVING_TARGETS=a,b)
 #   FATTN_AB_OLD=.ab/old bash bench/gpu_suite.sh "$OUT" none    # this tree against an older one (bench/ab.py)
+#   FATTN_AB_OLD=.ab/old FATTN_AB_GRIDS=fa3_bwd ...             # the same for v3's backward, both modes
 #   FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT" none    # also compute-sanitizer
 #   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
 #   FATTN_VARIANTS=v2,v3 FATTN_TORCH_BACKENDS=flash,cudnn ...   # fewer columns
@@ -56,7 +57,7 @@ python3 bench/kernel_report.py > "$OUT/kernel_report.md" 2>>"$LOG"
 
 if [ -n "${FATTN_SMOKE:-}" ]; then  # e.g. FATTN_SMOKE=v3: a quick look at one variant; stop here if it fails
   say "smoke $FATTN_SMOKE"
-  if ! timeout 120 python3 bench/smoke.py --variant "$FATTN_SMOKE" 2>&1 | tee -a "$LOG"; then
+  if ! timeout 120 python3 bench/smoke.py --variant "$FATTN_SMOKE" --mode "${FATTN_SMOKE_MODE:-fwd}" 2>&1 | tee -a "$LOG"; then
     echo "SMOKE FAILED"; exit 1
   fi
 fi
@@ -111,6 +112,8 @@ if [ -n "$OLD_PID" ]; then
     for g in ${FATTN_AB_GRIDS:-seeds seeds_e2e fa3 decode}; do
       case $g in  # seeds_e2e: the public call path end to end (back-to-back calls), beside the older tree's
         seeds_e2e) ab=(--candidates api:v2 old:v2 api:v3 old:v3 --grid seeds --timer batch --reps 200) ;;
+        fa3_bwd)   ab=(--mode bwd --candidates api:v3 old:v3 api:v3-det old:v3-det --grid fa3 --head-dims 64,128
+                       --torch cudnn --reps 5) ;;  # v3's backward (D=256 runs v2's)
         *)         ab=(--candidates v2 old:v2 v3 old:v3 --grid "$g") ;;
       esac
       python3 bench/ab.py --old /tmp/fattn_old_tree "${ab[@]}" --causal both --rounds "${FATTN_AB_ROUNDS:-5}" \
@@ -145,7 +148,7 @@ for name in sorted(os.listdir(out)):
     if not (name.startswith("ab_") and name.endswith(".json")):
         continue
     res = json.load(open(os.path.join(out, name)))["results"]
-    for v in ("v2", "v3", "api:v2", "api:v3"):
+    for v in ("v2", "v3", "api:v2", "api:v3", "api:v3-det"):
         o = "old:" + v.split(":")[-1]
         sp = [r["median_us"][o] / r["median_us"][v] for r in res if v in r["median_us"] and o in r["median_us"]]
         eq = [r["bitwise_equal_to_old"].get(v) for r in res if v in r["bitwise_equal_to_old"]]
