@@ -88,8 +88,10 @@ def main():
             continue
         variant, dtype, ints = parsed
         if variant == "v3":
-            dp, bc, stages, cwg, pp = ints
-            cfg = f"DP={dp} Bc={bc} stages={stages} consumers={cwg} pingpong={pp}"
+            dp, bc, stages, cwg, pp = ints[:5]
+            mods, seq = (ints[5:7] + [0, 0])[:2]  # score modifiers (softcap / ALiBi), packed batches
+            cfg = f"DP={dp} Bc={bc} stages={stages} consumers={cwg} pingpong={pp}" + (" mods" if mods else "") + \
+                (" varlen" if seq else "")
             smem = smem_of.get(("v3", (dp, bc, stages, cwg, pp)))
         else:
             dp, warps, mt, bc, stages = ints[:5]

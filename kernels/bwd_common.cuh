@@ -58,11 +58,9 @@ DEV void rows_seeing(const fattn_mask *m, int64_t sq, int64_t sk, int64_t j0, in
 
 /* D_i = rowsum(dO_i * O_i) and LSE_i in base 2 for the b * h * ws_rows workspace rows (0 and +inf for rows past Sq,
  * so nothing there is ever uninitialised); dq_accum zeroed when the first add to it is an add (zero_dq); dq_sem
- * zeroed (v3 counts the adds to each dQ tile there); with zero_unseen the dQ rows that see no key set to 0 (v3,
- * whose dK/dV kernel writes dQ only for the query blocks some key block walks; its planner: dq 16-byte aligned, d a
- * multiple of 8). */
+ * zeroed (v3's deterministic mode counts the adds to each dQ tile there). */
 template <typename T, int DP>
-__global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int zero_dq, const int zero_unseen) {
+__global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int zero_dq) {
     constexpr int G = DP / 8, RPB = 256 / G;
     const attn_params &f = p.fwd;
     const int c = threadIdx.x % G;
@@ -88,15 +86,8 @@ __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const i
     if (!live) return;
     if (c == 0) {
         p.dpsum[row] = acc;
-        p.lse2[row] = lse2_of(f.lse + b * f.lse_stride_b + h * f.lse_stride_h + x_.q0, i, x_.sq);
+        p.lse2[row] = i < x_.sq ? lse2_of(f.lse + b * f.lse_stride_b + h * f.lse_stride_h + x_.q0, i, x_.sq) : INFINITY;
         if (p.dq_sem) p.dq_sem[row] = 0;
-    }
-    if (zero_unseen && i < x_.sq && c * 8 < f.d) {
-        int64_t klo, khi;
-        fattn_row_keys(&f.mask, x_.sq, x_.sk, i, &klo, &khi);
-        if (klo >= khi)
-            *(uint4 *)((T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h + iq * p.dq_stride_s + c * 8) =
-                make_uint4(0u, 0u, 0u, 0u);
     }
     if (zero_dq) {
         float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);

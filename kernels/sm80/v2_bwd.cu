@@ -768,7 +768,7 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
         return FATTN_FAIL(FATTN_ERR_INVALID, "v2 backward: the workspace is not laid out for config %d", plan->config);
     const int ti = p->fwd.dtype - FATTN_F16, md = fattn_score_mods(&p->fwd), sq = p->fwd.cu_seqlens_q != NULL;
     const cudaStream_t s = (cudaStream_t)stream;
-    int zero_dq = !p->deterministic, zero_unseen = 0, heads_fastest = plan->order == FATTN_ORDER_BLOCKS;
+    int zero_dq = !p->deterministic, heads_fastest = plan->order == FATTN_ORDER_BLOCKS;
     const int rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
 
     const int64_t prep_blocks = (p->fwd.b * p->fwd.h * p->ws_rows + rpb - 1) / rpb;
@@ -777,7 +777,7 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
     if (prep_blocks > 0x7fffffff || dq_blocks > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 backward: too many rows for one grid");
     /* empty grids are skipped, not launched: Sk = 0 still needs dQ = 0, Sq = 0 still needs dK = dV = 0 */
-    void *pargs[] = {(void *)p, (void *)&zero_dq, (void *)&zero_unseen};
+    void *pargs[] = {(void *)p, (void *)&zero_dq};
     if (prep_blocks > 0)
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {(void *)p, (void *)&heads_fastest};

@@ -83,7 +83,8 @@ fattn_status fattn_plan_bwd_v2(const attn_bwd_params *p, const struct fattn_tune
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v2 backward does not take %s yet", missing);
     if (f->dtype != FATTN_F16 && f->dtype != FATTN_BF16)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 backward runs fp16 and bf16 only");
-    if (!f->lse) return FATTN_FAIL(FATTN_ERR_INVALID, "the backward needs the forward's LSE");
+    /* (with no query rows the LSE is empty and may have no address: nothing reads it) */
+    if (!f->lse && f->sq > 0) return FATTN_FAIL(FATTN_ERR_INVALID, "the backward needs the forward's LSE");
     if (f->d < 8 || f->d > FATTN_MAX_HEADDIM || f->d % 8)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 backward needs a head dim that is a multiple of 8 in [8, %d], not %lld",
                           FATTN_MAX_HEADDIM, (long long)f->d);

@@ -86,10 +86,7 @@ DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\
 DEV void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
 
-/* The 128-byte line at a (128-byte aligned) leaves the L2 without being written back: for data no one reads again. */
-DEV void discard_l2(const void *a) { asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(a) : "memory"); }
-
-/* Counters between blocks: acquire load, release add, and an acquire-release add that returns the old value. */
+/* Counters between blocks: acquire load, release add. */
 DEV int ld_acquire(const int *a) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
@@ -97,11 +94,6 @@ DEV int ld_acquire(const int *a) {
 }
 DEV void red_release_add(int *a, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
-}
-DEV int atom_acq_rel_add(int *a, int v) {
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(a), "r"(v) : "memory");
-    return old;
 }
 /* Orders this thread's async-proxy global writes (bulk copies, once waited for) with its generic accesses after. */
 DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }

@@ -25,13 +25,10 @@
  *     dK  += dS^T Q_i      wgmma RS as dV, issued behind dQ: it runs while the dQ tile goes to shared memory
  *   then dK * scale and dV are stored (rows < Sk, columns < d);
  *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
- *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers); once
- *     the add has landed it is counted on the tile's counter in the workspace (dq_sem), and the writer whose add was
- *     the tile's last (the key blocks adding to a query block are one range, fattn_key_span) converts it: dQ =
- *     scale * the sum, read back from the L2, whose lines are then discarded (never written back to DRAM).
- *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the counter for its
- *     turn, and the first is a plain store (the accumulator is not zeroed) -- so the sums, and dQ, are bitwise
- *     repeatable; blocks start head by head in key-block order, so a wait is always on a block already running,
+ *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
+ *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
+ *     the workspace (dq_sem) for its turn and counts its add once it has landed; the first is a plain store, so the
+ *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in key-block order, so a wait is always on a block already running,
  *     and walk their query blocks last first (under a causal mask every key block sees the last ones).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.  Dense calls only (no varlen, softcap, ALiBi), fp16 / bf16, head dims
@@ -76,36 +73,9 @@ DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; 
 static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168),
               "setmaxnreg: registers given < taken");
 
-/* dQ = scale * the 64 x 64 float tile at src (v3_dq_index's order), rows r0 + [0, 64) below Sq, columns 64 panel +
- * [0, 64) below d, by one warp (lane plays threads lane + 32 q of the consumer that held the tile); then the tile's
- * lines leave the L2 unwritten, nothing reads them again. */
-template <typename T>
-DEV void v3_dq_convert(const attn_bwd_params &p, const float *src, int64_t bh, int64_t r0, int panel, int lane) {
-    const attn_params &f = p.fwd;
-    T *out = (T *)p.dq + (bh / f.h) * p.dq_stride_b + (bh % f.h) * p.dq_stride_h + panel * 64 + 2 * (lane % 4);
-    const int rows = (int)(f.sq - r0 < 64 ? f.sq - r0 : 64), cols = f.d - panel * 64 - 2 * (lane % 4);
-#pragma unroll 1
-    for (int k = 0; k < 32; k++) { /* float4 k: quad v4 = k % 8 of thread 32 (k / 8) + lane */
-        const int row = 16 * (k / 8) + lane / 4, col = 8 * (k % 8);
-        if (col >= cols || row >= rows) continue;
-        const float4 x = __ldcg((const float4 *)(src + v3_dq_index(32 * (k / 8) + lane, 4 * (k % 8))));
-        T *o = out + (r0 + row) * p.dq_stride_s + col;
-        *(unsigned *)o = pack2(x.x * f.scale, x.y * f.scale, T());
-        if (row + 8 < rows) *(unsigned *)(o + 8 * p.dq_stride_s) = pack2(x.z * f.scale, x.w * f.scale, T());
-    }
-    __syncwarp();
-    if ((uintptr_t)src % 128 == 0)
-        for (int l = lane; l < 64 * 64 * 4 / 128; l += 32) discard_l2(src + 32 * l);
-}
-
-/* One 64 x 64 dQ tile: its floats in dq_accum, its counter (the adds that have landed), where it goes in dQ. */
-typedef struct {
-    float *acc;
-    int *landed;
-    int64_t bh, r0;
-    int panel;
-} v3_dq_tile;
-
+/* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
+ * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
+ * ld.acquire), and after its own reduce has landed counts one more (red.release). */
 template <typename T, int DP, int BR, int BC, int STAGES, bool DET>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -162,51 +132,47 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     }
     __syncthreads();
 
-    /* the 64 x 64 dQ tile of step it that consumer cw_ writes: BR = 128 its 64 rows, BR = 64 its 64 columns */
+    /* one 64 x 64 dQ tile of step it for consumer cw: its first float in dq_accum, and its semaphore */
     auto dq_tile = [&](int it, int cw_) {
-        v3_dq_tile t;
-        t.bh = b * f.h + h0 + it / nm;
-        t.r0 = row0_of(it) + (DQ_ROWS ? cw_ * 64 : 0);
-        t.panel = DQ_ROWS ? 0 : cw_;
-        t.acc = p.dq_accum + (t.bh * p.ws_rows + t.r0) * DP + t.panel * 64 * 64;
-        t.landed = p.dq_sem + t.bh * p.ws_rows + (t.r0 / 64) * (DP / 64) + t.panel;
-        return t;
+        const int i0 = row0_of(it);
+        const int64_t bh = b * f.h + h0 + it / nm, r0 = i0 + (DQ_ROWS ? cw_ * 64 : 0), panel = DQ_ROWS ? 0 : cw_;
+        return (bh * p.ws_rows + r0) * DP + panel * 64 * 64;
+    };
+    auto dq_sem_of = [&](int it, int cw_) {
+        const int i0 = row0_of(it);
+        const int64_t bh = b * f.h + h0 + it / nm;
+        return p.dq_sem + bh * p.ws_rows + (i0 / 64 + (DQ_ROWS ? cw_ : 0)) * (DP / 64) + (DQ_ROWS ? 0 : cw_);
     };
 
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (warp == 1 && n_it > 0) {
-            /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, its slot
-             * handed back once read, and once the add has landed it is counted on the tile's counter.  The key
-             * blocks that add to a query block's tiles are one range [n_min, n_max) (fattn_key_span); the block
-             * whose add is the range's last converts the tile into dQ.  Deterministic mode: the adds go in key-block
-             * order -- both tiles of the step once the counter says it is their turn, then one wait for both to
-             * land before they are counted (a round trip per step, not per tile). */
+            /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
+             * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
+             * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
             named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
-                const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC);
-                const int adds = (int)(sp.n_max - sp.n_min), turn = kb - (int)sp.n_min;
-                int last = 0; /* bit w: tile w's last add was this one */
                 if constexpr (DET) {
+                    const int turn = kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min;
                     named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {
                         for (int w = 0; w < 2; w++) {
-                            const v3_dq_tile t = dq_tile(it, w);
-                            while (ld_acquire(t.landed) != turn) {
+                            while (ld_acquire(dq_sem_of(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
-                            if (turn == 0) bulk_store(t.acc, sdQ + w * 64 * 64, 64 * 64 * 4); /* the first: no zeroing */
-                            else bulk_reduce_add_f32(t.acc, sdQ + w * 64 * 64, 64 * 64 * 4);
+                            if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
+                                bulk_store(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                            else
+                                bulk_reduce_add_f32(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         }
                         tma_store_commit();
                         tma_store_wait_all();
                         fence_proxy_async_global();
-                        red_release_add(dq_tile(it, 0).landed, 1);
-                        red_release_add(dq_tile(it, 1).landed, 1);
+                        red_release_add(dq_sem_of(it, 0), 1);
+                        red_release_add(dq_sem_of(it, 1), 1);
                     }
-                    last = turn == adds - 1 ? 3 : 0;
                     __syncwarp();
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
@@ -214,28 +180,13 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            bulk_reduce_add_f32(dq_tile(it, w).acc, sdQ + w * 64 * 64, 64 * 64 * 4);
+                            bulk_reduce_add_f32(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
                         __syncwarp();
                         named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
                     }
-                    if (lane == 0) {
-                        tma_store_wait_all();
-                        fence_proxy_async_global();
-                        for (int w = 0; w < 2; w++)
-                            if (atom_acq_rel_add(dq_tile(it, w).landed, 1) == adds - 1) last |= 1 << w;
-                    }
-                    last = __shfl_sync(0xffffffffu, last, 0);
-                }
-                if (last) {
-                    __syncwarp(); /* lane 0's acquire, before every lane's reads of the sums */
-                    for (int w = 0; w < 2; w++)
-                        if (last >> w & 1) {
-                            const v3_dq_tile t = dq_tile(it, w);
-                            v3_dq_convert<T>(p, t.acc, t.bh, t.r0, t.panel, lane);
-                        }
                 }
             }
             if (lane == 0) tma_store_wait_all();
@@ -422,10 +373,33 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     }
 }
 
+/* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum
+ * (v3_dq_index's order: thread tid reads its own float4s, coalesced, and writes two rows of each). */
+template <typename T, int DP>
+__global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
+    const attn_params &f = p.fwd;
+    const int64_t nrb = (f.sq + 63) / 64, tile = blockIdx.x / (DP / 64);
+    const int panel = (int)(blockIdx.x % (DP / 64));
+    const int64_t rb = tile % nrb, bh = tile / nrb, b = bh / f.h, h = bh % f.h;
+    const int tid = threadIdx.x, t = tid % 4;
+    const int64_t row = rb * 64 + (tid / 32) * 16 + (tid % 32) / 4;
+    const float *src = p.dq_accum + (bh * p.ws_rows + rb * 64) * DP + panel * 64 * 64;
+    T *out = (T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h;
+    const float s = f.scale;
+#pragma unroll
+    for (int v4 = 0; v4 < 8; v4++) {
+        const float4 x = *(const float4 *)(src + v3_dq_index(tid, 4 * v4));
+        const int col = panel * 64 + 8 * v4 + 2 * t;
+        if (col >= f.d) continue;
+        if (row < f.sq) *(unsigned *)(out + row * p.dq_stride_s + col) = pack2(x.x * s, x.y * s, T());
+        if (row + 8 < f.sq) *(unsigned *)(out + (row + 8) * p.dq_stride_s + col) = pack2(x.z * s, x.w * s, T());
+    }
+}
+
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
 
 typedef struct {
-    const void *dkdv[2][2], *prep[2]; /* dkdv[deterministic][fp16, bf16] */
+    const void *dkdv[2][2], *prep[2], *convert[2]; /* dkdv[deterministic][fp16, bf16] */
     int dp, br, bc;
     size_t smem;
 } v3_bwd_row;
@@ -434,7 +408,7 @@ typedef struct {
     {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
 #define V3B_ROW(dp, br, bc, st)                                                                                   \
     {{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true)},                     \
-     V3B_PAIR(bwd_prep, dp), dp, br, bc,                                                                           \
+     V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc,                                             \
      V3_BWD_SMEM(dp, br, bc, st)},
 static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_CONFIGS(V3B_ROW)};
 #undef V3B_ROW
@@ -473,15 +447,19 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         (st = v3_map(&tv, f->v, f->dtype, f->d, f->sk, f->h_kv, f->b, f->v_stride_s, f->v_stride_h, f->v_stride_b, r->bc,
                      "v")))
         return st;
-    const int ti = f->dtype - FATTN_F16, rpb = 256 / (r->dp / 8); /* rows per block of prep */
+    const int ti = f->dtype - FATTN_F16, rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
     const cudaStream_t s = (cudaStream_t)stream;
     const int64_t prep_blocks = (f->b * f->h * p->ws_rows + rpb - 1) / rpb;
-    if (prep_blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
-    int zero_dq = !p->deterministic, zero_unseen = 1; /* deterministic: each tile's first add is a store */
-    void *pargs[] = {(void *)p, (void *)&zero_dq, (void *)&zero_unseen};
+    const int64_t conv_blocks = f->b * f->h * ((f->sq + 63) / 64) * (r->dp / 64);
+    if (prep_blocks > 0x7fffffff || conv_blocks > 0x7fffffff)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
+    int zero_dq = !p->deterministic; /* deterministic: each tile's first add is a store */
+    void *pargs[] = {(void *)p, (void *)&zero_dq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x), dim3(plan->threads), args,
                                       plan->smem, s));
+    void *cargs[] = {(void *)p};
+    FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
     return FATTN_OK;
 }

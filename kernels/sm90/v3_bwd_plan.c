@@ -13,7 +13,7 @@ static const v3_bwd_config v3_bwd_table[V3_BWD_NCONFIGS] = {
 };
 
 /* Every tensor TMA reads (q, k, v, dout; o through the preprocess kernel's 16-byte loads) and every gradient (4-byte
- * stores at even columns; dQ zeroed by 16-byte stores in the preprocess kernel for rows that see no key): 16-byte aligned, strides a multiple of 8
+ * stores at even columns; dQ by 16-byte stores from the convert kernel): 16-byte aligned, strides a multiple of 8
  * elements, positive where the dimension has more than one element (no broadcast K / V: its gradient would need a
  * reduction over the broadcast dimension). */
 static int tensors_ok(const attn_bwd_params *p) {
@@ -35,13 +35,13 @@ static int tensors_ok(const attn_bwd_params *p) {
 static const char *refusal(const attn_bwd_params *p) {
     const attn_params *f = &p->fwd;
     if (f->dtype != FATTN_F16 && f->dtype != FATTN_BF16) return "the v3 backward runs fp16 and bf16 only";
-    if (!f->lse) return "the backward needs the forward's LSE";
     if (f->d < 8 || f->d > 128 || f->d % 8) return "the v3 backward needs a head dim that is a multiple of 8 up to 128";
     if (!(f->scale > 0.f)) return "the v3 backward needs a positive scale";
     if (f->h_kv < 1 || f->h_per_kv < 1 || f->h != f->h_kv * f->h_per_kv) return "heads are not kv heads x group";
     if (f->sq >= (1 << 30) || f->sk >= (1 << 30)) return "the v3 backward: sequences of 2^30 or more";
     /* an empty side has nothing for TMA to address (its pointer may be NULL); v2 writes the zero gradients */
     if (f->sq == 0 || f->sk == 0) return "the v3 backward needs queries and keys (v2's writes the zero gradients)";
+    if (!f->lse) return "the backward needs the forward's LSE";
     if (!tensors_ok(p))
         return "the v3 backward needs q, k, v, out, dout, dq, dk, dv 16-byte aligned with strides a multiple of 8 "
                "elements (no broadcast k / v)";
