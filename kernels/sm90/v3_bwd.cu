@@ -59,6 +59,12 @@
  * 16 (tid / 32) + (tid % 32) / 4 + 8 ((i >> 1) & 1), column 8 (i / 4) + 2 (tid % 4) + (i & 1) (wgmma's accumulator). */
 DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; }
 
+/* The number of the 64 x 64 tile of rows r0 + [0, 64), columns 64 panel + [0, 64) of (b, h) = bh: its floats are
+ * dq_accum[4096 t ..] (the layout above) and its counter dq_sem[t] (deterministic mode: the adds that have landed). */
+template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0, int panel) {
+    return (bh * ws_rows + r0) / 64 * (DP / 64) + panel;
+}
+
 /* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory; 2 + cw consumer cw's
  * dQ tile is in shared memory (its 128 threads and the dQ writer warp), 4 + cw the writer has read it out. */
 #define V3B_BAR_DS 1
@@ -132,16 +138,10 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     }
     __syncthreads();
 
-    /* one 64 x 64 dQ tile of step it for consumer cw: its first float in dq_accum, and its semaphore */
+    /* the number of step it's 64 x 64 dQ tile of consumer cw_ (BR = 128: its 64 rows; BR = 64: its 64 columns) */
     auto dq_tile = [&](int it, int cw_) {
-        const int i0 = row0_of(it);
-        const int64_t bh = b * f.h + h0 + it / nm, r0 = i0 + (DQ_ROWS ? cw_ * 64 : 0), panel = DQ_ROWS ? 0 : cw_;
-        return (bh * p.ws_rows + r0) * DP + panel * 64 * 64;
-    };
-    auto dq_sem_of = [&](int it, int cw_) {
-        const int i0 = row0_of(it);
-        const int64_t bh = b * f.h + h0 + it / nm;
-        return p.dq_sem + bh * p.ws_rows + (i0 / 64 + (DQ_ROWS ? cw_ : 0)) * (DP / 64) + (DQ_ROWS ? 0 : cw_);
+        return v3_dq_tile<DP>(b * f.h + h0 + it / nm, p.ws_rows, row0_of(it) + (DQ_ROWS ? cw_ * 64 : 0),
+                              DQ_ROWS ? 0 : cw_);
     };
 
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
@@ -159,19 +159,19 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {
                         for (int w = 0; w < 2; w++) {
-                            while (ld_acquire(dq_sem_of(it, w)) != turn) {
+                            while (ld_acquire(p.dq_sem + dq_tile(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
                             if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
-                                bulk_store(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                                bulk_store(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                             else
-                                bulk_reduce_add_f32(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                                bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         }
                         tma_store_commit();
                         tma_store_wait_all();
                         fence_proxy_async_global();
-                        red_release_add(dq_sem_of(it, 0), 1);
-                        red_release_add(dq_sem_of(it, 1), 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 0), 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 1), 1);
                     }
                     __syncwarp();
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
@@ -180,7 +180,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            bulk_reduce_add_f32(p.dq_accum + dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                            bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
@@ -373,26 +373,40 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     }
 }
 
-/* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum
- * (v3_dq_index's order: thread tid reads its own float4s, coalesced, and writes two rows of each). */
+/* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum,
+ * read in v3_dq_index's order (thread tid its own float4s, coalesced), turned row-major in shared memory, and written
+ * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
+ * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
+ * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
 template <typename T, int DP>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
+    __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
     const attn_params &f = p.fwd;
-    const int64_t nrb = (f.sq + 63) / 64, tile = blockIdx.x / (DP / 64);
-    const int panel = (int)(blockIdx.x % (DP / 64));
-    const int64_t rb = tile % nrb, bh = tile / nrb, b = bh / f.h, h = bh % f.h;
-    const int tid = threadIdx.x, t = tid % 4;
-    const int64_t row = rb * 64 + (tid / 32) * 16 + (tid % 32) / 4;
-    const float *src = p.dq_accum + (bh * p.ws_rows + rb * 64) * DP + panel * 64 * 64;
-    T *out = (T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h;
-    const float s = f.scale;
+    const int64_t nrb = (f.sq + 63) / 64, rb = (blockIdx.x / (DP / 64)) % nrb, bh = blockIdx.x / (DP / 64) / nrb;
+    const int panel = (int)(blockIdx.x % (DP / 64)), tid = threadIdx.x;
+    const int64_t t = v3_dq_tile<DP>(bh, p.ws_rows, rb * 64, panel);
+    const bool added = !p.deterministic || p.dq_sem[t] > 0;
+    const float *src = p.dq_accum + 4096 * t;
+    const int row = (tid / 32) * 16 + (tid % 32) / 4;
 #pragma unroll
     for (int v4 = 0; v4 < 8; v4++) {
-        const float4 x = *(const float4 *)(src + v3_dq_index(tid, 4 * v4));
-        const int col = panel * 64 + 8 * v4 + 2 * t;
-        if (col >= f.d) continue;
-        if (row < f.sq) *(unsigned *)(out + row * p.dq_stride_s + col) = pack2(x.x * s, x.y * s, T());
-        if (row + 8 < f.sq) *(unsigned *)(out + (row + 8) * p.dq_stride_s + col) = pack2(x.z * s, x.w * s, T());
+        const float4 x = added ? *(const float4 *)(src + v3_dq_index(tid, 4 * v4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const int col = 8 * v4 + 2 * (tid % 4);
+        *(float2 *)&tile[row][col] = make_float2(x.x, x.y);
+        *(float2 *)&tile[row + 8][col] = make_float2(x.z, x.w);
+    }
+    __syncthreads();
+    T *out = (T *)p.dq + (bh / f.h) * p.dq_stride_b + (bh % f.h) * p.dq_stride_h;
+    const float s = f.scale;
+#pragma unroll
+    for (int c = tid; c < 64 * 8; c += 128) { /* 8 columns each */
+        const int r = c / 8, col = (c % 8) * 8;
+        const int64_t i = rb * 64 + r;
+        if (i >= f.sq || panel * 64 + col >= f.d) continue;
+        const float4 a = *(const float4 *)&tile[r][col], z = *(const float4 *)&tile[r][col + 4];
+        *(uint4 *)(out + i * p.dq_stride_s + panel * 64 + col) =
+            make_uint4(pack2(a.x * s, a.y * s, T()), pack2(a.z * s, a.w * s, T()), pack2(z.x * s, z.y * s, T()),
+                       pack2(z.z * s, z.w * s, T()));
     }
 }
 
