@@ -8,7 +8,7 @@
 #   bash bench/gpu_suite.sh "$OUT" serving                  # bench/serving_targets.py (FATTN_SERVING_TARGETS=a,b)
 #   FATTN_AB_OLD=.ab/old bash bench/gpu_suite.sh "$OUT" none    # this tree against an older one (bench/ab.py)
 #   FATTN_AB_OLD=.ab/old FATTN_AB_GRIDS=fa3_bwd ...             # the same for v3's backward, both modes
-#   FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT" none    # also compute-sanitizer
+#   FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT" none    # also compute-sanitizer (FATTN_SANITIZE_TOOLS, default memcheck racecheck)
 #   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
 #   FATTN_VARIANTS=v2,v3 FATTN_TORCH_BACKENDS=flash,cudnn ...   # fewer columns
 #
@@ -125,7 +125,7 @@ if [ -n "$OLD_PID" ]; then
 fi
 if [ "${FATTN_SANITIZE:-0}" = 1 ]; then
   say "compute-sanitizer"
-  timeout "${FATTN_SANITIZE_TIMEOUT:-300}" bash bench/sanitize.sh "$OUT" "memcheck racecheck" | tee -a "$LOG"
+  timeout "${FATTN_SANITIZE_TIMEOUT:-300}" bash bench/sanitize.sh "$OUT" "${FATTN_SANITIZE_TOOLS:-memcheck racecheck}" | tee -a "$LOG"
 fi
 
 say "summary: fattn p50 ratio to the best torch backend (>1 = faster), per grid"

@@ -9,8 +9,9 @@
  * each query head of the kv head's group (GQA: dK, dV summed in registers).
  *   the producer (one thread): K_j, V_j once (TMA); per step Q_i and dO_i (TMA) and the rows' LSE (base 2, +inf
  *     past Sq or for a row that saw no key) and D (bulk copies from the workspace, where bwd_prep put them) into a
- *     ring of STAGES slots, a "full" mbarrier each (one arrival + the copies' bytes) and an "empty" one the
- *     consumers' 8 warps arrive on;
+ *     ring of STAGES slots, a "full" mbarrier each (one arrival + the copies' bytes) and an "empty" one every
+ *     consumer thread arrives on once it has read the slot (each reader's own release: what compute-sanitizer's
+ *     racecheck can follow, where a warp's reads behind __syncwarp and one lane's arrival were reported as races);
  *   two consumer warpgroups, 64 keys each (setmaxnreg: 240 registers), per step:
  *     S^T  = K_w Q_i^T     wgmma m64nBRk16, both operands K-major in 128-byte-swizzled shared memory
  *     dP^T = V_w dO_i^T    the same, issued right behind S^T
@@ -132,7 +133,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         mbar_init(kv_full, 1);
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&q_full[s], 1); /* the producer, with the copies' bytes */
-            mbar_init(&q_empty[s], 8); /* one arrival per consumer warp */
+            mbar_init(&q_empty[s], 256); /* every consumer thread */
         }
         mbar_init_fence();
     }
@@ -233,11 +234,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
     float *sdQw = sdQ + cw * 64 * 64;
-    auto release = [&](uint64_t *b_) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(b_);
-    };
-
     if (n_it > 0) mbar_wait(kv_full, 0);
     for (int it = 0; it < n_it; it++) {
         const int s = it % STAGES, i0 = row0_of(it);
@@ -355,7 +351,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         wgmma_wait<0>();
         reg_fence(dk);
         reg_fence(dv);
-        release(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
+        mbar_arrive(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
 
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
