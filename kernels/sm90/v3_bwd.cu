@@ -36,10 +36,9 @@
  * to 128, positive scale: v3_bwd_plan.c sends everything else to v2.
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
  * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run, evidence/backward/
- * h100_v3_bwd_det_be2dfd9.md): D=128 290-510 TFLOP/s at S >= 2k (0.75-0.93x cudnn), D=64 237-414 (0.76-0.91x), S=512
- * and 1k 0.69-0.73x.  Deterministic mode 1.07-1.40x the default's time there, 1.09-1.29x after the dQ writer's
- * batched adds (6b104f0, six points).  This kernel's first version already ran at 0.99-1.35x the speed of v2's
- * backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
+ * h100_v3_bwd_a213fcc.md): 0.84-0.995x cudnn at D=64 / 128 (D=128 S=16k 490 TFLOP/s causal), S=512 0.86-0.93x;
+ * deterministic mode 0.96-1.30x the default's time.  This kernel's first version ran at 0.99-1.35x the speed of
+ * v2's backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
