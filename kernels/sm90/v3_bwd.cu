@@ -79,28 +79,6 @@ template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0
 static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168),
               "setmaxnreg: registers given < taken");
 
-/* A work item of the dK/dV kernel: key block kb (BC keys from kb BC) of kv head (b, hk), whose first query head is
- * h0; the nm query blocks of BR rows from i_begin hold the rows that see it, and the item's step it is query head
- * h0 + it / nm (n_it = nm x the group's heads).  Items are numbered head-major: item = (b h_kv + hk) nkb + kb. */
-typedef struct {
-    int kb, i_begin, nm, n_it;
-    int64_t b, hk, h0;
-} v3b_item;
-template <int BR, int BC> DEV v3b_item v3b_item_of(const attn_params &f, int64_t item) {
-    v3b_item w;
-    const int64_t nkb = (f.sk + BC - 1) / BC, bhk = item / nkb, j0 = item % nkb * BC;
-    w.kb = (int)(item % nkb);
-    w.b = bhk / f.h_kv;
-    w.hk = bhk % f.h_kv;
-    w.h0 = w.hk * f.h_per_kv;
-    int64_t i_lo, i_hi;
-    rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
-    w.i_begin = (int)(i_lo / BR) * BR;
-    w.nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - w.i_begin / BR : 0;
-    w.n_it = w.nm * (int)f.h_per_kv;
-    return w;
-}
-
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
  * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
  * ld.acquire), and after its own reduce has landed counts one more (red.release). */
@@ -129,25 +107,29 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     float *sdQ = (float *)(sdS + 2 * DS_TILE); /* [2][64 x 64]: each consumer's dQ tile, in v3_dq_index order */
     float *sLse = sdQ + 2 * 64 * 64, *sD = sLse + STAGES * BR;
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
-    uint64_t *kv_full = bar, *kv_empty = bar + 1, *q_full = bar + 2, *q_empty = q_full + STAGES;
-    int *s_item = (int *)(q_empty + STAGES); /* [2]: the item of each K / V phase, -1: no more */
+    uint64_t *kv_full = bar, *q_full = bar + 1, *q_empty = q_full + STAGES;
 
     const attn_params &f = p.fwd;
-    /* Persistent: a block per SM walks items in the order it takes them -- its first is blockIdx.x, the next from a
-     * counter (the workspace's last dq_sem int, zeroed by prep) -- so items start in order, head by head, key blocks
-     * in order: a kv head's items run side by side sharing its Q and dO in L2, and an item never waits (deterministic
-     * mode) on one not yet taken.  The producer loads an item's K and V while the consumers store the last one's dK
-     * and dV. */
-    const int64_t n_items = (f.sk + BC - 1) / BC * f.b * f.h_kv;
+    /* head by head, key blocks in order: a kv head's blocks run side by side sharing its Q and dO in L2, and each
+     * starts no later than those of its higher key blocks, which deterministic mode's waits need (a block never
+     * waits on one not yet scheduled) */
+    const int nkb = (int)((f.sk + BC - 1) / BC), kb = (int)(blockIdx.x % nkb), j0 = kb * BC;
+    const int64_t bhk = blockIdx.x / nkb;
+    const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv, h0 = hk * f.h_per_kv;
+    /* the nm query blocks from i_begin hold the rows that see key block kb; step it is query head h0 + it / nm, rows
+     * row0_of(it) + [0, BR) */
+    int64_t i_lo, i_hi;
+    rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
+    const int i_begin = (int)(i_lo / BR) * BR;
+    const int nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin / BR : 0, n_it = nm * (int)f.h_per_kv;
     /* step it's first row.  Deterministic mode walks the query blocks last first: the last blocks are the ones every
      * key block sees under a causal mask, so each block's first add waits about one step per lower key block, not
      * for those blocks to walk down from the top. */
-    auto row0_of = [&](const v3b_item &w, int it) { return w.i_begin + (DET ? w.nm - 1 - it % w.nm : it % w.nm) * BR; };
+    auto row0_of = [&](int it) { return i_begin + (DET ? nm - 1 - it % nm : it % nm) * BR; };
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
-        mbar_init(kv_empty, 256 + 32); /* every consumer thread, done with K and V; the dQ writer's lanes */
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&q_full[s], 1); /* the producer, with the copies' bytes */
             mbar_init(&q_empty[s], 256); /* every consumer thread */
@@ -157,107 +139,82 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     __syncthreads();
 
     /* the number of step it's 64 x 64 dQ tile of consumer cw_ (BR = 128: its 64 rows; BR = 64: its 64 columns) */
-    auto dq_tile = [&](const v3b_item &w, int it, int cw_) {
-        return v3_dq_tile<DP>(w.b * f.h + w.h0 + it / w.nm, p.ws_rows, row0_of(w, it) + (DQ_ROWS ? cw_ * 64 : 0),
+    auto dq_tile = [&](int it, int cw_) {
+        return v3_dq_tile<DP>(b * f.h + h0 + it / nm, p.ws_rows, row0_of(it) + (DQ_ROWS ? cw_ * 64 : 0),
                               DQ_ROWS ? 0 : cw_);
     };
 
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
-        if (warp == 1) {
+        if (warp == 1 && n_it > 0) {
             /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
              * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
              * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
             named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
-            for (int li = 0;; li++) {
-                mbar_wait(kv_full, li & 1);
-                const int item = s_item[li & 1];
-                mbar_arrive(kv_empty);
-                if (item < 0) break;
-                const v3b_item w = v3b_item_of<BR, BC>(f, item);
-                for (int it = 0; it < w.n_it; it++) {
+            for (int it = 0; it < n_it; it++) {
                 if constexpr (DET) {
-                    const int turn = w.kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(w, it), BR, BC).n_min;
+                    const int turn = kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min;
                     named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {
-                        for (int w_ = 0; w_ < 2; w_++) {
-                            while (ld_acquire(p.dq_sem + dq_tile(w, it, w_)) != turn) {
+                        for (int w = 0; w < 2; w++) {
+                            while (ld_acquire(p.dq_sem + dq_tile(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
                             if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
-                                bulk_store(p.dq_accum + 4096 * dq_tile(w, it, w_), sdQ + w_ * 64 * 64, 64 * 64 * 4);
+                                bulk_store(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                             else
-                                bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(w, it, w_), sdQ + w_ * 64 * 64,
-                                                    64 * 64 * 4);
+                                bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         }
                         tma_store_commit();
                         tma_store_wait_all();
                         fence_proxy_async_global();
-                        red_release_add(p.dq_sem + dq_tile(w, it, 0), 1);
-                        red_release_add(p.dq_sem + dq_tile(w, it, 1), 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 0), 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 1), 1);
                     }
                     __syncwarp();
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
                 } else {
-                    for (int w_ = 0; w_ < 2; w_++) {
-                        named_barrier_sync(V3B_BAR_DQ_FULL + w_, V3B_DQ_THREADS);
+                    for (int w = 0; w < 2; w++) {
+                        named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(w, it, w_), sdQ + w_ * 64 * 64,
-                                                64 * 64 * 4);
+                            bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
                         __syncwarp();
-                        named_barrier_arrive(V3B_BAR_DQ_EMPTY + w_, V3B_DQ_THREADS);
+                        named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
                     }
-                }
                 }
             }
             if (lane == 0) tma_store_wait_all();
             return;
         }
-        if (warp != 0 || lane != 0) return;
-        tma_prefetch_map(&tm_q);
-        tma_prefetch_map(&tm_do);
-        int *next_item = p.dq_sem + f.b * f.h * p.ws_rows - 1;
-        int64_t item = blockIdx.x;
-        int gs = 0; /* steps so far, all items (the ring's slot and phase) */
-        for (int li = 0;; li++) {
-            /* item li's K and V go where item li - 1's were, once the consumers are done with them */
-            if (li > 0) mbar_wait(kv_empty, (li - 1) & 1);
-            s_item[li & 1] = item < n_items ? (int)item : -1;
-            if (item >= n_items) {
-                mbar_arrive(kv_full);
-                break;
-            }
-            const v3b_item w = v3b_item_of<BR, BC>(f, item);
-            if (w.n_it > 0) {
-                mbar_arrive_expect_tx(kv_full, 2 * KV_TILE * 2);
+        if (warp != 0 || lane != 0 || n_it == 0) return;
+        {
+            tma_prefetch_map(&tm_q);
+            tma_prefetch_map(&tm_do);
+            mbar_arrive_expect_tx(kv_full, 2 * KV_TILE * 2);
 #pragma unroll
-                for (int c = 0; c < PANELS; c++) {
-                    tma_load_4d(sK + c * BC * 64, &tm_k, kv_full, c * 64, w.kb * BC, (int)w.hk, (int)w.b);
-                    tma_load_4d(sV + c * BC * 64, &tm_v, kv_full, c * 64, w.kb * BC, (int)w.hk, (int)w.b);
-                }
-            } else {
-                mbar_arrive(kv_full); /* nothing to load: the consumers store dK = dV = 0 */
+            for (int c = 0; c < PANELS; c++) {
+                tma_load_4d(sK + c * BC * 64, &tm_k, kv_full, c * 64, j0, (int)hk, (int)b);
+                tma_load_4d(sV + c * BC * 64, &tm_v, kv_full, c * 64, j0, (int)hk, (int)b);
             }
-            item = gridDim.x + atomicAdd(next_item, 1); /* taken now: the counter's round trip overlaps the steps */
-            for (int it = 0; it < w.n_it; it++, gs++) {
-                const int s = gs % STAGES, i0 = row0_of(w, it);
-                const int64_t h = w.h0 + it / w.nm;
-                if (gs >= STAGES) mbar_wait(&q_empty[s], (gs / STAGES - 1) & 1);
-                const int64_t row = (w.b * f.h + h) * p.ws_rows + i0; /* ws_rows >= every step's rows */
-                mbar_arrive_expect_tx(&q_full[s], 2 * Q_TILE * 2 + 2 * BR * 4);
-                bulk_load(sLse + s * BR, p.lse2 + row, BR * 4, &q_full[s]);
-                bulk_load(sD + s * BR, p.dpsum + row, BR * 4, &q_full[s]);
+        }
+        for (int it = 0; it < n_it; it++) {
+            const int s = it % STAGES, i0 = row0_of(it);
+            const int64_t h = h0 + it / nm;
+            if (it >= STAGES) mbar_wait(&q_empty[s], (it / STAGES - 1) & 1);
+            const int64_t row = (b * f.h + h) * p.ws_rows + i0; /* ws_rows >= every step's rows */
+            mbar_arrive_expect_tx(&q_full[s], 2 * Q_TILE * 2 + 2 * BR * 4);
+            bulk_load(sLse + s * BR, p.lse2 + row, BR * 4, &q_full[s]);
+            bulk_load(sD + s * BR, p.dpsum + row, BR * 4, &q_full[s]);
 #pragma unroll
-                for (int c = 0; c < PANELS; c++) {
-                    tma_load_4d(sQ + s * Q_TILE + c * BR * 64, &tm_q, &q_full[s], c * 64, i0, (int)h, (int)w.b);
-                    tma_load_4d(sdO + s * Q_TILE + c * BR * 64, &tm_do, &q_full[s], c * 64, i0, (int)h, (int)w.b);
-                }
+            for (int c = 0; c < PANELS; c++) {
+                tma_load_4d(sQ + s * Q_TILE + c * BR * 64, &tm_q, &q_full[s], c * 64, i0, (int)h, (int)b);
+                tma_load_4d(sdO + s * Q_TILE + c * BR * 64, &tm_do, &q_full[s], c * 64, i0, (int)h, (int)b);
             }
         }
         return;
@@ -269,26 +226,20 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const int krow = cw * 64 + warp * 16 + g; /* this thread's first key row in the block (the second is + 8) */
     const float c = f.scale_log2;             /* > 0 (the planner's rule): masked scores stay -inf */
     float dk[NA], dv[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
     /* descriptors' low words: K, V as the A operand of S^T / dP^T (K-major, this consumer's 64 rows), K as the B
      * operand of dQ = dS K (N-major: 64-column panels BC * 128 bytes apart) */
     const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
     float *sdQw = sdQ + cw * 64 * 64;
-    int gs = 0; /* steps so far, all items */
-    for (int li = 0;; li++) {
-    mbar_wait(kv_full, li & 1);
-    const int item = s_item[li & 1];
-    if (item < 0) break;
-    const v3b_item w = v3b_item_of<BR, BC>(f, item);
-    const int kb = w.kb, j0 = w.kb * BC;
-#pragma unroll
-    for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
-    for (int it = 0; it < w.n_it; it++, gs++) {
-        const int s = gs % STAGES, i0 = row0_of(w, it);
-        T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (gs & 1) * DS_TILE;
+    if (n_it > 0) mbar_wait(kv_full, 0);
+    for (int it = 0; it < n_it; it++) {
+        const int s = it % STAGES, i0 = row0_of(it);
+        T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (it & 1) * DS_TILE;
         const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
         const bool masked = !(kb >= sp.n_full_min && kb < sp.n_full_max);
-        mbar_wait(&q_full[s], (gs / STAGES) & 1);
+        mbar_wait(&q_full[s], (it / STAGES) & 1);
 
         /* S^T = K_w Q^T and dP^T = V_w dO^T: DP / 16 k-steps each, four per 64-column panel, 32 bytes apart */
         float st[NS], dpt[NS];
@@ -402,11 +353,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         mbar_arrive(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
 
-    mbar_arrive(kv_empty); /* this thread's products that read K and V have all completed (wgmma_wait<0>) */
-
-    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d (the next item's K and V load meanwhile) ---- */
-    T *dkp = (T *)p.dk + w.b * p.dk_stride_b + w.hk * p.dk_stride_h;
-    T *dvp = (T *)p.dv + w.b * p.dv_stride_b + w.hk * p.dv_stride_h;
+    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
+    T *dkp = (T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h;
+    T *dvp = (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h;
     const float scale = f.scale;
 #pragma unroll
     for (int i = 0; i < NA; i += 2) {
@@ -416,7 +365,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             *(unsigned *)(dkp + r * p.dk_stride_s + col) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
             *(unsigned *)(dvp + r * p.dv_stride_s + col) = pack2(dv[i], dv[i + 1], T());
         }
-    }
     }
 }
 
@@ -518,12 +466,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     void *pargs[] = {(void *)p, (void *)&zero_dq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
-    /* persistent: a block per SM at most (one fits), each walking items (the plan's grid_x of them) */
-    int dev = 0, sms = 0;
-    FATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    FATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const unsigned blocks = plan->grid_x < (unsigned)sms ? plan->grid_x : (unsigned)sms;
-    FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(blocks), dim3(plan->threads), args,
+    FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x), dim3(plan->threads), args,
                                       plan->smem, s));
     void *cargs[] = {(void *)p};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));

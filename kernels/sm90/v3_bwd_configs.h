@@ -26,11 +26,10 @@ typedef struct {
 enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT) };
 
 /* Dynamic shared memory, bytes: K and V (bc x dp), Q and dO (stages x br x dp), dS^T twice (bc x br), all fp16 /
- * bf16; the consumers' 64 x 64 dQ tiles (float); LSE and D of each stage's rows (float); the mbarriers; the two
- * item numbers (int); 1024 bytes
+ * bf16; the consumers' 64 x 64 dQ tiles (float); LSE and D of each stage's rows (float); the mbarriers; 1024 bytes
  * of alignment slack (128-byte swizzled tiles start on 1024-byte boundaries). */
 #define V3_BWD_SMEM(dp, br, bc, stages)                                                                          \
     ((size_t)(2 * (bc) * (dp) + 2 * (stages) * (br) * (dp) + 2 * (bc) * (br)) * 2 + (size_t)2 * 64 * 64 * 4 +    \
-     (size_t)2 * (stages) * (br) * 4 + (size_t)(2 + 2 * (stages)) * 8 + 2 * 4 + 1024)
+     (size_t)2 * (stages) * (br) * 4 + (size_t)(1 + 2 * (stages)) * 8 + 1024)
 
 #endif
