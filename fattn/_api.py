@@ -113,8 +113,8 @@ def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, determin
     alibi_slopes = _args.alibi_arg(alibi_slopes, "torch")
     _args.same_device(q, k=k, v=v, sinks=sinks, alibi_slopes=alibi_slopes)
     left, right = window or (-1, -1)
-    o, lse_out = _torch.attention(q, k, v, causal, scale, layout, left, right, softcap, None, None, 0, 0, variant,
-                                  bool(deterministic), sinks, alibi_slopes)
+    o, lse_out = _torch.attention_call(q, k, v, causal, scale, layout, left, right, softcap, None, None, 0, 0, variant,
+                                       bool(deterministic), sinks, alibi_slopes, True)
     if out is not None:
         out.copy_(o)
         o = out

@@ -64,9 +64,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               alibi_slopes=alibi_slopes)
             left, right = window or (-1, -1)
-            o, lse = _torch.attention(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
-                                      cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks, alibi_slopes,
-                                      bool(check_indices))
+            o, lse = _torch.attention_call(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
+                                           cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks,
+                                           alibi_slopes, bool(check_indices))
             if out is not None:
                 out.copy_(o)
                 o = out

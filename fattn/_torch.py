@@ -12,7 +12,8 @@ One pair serves dense calls ((B, H, S, D) or (B, S, H, D), lse (B, H, Sq)) and p
 sink-adjusted ones (csrc/sinks.h); without, dsinks is an empty tensor.  alibi_slopes (float32 (H,) or (B, H)) are
 constants: no gradient.  check_indices=False (packed batches, max_seqlen given) reads no index back in either op:
 no host sync per layer.  The forward's autograd formula saves q, k, v, out, lse (sinks, alibi_slopes) and calls the
-backward op; lse is not differentiable.  Both have fake (meta) implementations that only give shapes.
+backward op; lse is not differentiable.  Eager calls (nothing traced) take the same forward and backward through
+_EagerAttention, a plain autograd.Function, without the op's per-call overhead (attention_call picks).  Both have fake (meta) implementations that only give shapes.
 Imported, and torch's types registered with the C side (the lean call path), by fattn.attention the first time a
 torch tensor arrives; `import fattn` never imports torch.
 """
@@ -46,12 +47,11 @@ def _seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
             "max_seqlen_k": max_seqlen_k}
 
 
-@torch.library.custom_op(f"{_LIB}::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None, layout: int, window_left: int,
-              window_right: int, softcap: float, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
-              max_seqlen_q: int, max_seqlen_k: int, variant: str | None, deterministic: bool,
-              sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
-              check_indices: bool = True) -> tuple[Tensor, Tensor]:
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None, layout: int, window_left: int,
+               window_right: int, softcap: float, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+               max_seqlen_q: int, max_seqlen_k: int, variant: str | None, deterministic: bool,
+               sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
+               check_indices: bool = True) -> tuple[Tensor, Tensor]:
     out = torch.empty_like(q)
     lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
     _C.forward(q, k, v, out, lse, causal=causal, scale=scale, layout=layout, window=_window(window_left, window_right),
@@ -63,14 +63,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None,
     return out, lse
 
 
+attention = torch.library.custom_op(f"{_LIB}::attention", mutates_args=())(_attention)
+
+
 @attention.register_fake
 def _(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
       max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
     return torch.empty_like(q), q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_LIB}::attention_backward", mutates_args=())
-def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: int,
+def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: int,
                        scale: float | None, layout: int, window_left: int, window_right: int, softcap: float,
                        cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
                        variant: str | None, deterministic: bool,
@@ -95,6 +97,9 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     return dq, dk, dv, dsinks
 
 
+attention_backward = torch.library.custom_op(f"{_LIB}::attention_backward", mutates_args=())(_attention_backward)
+
+
 @attention_backward.register_fake
 def _(dout, q, k, v, out, lse, *args):
     sinks = args[12] if len(args) > 12 else None
@@ -114,17 +119,46 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, dout, dlse):
+def _grads(ctx, dout, backward):
     q, k, v, out, lse, sinks, alibi_slopes = ctx.saved_tensors
     if dout is None:
         return (None,) * ctx.n_inputs
-    dq, dk, dv, dsinks = torch.ops.fattn.attention_backward(dout, q, k, v, out, lse, *ctx.params, sinks,
-                                                            alibi_slopes, ctx.check_indices)
+    dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, *ctx.params, sinks, alibi_slopes, ctx.check_indices)
     grads = (dq, dk, dv) + (None,) * len(ctx.params) + (dsinks if sinks is not None else None, None, None)
     return grads[:ctx.n_inputs]
 
 
+def _backward(ctx, dout, dlse):
+    return _grads(ctx, dout, torch.ops.fattn.attention_backward)
+
+
 attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Eager autograd of the same forward and backward, without the registered op: torch.library's per-call handling
+    of the op's eighteen arguments (fill_defaults in its autograd wrapper) cost about 200 us of host time per call,
+    25x the call itself on a small shape; what is traced (torch.compile, export, fake tensors) still goes through
+    the op."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        out, lse = _attention(*inputs)
+        _setup_context(ctx, inputs, (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        # create_graph=True (grad mode on here): the op, whose own backward is the clear double-backward error
+        return _grads(ctx, dout, torch.ops.fattn.attention_backward if torch.is_grad_enabled() else _attention_backward)
+
+
+def attention_call(q, k, v, *params):
+    """torch.ops.fattn.attention(q, k, v, *params) with its autograd: eagerly through _EagerAttention, traced or on
+    fake tensors through the op."""
+    if _args.traced_or_fake(q):
+        return attention(q, k, v, *params)
+    return _EagerAttention.apply(q, k, v, *params)
 
 
 @torch.library.custom_op(f"{_LIB}::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))

@@ -1,4 +1,5 @@
-"""torch autograd through the registered op torch.ops.fattn.attention (../shared/TESTING.md 25): gradients equal
+"""torch autograd through the registered op torch.ops.fattn.attention and, eagerly, its lean autograd.Function
+(../shared/TESTING.md 25): gradients equal
 fattn.attention_backward's, torch.compile(fullgraph=True), torch.export, checkpointing, meta / fake tensors,
 jit.trace, opcheck, double backward refused, out= / lse= buffers, and a transformer block trained beside SDPA."""
 import math
@@ -84,6 +85,23 @@ def test_autograd_meta_fake_jit_trace_and_opcheck():
                           (ql, kl, vl, 1, None, 0, -1, -1, 0.0, None, None, 0, 0, None, False))
     torch.library.opcheck(torch.ops.fattn.attention.default,  # a window and a softcap
                           (ql, kl, vl, 2, 0.5, 0, 4, 2, 3.0, None, None, 0, 0, None, False))
+
+
+def test_autograd_eager_path_matches_the_op():
+    """Eager calls with gradients take a lean torch.autograd.Function (torch.library's per-call handling of the op's
+    arguments cost ~200 us of host time a call); its output and gradients equal those of the registered op's
+    autograd formula, bitwise."""
+    import fattn._torch  # noqa: F401  registers torch.ops.fattn
+
+    q, k, v, dout = inputs(1, 2, 2, 17, 23, 32, torch.float32, "cpu", 11)
+    a, b = leafs(q, k, v), leafs(q, k, v)
+    out_a = fattn.attention(*a, causal=True)
+    assert type(out_a.grad_fn).__name__ == "_EagerAttentionBackward"
+    out_b, _ = torch.ops.fattn.attention(*b, 1, None, 0, -1, -1, 0.0, None, None, 0, 0, None, False)
+    assert type(out_b.grad_fn).__name__ != "_EagerAttentionBackward"
+    assert torch.equal(out_a, out_b)
+    ga, gb = torch.autograd.grad(out_a, a, dout), torch.autograd.grad(out_b, b, dout)
+    assert all(torch.equal(x, y) for x, y in zip(ga, gb))
 
 
 def test_autograd_double_backward_is_a_clear_error():
