@@ -20,7 +20,7 @@ typedef struct {
 /* One row per head-dim bucket, in bucket order. */
 #define V3_BWD_CONFIGS(X) \
     X(64, 128, 128, 2)    \
-    X(128, 64, 128, 3)
+    X(128, 64, 128, 2)
 
 #define V3_BWD_COUNT(...) +1
 enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT) };
