@@ -14,7 +14,8 @@ import os
 import subprocess
 import sys
 
-METRICS = ["gpu__time_duration.sum", "dram__bytes.sum", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+METRICS = ["gpu__time_duration.sum", "dram__bytes.sum",
+           "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
            "sm__throughput.avg.pct_of_peak_sustained_elapsed"]
 STALLS = ["long_scoreboard", "short_scoreboard", "barrier", "wait", "math_pipe_throttle", "mio_throttle", "lg_throttle",
           "membar", "sleeping", "dispatch_stall", "no_instruction", "selected", "not_selected", "branch_resolving",

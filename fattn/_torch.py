@@ -13,7 +13,8 @@ sink-adjusted ones (csrc/sinks.h); without, dsinks is an empty tensor.  alibi_sl
 constants: no gradient.  check_indices=False (packed batches, max_seqlen given) reads no index back in either op:
 no host sync per layer.  The forward's autograd formula saves q, k, v, out, lse (sinks, alibi_slopes) and calls the
 backward op; lse is not differentiable.  Eager calls (nothing traced) take the same forward and backward through
-_EagerAttention, a plain autograd.Function, without the op's per-call overhead (attention_call picks).  Both have fake (meta) implementations that only give shapes.
+_EagerAttention, a plain autograd.Function, without the op's per-call overhead (attention_call picks).  Both ops
+have fake (meta) implementations that only give shapes.
 Imported, and torch's types registered with the C side (the lean call path), by fattn.attention the first time a
 torch tensor arrives; `import fattn` never imports torch.
 """

@@ -29,8 +29,9 @@
  *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
  *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
  *     the workspace (dq_sem) for its turn and counts its add once it has landed; the first is a plain store, so the
- *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in key-block order, so a wait is always on a block already running,
- *     and walk their query blocks last first (under a causal mask every key block sees the last ones).
+ *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in
+ *     key-block order, so a wait is always on a block already running, and walk their query blocks last first (under
+ *     a causal mask every key block sees the last ones).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.  Dense calls only (no varlen, softcap, ALiBi), fp16 / bf16, head dims
  * to 128, positive scale: v3_bwd_plan.c sends everything else to v2.
