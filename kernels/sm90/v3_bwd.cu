@@ -26,13 +26,12 @@
  *     dK  += dS^T Q_i      wgmma RS as dV, issued behind dQ: it runs while the dQ tile goes to shared memory
  *   then dK * scale and dV are stored (rows < Sk, columns < d);
  *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
- *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers); a
- *     tile's first add, from key block n_min (the first of the head to start), is a plain store that the others wait
- *     for (the tile's counter in the workspace, dq_sem), so the accumulator needs no zeroing.
+ *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
  *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
- *     the workspace (dq_sem) for its turn and counts its add once it has landed -- so the sums, and dQ, are bitwise
- *     repeatable.  Either way blocks start head by head in key-block order, so a wait is always on a block already
- *     running, and walk their query blocks last first (under a causal mask every key block sees the last ones).
+ *     the workspace (dq_sem) for its turn and counts its add once it has landed; the first is a plain store, so the
+ *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in
+ *     key-block order, so a wait is always on a block already running, and walk their query blocks last first (under
+ *     a causal mask every key block sees the last ones).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.  Dense calls only (no varlen, softcap, ALiBi), fp16 / bf16, head dims
  * to 128, positive scale: v3_bwd_plan.c sends everything else to v2.
@@ -124,11 +123,10 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
     const int i_begin = (int)(i_lo / BR) * BR;
     const int nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin / BR : 0, n_it = nm * (int)f.h_per_kv;
-    /* step it's first row.  The query blocks are walked last first: the last blocks are the ones every key block
-     * sees under a causal mask, so the blocks of a head reach a query block in key-block order, each step -- the
-     * first add to a tile (key block n_min's store) comes first, and deterministic mode's turns wait about one step
-     * per lower key block, not for those blocks to walk down from the top. */
-    auto row0_of = [&](int it) { return i_begin + (nm - 1 - it % nm) * BR; };
+    /* step it's first row.  Deterministic mode walks the query blocks last first: the last blocks are the ones every
+     * key block sees under a causal mask, so each block's first add waits about one step per lower key block, not
+     * for those blocks to walk down from the top. */
+    auto row0_of = [&](int it) { return i_begin + (DET ? nm - 1 - it % nm : it % nm) * BR; };
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
@@ -180,32 +178,15 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
                 } else {
-                    /* the tile's first add, key block n_min's, is a store (no zeroing); the others wait until it has
-                     * landed (the counter is 1), then add in any order */
-                    const bool first = kb == (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min;
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            float *acc = p.dq_accum + 4096 * dq_tile(it, w);
-                            if (first) {
-                                bulk_store(acc, sdQ + w * 64 * 64, 64 * 64 * 4);
-                            } else {
-                                while (ld_acquire(p.dq_sem + dq_tile(it, w)) == 0) {
-                                }
-                                fence_proxy_async_global();
-                                bulk_reduce_add_f32(acc, sdQ + w * 64 * 64, 64 * 64 * 4);
-                            }
+                            bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
                         __syncwarp();
                         named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
-                    }
-                    if (first && lane == 0) {
-                        tma_store_wait_all();
-                        fence_proxy_async_global();
-                        red_release_add(p.dq_sem + dq_tile(it, 0), 1);
-                        red_release_add(p.dq_sem + dq_tile(it, 1), 1);
                     }
                 }
             }
@@ -391,8 +372,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 /* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum,
  * read in v3_dq_index's order (thread tid its own float4s, coalesced), turned row-major in shared memory, and written
  * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
- * elements, d a multiple of 8).  Each tile's first add is a store (the accumulator is not zeroed), so a tile no key
- * block added to (rows that see no key) is unwritten: its counter is 0, and its dQ is 0. */
+ * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
+ * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
 template <typename T, int DP>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
@@ -400,7 +381,7 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
     const int64_t nrb = (f.sq + 63) / 64, rb = (blockIdx.x / (DP / 64)) % nrb, bh = blockIdx.x / (DP / 64) / nrb;
     const int panel = (int)(blockIdx.x % (DP / 64)), tid = threadIdx.x;
     const int64_t t = v3_dq_tile<DP>(bh, p.ws_rows, rb * 64, panel);
-    const bool added = p.dq_sem[t] > 0;
+    const bool added = !p.deterministic || p.dq_sem[t] > 0;
     const float *src = p.dq_accum + 4096 * t;
     const int row = (tid / 32) * 16 + (tid % 32) / 4;
 #pragma unroll
@@ -482,7 +463,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const int64_t conv_blocks = f->b * f->h * ((f->sq + 63) / 64) * (r->dp / 64);
     if (prep_blocks > 0x7fffffff || conv_blocks > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
-    int zero_dq = 0; /* each tile's first add is a store */
+    int zero_dq = !p->deterministic; /* deterministic: each tile's first add is a store */
     void *pargs[] = {(void *)p, (void *)&zero_dq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
