@@ -32,7 +32,8 @@ def main():
                  "fwd+lse": med(lambda: fattn.attention(q, k, v, causal=causal, return_lse=True)),
                  "fwd autograd": med(lambda: fattn.attention(*leafs, causal=causal)),
                  "bwd": med(lambda: fattn.attention_backward(do, q, k, v, out, lse, causal=causal)),
-                 "fwd+bwd autograd": med(lambda: torch.autograd.grad(fattn.attention(*leafs, causal=causal), leafs, do)),
+                 "fwd+bwd autograd": med(lambda: torch.autograd.grad(fattn.attention(*leafs, causal=causal), leafs,
+                                                                     do)),
                  "bwd autograd": med(lambda: torch.autograd.grad(o2, leafs, do, retain_graph=True))}
             print(b, h, s, d, causal, " ".join(f"{name}={us:.1f}" for name, us in t.items()), flush=True)
             code = 1 if causal else 0
