@@ -86,7 +86,7 @@ def ncu_command(ncu, args, metrics):
            "--print-units", "base", sys.executable, "-m", "fattn.profile", "--child", "--shape",
            ",".join(map(str, args.shape)), "--dtype", args.dtype, "--mode", args.mode]
     cmd += (["--sk", str(args.sk)] if args.sk else []) + (["--variant", args.variant] if args.variant else [])
-    return cmd + (["--causal"] if args.causal else [])
+    return cmd + (["--causal"] if args.causal else []) + (["--deterministic"] if args.deterministic else [])
 
 
 def child(args):
@@ -104,7 +104,8 @@ def child(args):
         out, lse = fattn.attention(q, k, v, causal=args.causal, variant=args.variant, return_lse=True)
         dout = torch.randn_like(out)
         for _ in range(3):
-            fattn.attention_backward(dout, q, k, v, out, lse, causal=args.causal, variant=args.variant)
+            fattn.attention_backward(dout, q, k, v, out, lse, causal=args.causal, variant=args.variant,
+                                     deterministic=args.deterministic)
     else:
         for _ in range(3):
             fattn.attention(q, k, v, causal=args.causal, variant=args.variant)
@@ -187,6 +188,7 @@ def main(argv=None):
     ap.add_argument("--out", default="profile_out", help="folder for ncu.csv and profile.json")
     ap.add_argument("--mode", default="fwd", choices=tuple(KERNELS),
                     help="fwd: the forward kernel; bwd: the backward's dK/dV kernel")
+    ap.add_argument("--deterministic", action="store_true", help="--mode bwd: the deterministic backward")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.shape = tuple(int(x) for x in args.shape.split(","))
