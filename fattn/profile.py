@@ -86,7 +86,8 @@ def ncu_command(ncu, args, metrics):
            "--print-units", "base", sys.executable, "-m", "fattn.profile", "--child", "--shape",
            ",".join(map(str, args.shape)), "--dtype", args.dtype, "--mode", args.mode]
     cmd += (["--sk", str(args.sk)] if args.sk else []) + (["--variant", args.variant] if args.variant else [])
-    return cmd + (["--causal"] if args.causal else []) + (["--deterministic"] if args.deterministic else [])
+    det = getattr(args, "deterministic", False)
+    return cmd + (["--causal"] if args.causal else []) + (["--deterministic"] if det else [])
 
 
 def child(args):
@@ -105,7 +106,7 @@ def child(args):
         dout = torch.randn_like(out)
         for _ in range(3):
             fattn.attention_backward(dout, q, k, v, out, lse, causal=args.causal, variant=args.variant,
-                                     deterministic=args.deterministic)
+                                     deterministic=getattr(args, "deterministic", False))
     else:
         for _ in range(3):
             fattn.attention(q, k, v, causal=args.causal, variant=args.variant)
