@@ -17,8 +17,9 @@ DET = "-det"
 
 def bwd_targets():
     """(device, variant): the CPU backend, and each GPU backward (named by a forward variant it differentiates),
-    v2's and v3's also in deterministic mode.  v3's (Hopper only) takes dense calls with head dims to 128 and falls
-    back to v2's for the rest, so its cases check both the Hopper kernels and the fallback."""
+    v2's and v3's also in deterministic mode.  v3's (Hopper only) takes dense calls with head dims to 256 (above 128
+    its own kernel, v3_bwd_wide.cu) and falls back to v2's for the rest, so its cases check both the Hopper kernels and
+    the fallback."""
     out = [pytest.param("cpu", "cpu", id="cpu")]
     for name in ("v1", "v2", "v2" + DET, "v3", "v3" + DET):
         out.append(pytest.param("cuda", name, id=f"cuda-{name}", marks=pytest.mark.gpu))
@@ -111,6 +112,39 @@ def test_grad_head_dims(device, variant, d, seed, request):
     check(g, q, k, v, dout, "bottom_right", request=request)
 
 
+def gpu_tensor_core_targets():
+    """v2's and v3's backward (and their deterministic modes): the kernels with a head-dim bucket of their own."""
+    return [t for t in bwd_targets() if t.values[1].split("-")[0] in ("v2", "v3")]
+
+
+WIDE_WINDOWS = [(16, -1), (-1, 8), (70, 3)]
+WIDE_PAIRS = [(1, 1), (17, 17), (113, 113), (1025, 1025), (17, 113), (113, 17), (127, 1023), (300, 64)]
+
+
+@pytest.mark.parametrize("device,variant", gpu_tensor_core_targets())
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
+@pytest.mark.parametrize("sq,sk", WIDE_PAIRS, ids=[f"{a}x{b}" for a, b in WIDE_PAIRS])
+def test_grad_wide_head_dim(device, variant, dtype, causal, sq, sk, seed, request):
+    """Head dim 256 (v3: the wide kernel, whose consumers split the head dim and add dQ from registers) at odd
+    lengths, Sq != Sk, every causal alignment, GQA 2:1."""
+    require_variant(device, variant)
+    q, k, v, dout = inputs(2, 4, 2, sq, sk, 256, DTYPES[dtype], device, seed)
+    _, _, g = grads(q, k, v, dout, variant, causal)
+    check(g, q, k, v, dout, causal, request=request)
+
+
+@pytest.mark.parametrize("device,variant", gpu_tensor_core_targets())
+@pytest.mark.parametrize("window", WIDE_WINDOWS, ids=[f"w{a}_{b}" for a, b in WIDE_WINDOWS])
+@pytest.mark.parametrize("d", [136, 200, 256])
+def test_grad_wide_head_dim_windows(device, variant, window, d, seed, request):
+    """Windows at head dims past 128 (columns past d zero-filled by TMA, never stored), 8 query heads per kv head."""
+    require_variant(device, variant)
+    q, k, v, dout = inputs(1, 8, 1, 150, 190, d, torch.float16, device, seed)
+    _, _, g = grads(q, k, v, dout, variant, "bottom_right", window=window)
+    check(g, q, k, v, dout, "bottom_right", window=window, request=request)
+
+
 @pytest.mark.parametrize("device,variant", bwd_targets())
 @pytest.mark.parametrize("ratio", range(1, 9))
 @pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
@@ -164,12 +198,13 @@ def test_grad_custom_scales(device, variant, scale, seed, request):
 
 
 @pytest.mark.parametrize("device,variant", bwd_targets())
-def test_grad_bshd_strided_inputs_and_strided_grads(device, variant, seed, request):
+@pytest.mark.parametrize("d", [64, 256])
+def test_grad_bshd_strided_inputs_and_strided_grads(device, variant, d, seed, request):
     """q, k, v as BSHD views of a packed QKV buffer; dq, dk, dv written into strided views of NaN-filled buffers
     with canaries around them: every element of the views is written, nothing else."""
     require_variant(device, variant)
     dt = torch.float32 if device == "cpu" else torch.float16
-    b, s, h, d = 2, 97, 4, 64
+    b, s, h = 2, 97, 4
     qkv = randn((b, s, 3, h, d), dt, device, seed)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, S, H, D), strided
     dout = randn((b, s, h, d), dt, device, seed + 3)
@@ -192,10 +227,11 @@ def test_grad_bshd_strided_inputs_and_strided_grads(device, variant, seed, reque
 
 
 @pytest.mark.parametrize("device,variant", bwd_targets())
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_grad_is_bitwise_repeatable(device, variant, d, seed):
     """The CPU backend, v1 and the deterministic modes of v2 and v3: bitwise-equal gradients over 100 runs (GPU:
-    with other streams busy at the same time).  v3's two head dims split dQ between its consumers differently."""
+    with other streams busy at the same time).  v3's three head-dim buckets split dQ between its consumers
+    differently (by rows, by columns, and at 256 added from registers)."""
     require_variant(device, variant)
     if variant in ("v2", "v3"):
         pytest.skip(f"{variant}'s default mode accumulates dQ with atomics (deterministic=True is the repeatable one)")
@@ -296,13 +332,16 @@ def test_grad_gpu_plans_and_unaligned_fallback(seed):
     sm = torch.cuda.get_device_capability()
     assert plan["variant"] == ("v3" if sm == (9, 0) else "v2" if sm >= (8, 0) else "v1")
     assert plan["workspace"] == _C.backward_workspace_bytes(1, 4, 70, 64)
-    if "v3" in fattn.variants("cuda"):  # forced to v3, a call v3's backward does not take (D = 256) runs v2's
+    if "v3" in fattn.variants("cuda"):  # forced to v3, a call v3's backward does not take (scale < 0) runs v2's
         assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v3",
                                      deterministic=True)["variant"] == "v3"
         q2, k2, v2_, d2 = inputs(1, 2, 2, 70, 90, 256, torch.float16, "cuda", seed)
         o2, l2 = fattn.attention(q2, k2, v2_, return_lse=True)
         g2 = [torch.empty_like(x) for x in (q2, k2, v2_)]
-        assert _C._dev.plan_backward(d2, q2, k2, v2_, o2, l2, *g2, stream=stream, variant="v3")["variant"] == "v2"
+        assert _C._dev.plan_backward(d2, q2, k2, v2_, o2, l2, *g2, stream=stream, variant="v3")["variant"] == "v3"
+        o3, l3 = fattn.attention(q2, k2, v2_, scale=-0.2, return_lse=True)
+        assert _C._dev.plan_backward(d2, q2, k2, v2_, o3, l3, *g2, stream=stream, variant="v3",
+                                     scale=-0.2)["variant"] == "v2"
     assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v0")["variant"] == "v1"
     # q one element off 16-byte alignment: v2 cannot read it with 16-byte copies; the default falls back to v1
     buf = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")

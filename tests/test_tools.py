@@ -135,7 +135,8 @@ def test_profile_backward_mode():
     cmd = profile.ncu_command("ncu", Args, ["m"])
     pattern = cmd[cmd.index("--kernel-name") + 1].removeprefix("regex:")
     for name, hit in (("v2_bwd_dkdv", True), ("v1_dkdv", True), ("v2_fwd", False), ("bwd_prep", False),
-                      ("bwd_convert", False), ("v3_fwd", False), ("v3_bwd_dkdv", True)):
+                      ("bwd_convert", False), ("v3_fwd", False), ("v3_bwd_dkdv", True),
+                      ("v3_bwd_dkdv_wide", True)):
         assert bool(re.search(pattern, name)) == hit, name
     assert cmd[cmd.index("--mode") + 1] == "bwd" and "--causal" in cmd
     rec = {profile.METRICS["duration_ns"]: 1e6}

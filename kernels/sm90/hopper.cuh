@@ -95,6 +95,10 @@ DEV int ld_acquire(const int *a) {
 DEV void red_release_add(int *a, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
 }
+/* a[0..3] += (x, y, z, w): one 16-byte reduction in L2 (sm_90's vector red), no value returned. */
+DEV void red_add_v4(float *a, float x, float y, float z, float w) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+}
 /* Orders this thread's async-proxy global writes (bulk copies, once waited for) with its generic accesses after. */
 DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 

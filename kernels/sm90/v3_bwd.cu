@@ -34,7 +34,9 @@
  *     a causal mask every key block sees the last ones).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.  Dense calls only (no varlen, softcap, ALiBi), fp16 / bf16, head dims
- * to 128, positive scale: v3_bwd_plan.c sends everything else to v2.
+ * to 128, positive scale: v3_bwd_plan.c sends everything else to v2.  Head dim 256 runs its own dK/dV kernel
+ * (v3_bwd_wide.cu: the consumers split the head dim) between this file's prep and convert passes; the block
+ * placement and the producer are shared (v3_bwd_ring.cuh).
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
  * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run, evidence/backward/
  * h100_v3_bwd_a213fcc.md): 0.84-0.995x cudnn at D=64 / 128 (D=128 S=16k 490 TFLOP/s causal), S=512 0.86-0.93x;
@@ -43,8 +45,7 @@
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
-#include "hopper.cuh"
-#include "../bwd_common.cuh"
+#include "v3_bwd_ring.cuh"
 #include "wgmma_tiles.cuh"
 
 #include <string.h>
@@ -53,33 +54,12 @@
 #include "v3_bwd_configs.h"
 #include "v3_tma.h"
 
-/* dq_accum's layout for v3: 64 x 64 float tiles (rows i0 + [0, 64) of a (b, h), columns 64 p + [0, 64) at
- * ((b h + h) ws_rows + i0) ws_cols + 64 * 64 p), each in the order a consumer warpgroup holds it -- float e of
- * accumulator quad v of thread tid at 4 (128 v + tid) + e -- so that its 128 threads store it to shared memory as
- * float4s without bank conflicts and one bulk reduce-add copies it out.  Thread tid's element i is row
- * 16 (tid / 32) + (tid % 32) / 4 + 8 ((i >> 1) & 1), column 8 (i / 4) + 2 (tid % 4) + (i & 1) (wgmma's accumulator). */
-DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; }
-
-/* The number of the 64 x 64 tile of rows r0 + [0, 64), columns 64 panel + [0, 64) of (b, h) = bh: its floats are
- * dq_accum[4096 t ..] (the layout above) and its counter dq_sem[t] (deterministic mode: the adds that have landed). */
-template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0, int panel) {
-    return (bh * ws_rows + r0) / 64 * (DP / 64) + panel;
-}
-
 /* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory; 2 + cw consumer cw's
  * dQ tile is in shared memory (its 128 threads and the dQ writer warp), 4 + cw the writer has read it out. */
 #define V3B_BAR_DS 1
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
-/* setmaxnreg: the block is launched with 168 registers a thread (384 threads); the producer warpgroup gives up what
- * the consumers take, exactly: 128 (168 - 24) = 256 (240 - 168).  (A consumer asking for more than was given back
- * waits in setmaxnreg forever.) */
-#define V3B_PRODUCER_REGS 24
-#define V3B_CONSUMER_REGS 240
-static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168),
-              "setmaxnreg: registers given < taken");
-
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
  * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
  * ld.acquire), and after its own reduce has landed counts one more (red.release). */
@@ -89,7 +69,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
             const attn_bwd_params p) {
     static_assert(BC == 128, "two consumers of 64 keys");
-    constexpr int PANELS = DP / 64;                              /* 64-column panels of a Q / K tile */
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
     constexpr int NS = BR / 2;  /* S^T and dP^T accumulators per thread (64 keys x BR queries) */
     constexpr int KS = BR / 16; /* k-steps of dV += P^T dO and dK += dS^T Q: A fragments of P^T, dS^T */
@@ -108,35 +87,17 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     float *sdQ = (float *)(sdS + 2 * DS_TILE); /* [2][64 x 64]: each consumer's dQ tile, in v3_dq_index order */
     float *sLse = sdQ + 2 * 64 * 64, *sD = sLse + STAGES * BR;
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
-    uint64_t *kv_full = bar, *q_full = bar + 1, *q_empty = q_full + STAGES;
+    const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
+    uint64_t *q_full = ring.q_full, *q_empty = ring.q_empty;
 
     const attn_params &f = p.fwd;
-    /* head by head, key blocks in order: a kv head's blocks run side by side sharing its Q and dO in L2, and each
-     * starts no later than those of its higher key blocks, which deterministic mode's waits need (a block never
-     * waits on one not yet scheduled) */
-    const int nkb = (int)((f.sk + BC - 1) / BC), kb = (int)(blockIdx.x % nkb), j0 = kb * BC;
-    const int64_t bhk = blockIdx.x / nkb;
-    const int64_t b = bhk / f.h_kv, hk = bhk % f.h_kv, h0 = hk * f.h_per_kv;
-    /* the nm query blocks from i_begin hold the rows that see key block kb; step it is query head h0 + it / nm, rows
-     * row0_of(it) + [0, BR) */
-    int64_t i_lo, i_hi;
-    rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
-    const int i_begin = (int)(i_lo / BR) * BR;
-    const int nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin / BR : 0, n_it = nm * (int)f.h_per_kv;
-    /* step it's first row.  Deterministic mode walks the query blocks last first: the last blocks are the ones every
-     * key block sees under a causal mask, so each block's first add waits about one step per lower key block, not
-     * for those blocks to walk down from the top. */
-    auto row0_of = [&](int it) { return i_begin + (DET ? nm - 1 - it % nm : it % nm) * BR; };
+    const v3b_block blk = v3b_block_of<BR, BC>(f);
+    const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
+    const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
+    auto row0_of = [&](int it) { return v3b_row0<BR, DET>(blk, it); };
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    if (threadIdx.x == 0) {
-        mbar_init(kv_full, 1);
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(&q_full[s], 1); /* the producer, with the copies' bytes */
-            mbar_init(&q_empty[s], 256); /* every consumer thread */
-        }
-        mbar_init_fence();
-    }
+    if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
 
     /* the number of step it's 64 x 64 dQ tile of consumer cw_ (BR = 128: its 64 rows; BR = 64: its 64 columns) */
@@ -194,30 +155,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             return;
         }
         if (warp != 0 || lane != 0 || n_it == 0) return;
-        {
-            tma_prefetch_map(&tm_q);
-            tma_prefetch_map(&tm_do);
-            mbar_arrive_expect_tx(kv_full, 2 * KV_TILE * 2);
-#pragma unroll
-            for (int c = 0; c < PANELS; c++) {
-                tma_load_4d(sK + c * BC * 64, &tm_k, kv_full, c * 64, j0, (int)hk, (int)b);
-                tma_load_4d(sV + c * BC * 64, &tm_v, kv_full, c * 64, j0, (int)hk, (int)b);
-            }
-        }
-        for (int it = 0; it < n_it; it++) {
-            const int s = it % STAGES, i0 = row0_of(it);
-            const int64_t h = h0 + it / nm;
-            if (it >= STAGES) mbar_wait(&q_empty[s], (it / STAGES - 1) & 1);
-            const int64_t row = (b * f.h + h) * p.ws_rows + i0; /* ws_rows >= every step's rows */
-            mbar_arrive_expect_tx(&q_full[s], 2 * Q_TILE * 2 + 2 * BR * 4);
-            bulk_load(sLse + s * BR, p.lse2 + row, BR * 4, &q_full[s]);
-            bulk_load(sD + s * BR, p.dpsum + row, BR * 4, &q_full[s]);
-#pragma unroll
-            for (int c = 0; c < PANELS; c++) {
-                tma_load_4d(sQ + s * Q_TILE + c * BR * 64, &tm_q, &q_full[s], c * 64, i0, (int)h, (int)b);
-                tma_load_4d(sdO + s * Q_TILE + c * BR * 64, &tm_do, &q_full[s], c * 64, i0, (int)h, (int)b);
-            }
-        }
+        v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring);
         return;
     }
 
@@ -234,7 +172,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
     float *sdQw = sdQ + cw * 64 * 64;
-    if (n_it > 0) mbar_wait(kv_full, 0);
+    if (n_it > 0) mbar_wait(ring.kv_full, 0);
     for (int it = 0; it < n_it; it++) {
         const int s = it % STAGES, i0 = row0_of(it);
         T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (it & 1) * DS_TILE;
@@ -409,8 +347,8 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
 
 typedef struct {
-    const void *dkdv[2][2], *prep[2], *convert[2]; /* dkdv[deterministic][fp16, bf16] */
-    int dp, br, bc;
+    const void *dkdv[2][2], *prep[2], *convert[2]; /* dkdv[deterministic][fp16, bf16]; NULL: the wide kernel's */
+    int dp, br, bc, stages;
     size_t smem;
 } v3_bwd_row;
 
@@ -418,18 +356,28 @@ typedef struct {
     {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
 #define V3B_ROW(dp, br, bc, st)                                                                                   \
     {{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true)},                     \
-     V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc,                                             \
+     V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
+#define V3B_WIDE_ROW(dp, br, bc, st)                                                                              \
+    {{{NULL, NULL}, {NULL, NULL}}, V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc, st,          \
      V3_BWD_SMEM(dp, br, bc, st)},
-static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_CONFIGS(V3B_ROW)};
+static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_NARROW_CONFIGS(V3B_ROW) V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW)};
+#undef V3B_WIDE_ROW
 #undef V3B_ROW
 #undef V3B_PAIR
+
+extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int det, int bf16); /* v3_bwd_wide.cu */
+
+/* Row r's dK/dV kernel: deterministic or not, fp16 (ti 0) or bf16 (1). */
+static const void *v3_bwd_dkdv_kernel(const v3_bwd_row *r, int det, int ti) {
+    return r->dkdv[det][ti] ? r->dkdv[det][ti] : fattn_v3_bwd_wide_kernel(r->br, r->bc, r->stages, det, ti);
+}
 
 extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     (void)device;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++)
         for (int t = 0; t < 2; t++)
             for (int det = 0; det < 2; det++)
-                FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_bwd_rows[i].dkdv[det][t],
+                FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_bwd_dkdv_kernel(&v3_bwd_rows[i], det, t),
                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                       (int)v3_bwd_rows[i].smem));
     return FATTN_OK;
@@ -467,8 +415,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     void *pargs[] = {(void *)p, (void *)&zero_dq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
-    FATTN_CUDA_CHECK(cudaLaunchKernel(r->dkdv[p->deterministic != 0][ti], dim3(plan->grid_x), dim3(plan->threads), args,
-                                      plan->smem, s));
+    FATTN_CUDA_CHECK(cudaLaunchKernel(v3_bwd_dkdv_kernel(r, p->deterministic != 0, ti), dim3(plan->grid_x),
+                                      dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
     return FATTN_OK;

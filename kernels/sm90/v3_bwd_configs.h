@@ -6,7 +6,10 @@
  * between the consumers by rows when br = 128 (each takes 64 query rows, all dp columns) and by columns when br = 64
  * (each takes dp / 2 columns); either way a consumer's dQ tile is 64 x 64 (wgmma_sstt<64>).
  * Registers per consumer thread (240 at most, 2 consumers): dK and dV (dp / 2 floats each), S^T and dP^T (br / 2
- * each) -- 192 at D=64 (br 128) and at D=128 (br 64); D=256 (256 for dK and dV alone) is not compiled yet.
+ * each) -- 192 at D=64 (br 128) and at D=128 (br 64).
+ * V3_BWD_WIDE_CONFIGS: head dim 256 (v3_bwd_wide.cu), whose dK and dV (256 floats a thread for 64 keys) do not fit
+ * that split: a block owns bc = 64 keys, the consumers split the head dim (128 columns each: dK, dV and dQ 64 floats
+ * each), and dQ is added from registers (no dQ tile in shared memory).
  */
 #ifndef FATTN_V3_BWD_CONFIGS_H
 #define FATTN_V3_BWD_CONFIGS_H
@@ -18,18 +21,22 @@ typedef struct {
 } v3_bwd_config;
 
 /* One row per head-dim bucket, in bucket order. */
-#define V3_BWD_CONFIGS(X) \
-    X(64, 128, 128, 2)    \
+#define V3_BWD_NARROW_CONFIGS(X) \
+    X(64, 128, 128, 2)           \
     X(128, 64, 128, 2)
+#define V3_BWD_WIDE_CONFIGS(X) X(256, 64, 64, 2)
+#define V3_BWD_CONFIGS(X) V3_BWD_NARROW_CONFIGS(X) V3_BWD_WIDE_CONFIGS(X)
 
 #define V3_BWD_COUNT(...) +1
 enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT) };
 
-/* Dynamic shared memory, bytes: K and V (bc x dp), Q and dO (stages x br x dp), dS^T twice (bc x br), all fp16 /
- * bf16; the consumers' 64 x 64 dQ tiles (float); LSE and D of each stage's rows (float); the mbarriers; 1024 bytes
- * of alignment slack (128-byte swizzled tiles start on 1024-byte boundaries). */
+/* Dynamic shared memory, bytes: K and V (bc x dp), Q and dO (stages x br x dp), dS^T twice (bc x br) -- the wide
+ * kernel: P and dS twice each (br x bc) --, all fp16 / bf16; the consumers' 64 x 64 dQ tiles (float; not in the wide
+ * kernel); LSE and D of each stage's rows (float); the mbarriers; 1024 bytes of alignment slack (128-byte swizzled
+ * tiles start on 1024-byte boundaries).  At most 227 KB (the wide config: 231464 bytes). */
 #define V3_BWD_SMEM(dp, br, bc, stages)                                                                          \
-    ((size_t)(2 * (bc) * (dp) + 2 * (stages) * (br) * (dp) + 2 * (bc) * (br)) * 2 + (size_t)2 * 64 * 64 * 4 +    \
-     (size_t)2 * (stages) * (br) * 4 + (size_t)(1 + 2 * (stages)) * 8 + 1024)
+    ((size_t)(2 * (bc) * (dp) + 2 * (stages) * (br) * (dp) + ((dp) == 256 ? 4 : 2) * (bc) * (br)) * 2 +          \
+     (size_t)((dp) == 256 ? 0 : 2 * 64 * 64 * 4) + (size_t)2 * (stages) * (br) * 4 +                            \
+     (size_t)(1 + 2 * (stages)) * 8 + 1024)
 
 #endif

@@ -35,7 +35,7 @@ static int tensors_ok(const attn_bwd_params *p) {
 static const char *refusal(const attn_bwd_params *p) {
     const attn_params *f = &p->fwd;
     if (f->dtype != FATTN_F16 && f->dtype != FATTN_BF16) return "the v3 backward runs fp16 and bf16 only";
-    if (f->d < 8 || f->d > 128 || f->d % 8) return "the v3 backward needs a head dim that is a multiple of 8 up to 128";
+    if (f->d < 8 || f->d > 256 || f->d % 8) return "the v3 backward needs a head dim that is a multiple of 8 up to 256";
     if (!(f->scale > 0.f)) return "the v3 backward needs a positive scale";
     if (f->h_kv < 1 || f->h_per_kv < 1 || f->h != f->h_kv * f->h_per_kv) return "heads are not kv heads x group";
     if (f->sq >= (1 << 30) || f->sk >= (1 << 30)) return "the v3 backward: sequences of 2^30 or more";

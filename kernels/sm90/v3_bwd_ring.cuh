@@ -1,0 +1,117 @@
+/* v3_bwd_ring.cuh -- what v3's dK/dV kernels share (v3_bwd.cu: head dims to 128; v3_bwd_wide.cu: 256): which key
+ * block and query blocks a block owns, and the producer thread that fills its shared memory -- K_j and V_j once,
+ * then per step Q_i, dO_i (TMA) and the rows' LSE2 and D (bulk copies from the workspace, where bwd_prep put them)
+ * into a ring of STAGES slots, each with a "full" mbarrier (one arrival and the copies' bytes) and an "empty" one
+ * every consumer thread arrives on once it has read the slot. */
+#ifndef FATTN_V3_BWD_RING_CUH
+#define FATTN_V3_BWD_RING_CUH
+
+#include "hopper.cuh"
+#include "../bwd_common.cuh"
+
+/* dq_accum's layout for v3: 64 x 64 float tiles (rows i0 + [0, 64) of a (b, h), columns 64 p + [0, 64) at
+ * ((b h + h) ws_rows + i0) ws_cols + 64 * 64 p), each in the order a consumer warpgroup holds it -- float e of
+ * accumulator quad v of thread tid at 4 (128 v + tid) + e -- so that its 128 threads store it to shared memory as
+ * float4s without bank conflicts and one bulk reduce-add copies it out (v3_bwd.cu), or add it from registers with
+ * one 16-byte red per quad, a warp's 32 covering 512 contiguous bytes (v3_bwd_wide.cu).  Thread tid's element i is row
+ * 16 (tid / 32) + (tid % 32) / 4 + 8 ((i >> 1) & 1), column 8 (i / 4) + 2 (tid % 4) + (i & 1) (wgmma's accumulator). */
+DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; }
+
+/* The number of the 64 x 64 tile of rows r0 + [0, 64), columns 64 panel + [0, 64) of (b, h) = bh: its floats are
+ * dq_accum[4096 t ..] (the layout above) and its counter dq_sem[t] (deterministic mode: the adds that have landed). */
+template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0, int panel) {
+    return (bh * ws_rows + r0) / 64 * (DP / 64) + panel;
+}
+
+/* setmaxnreg: the block is launched with 168 registers a thread (384 threads); the producer warpgroup gives up what
+ * the consumers take, exactly: 128 (168 - 24) = 256 (240 - 168).  (A consumer asking for more than was given back
+ * waits in setmaxnreg forever.) */
+#define V3B_PRODUCER_REGS 24
+#define V3B_CONSUMER_REGS 240
+static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168),
+              "setmaxnreg: registers given < taken");
+
+/* A block's work: key block kb (keys j0 + [0, BC)) of batch b, kv head hk, for each query head h0 + [0, h_per_kv) of
+ * its group, the nm query blocks of BR rows from i_begin that hold the rows seeing it: n_it steps in all, step it
+ * being query head h0 + it / nm.  Blocks go head by head, key blocks in order: a kv head's blocks run side by side
+ * sharing its Q and dO in L2, and each starts no later than those of its higher key blocks, which deterministic
+ * mode's waits need (a block never waits on one not yet scheduled). */
+typedef struct {
+    int kb, j0, i_begin, nm, n_it;
+    int64_t b, hk, h0;
+} v3b_block;
+
+template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f) {
+    v3b_block k;
+    const int nkb = (int)((f.sk + BC - 1) / BC);
+    k.kb = (int)(blockIdx.x % nkb);
+    k.j0 = k.kb * BC;
+    const int64_t bhk = blockIdx.x / nkb;
+    k.b = bhk / f.h_kv;
+    k.hk = bhk % f.h_kv;
+    k.h0 = k.hk * f.h_per_kv;
+    int64_t i_lo, i_hi;
+    rows_seeing(&f.mask, f.sq, f.sk, k.j0, (k.j0 + BC < f.sk ? k.j0 + BC : f.sk) - 1, &i_lo, &i_hi);
+    k.i_begin = (int)(i_lo / BR) * BR;
+    k.nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - k.i_begin / BR : 0;
+    k.n_it = k.nm * (int)f.h_per_kv;
+    return k;
+}
+
+/* Step it's first query row.  Deterministic mode walks the query blocks last first: the last blocks are the ones
+ * every key block sees under a causal mask, so each block's first add waits about one step per lower key block, not
+ * for those blocks to walk down from the top. */
+template <int BR, bool DET> DEV int v3b_row0(const v3b_block &k, int it) {
+    return k.i_begin + (DET ? k.nm - 1 - it % k.nm : it % k.nm) * BR;
+}
+
+/* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2
+ * and D (BR floats), the mbarriers kv_full, q_full[STAGES], q_empty[STAGES]. */
+template <typename T> struct v3b_ring {
+    T *k, *v, *q, *dout;
+    float *lse, *dsum;
+    uint64_t *kv_full, *q_full, *q_empty;
+};
+
+/* The producer: one thread.  K_j, V_j once, then each step's slot once its consumers have released it. */
+template <typename T, int DP, int BR, int BC, int STAGES, bool DET>
+DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                     const CUtensorMap *tm_do, const attn_bwd_params &p, const v3b_block &k, const v3b_ring<T> &r) {
+    constexpr int PANELS = DP / 64, KV_TILE = BC * DP, Q_TILE = BR * DP;
+    tma_prefetch_map(tm_q);
+    tma_prefetch_map(tm_do);
+    mbar_arrive_expect_tx(r.kv_full, 2 * KV_TILE * 2);
+#pragma unroll
+    for (int c = 0; c < PANELS; c++) {
+        tma_load_4d(r.k + c * BC * 64, tm_k, r.kv_full, c * 64, k.j0, (int)k.hk, (int)k.b);
+        tma_load_4d(r.v + c * BC * 64, tm_v, r.kv_full, c * 64, k.j0, (int)k.hk, (int)k.b);
+    }
+    const attn_params &f = p.fwd;
+    for (int it = 0; it < k.n_it; it++) {
+        const int s = it % STAGES, i0 = v3b_row0<BR, DET>(k, it);
+        const int64_t h = k.h0 + it / k.nm;
+        if (it >= STAGES) mbar_wait(&r.q_empty[s], (it / STAGES - 1) & 1);
+        const int64_t row = (k.b * f.h + h) * p.ws_rows + i0; /* ws_rows >= every step's rows */
+        mbar_arrive_expect_tx(&r.q_full[s], 2 * Q_TILE * 2 + 2 * BR * 4);
+        bulk_load(r.lse + s * BR, p.lse2 + row, BR * 4, &r.q_full[s]);
+        bulk_load(r.dsum + s * BR, p.dpsum + row, BR * 4, &r.q_full[s]);
+#pragma unroll
+        for (int c = 0; c < PANELS; c++) {
+            tma_load_4d(r.q + s * Q_TILE + c * BR * 64, tm_q, &r.q_full[s], c * 64, i0, (int)h, (int)k.b);
+            tma_load_4d(r.dout + s * Q_TILE + c * BR * 64, tm_do, &r.q_full[s], c * 64, i0, (int)h, (int)k.b);
+        }
+    }
+}
+
+/* The barriers' initial counts: kv_full and q_full[s] one arrival (the producer's, with the bytes), q_empty[s]
+ * every consumer thread's.  Thread 0, before the block's first __syncthreads. */
+template <typename T, int STAGES> DEV void v3b_ring_init(const v3b_ring<T> &r, int consumer_threads) {
+    mbar_init(r.kv_full, 1);
+    for (int s = 0; s < STAGES; s++) {
+        mbar_init(&r.q_full[s], 1);
+        mbar_init(&r.q_empty[s], consumer_threads);
+    }
+    mbar_init_fence();
+}
+
+#endif

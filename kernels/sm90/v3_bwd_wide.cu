@@ -1,0 +1,210 @@
+/* v3_bwd_wide.cu -- v3's dK/dV kernel for head dim 256 (bucket 256: d in (128, 256]); v3_bwd.cu has the kernels
+ * for head dims to 128, the prep and convert passes around this one, and the launcher.
+ *
+ * Why a kernel of its own: a block's dK and dV at D = 256 are 256 floats a thread for 64 keys per consumer, more than
+ * a thread has; so here the two consumer warpgroups split the head dim, not the keys.  A block owns BC = 64 keys and
+ * walks the query blocks of BR = 64 rows that see them (v3_bwd_ring.cuh: the same block placement and producer);
+ * consumer cw keeps dK and dV for all 64 keys and columns 128 cw + [0, 128) (64 + 64 floats).  Per step:
+ *   S_w  = Q_i K_w^T     wgmma m64n32k16, both operands K-major: the 64 query rows x this consumer's 32 keys
+ *   dP_w = dO_i V_w^T    the same, issued right behind S_w
+ *   P_w  = exp2(S_w scale log2 e - LSE2_row)   (masked -> 0 on the mask's edge blocks only), and
+ *   dS_w = P_w (dP_w - D_row): LSE2 and D are per row here, two of each per thread
+ *   P and dS to shared memory (double-buffered, rows queries, 128-byte swizzled as TMA would); a named barrier: both
+ *     consumers' halves are in
+ *   dV_w += P^T dO_i     wgmma SS, P^T M-major and dO N-major (both transposed by their descriptors): 64 keys x
+ *                        this consumer's 128 columns
+ *   dK_w += dS^T Q_i     the same
+ *   dQ_w  = dS K         wgmma SS, dS K-major and K N-major: 64 queries x this consumer's 128 columns, two of
+ *                        dq_accum's 64 x 64 tiles, added from registers by 16-byte reds (no shared-memory tile: the
+ *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
+ * Deterministic mode: each consumer adds its two tiles in key-block order -- one thread waits on both tiles' counters
+ * for its block's turn, the warpgroup stores (the first add: the accumulator is not zeroed) or adds, and once every
+ * thread's adds are fenced one thread counts them (red.release).
+ * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
+ * is an edge block) and never stored.  fp16 / bf16, positive scale, dense calls (v3_bwd_plan.c).
+ * Built for sm_90a only (kernels/sm90/gencode).
+ */
+#include <cuda.h> /* CUtensorMap and its enums: types only */
+
+#include "v3_bwd_ring.cuh"
+#include "wgmma_tiles.cuh"
+
+#include "../../csrc/variants.h"
+#include "v3_bwd_configs.h"
+
+/* Named barriers (0 is __syncthreads): 1 both consumers' P and dS of the step are in shared memory; 2 + cw
+ * consumer cw's threads (deterministic mode's turn). */
+#define V3W_BAR_PDS 1
+#define V3W_BAR_TURN 2
+
+template <typename T, int BR, int BC, int STAGES, bool DET>
+__global__ void __launch_bounds__(384, 1)
+v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                 const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                 const attn_bwd_params p) {
+    constexpr int DP = 256;
+    static_assert(BR == 64 && BC == 64, "a 64 x 64 P and dS, 32 keys of S per consumer");
+    constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, PS_TILE = BR * BC; /* elements */
+    constexpr int NS = BC / 4; /* S and dP accumulators per thread: 64 rows x 32 keys */
+    constexpr int NA = 64;     /* dK, dV and dQ accumulators per thread: 64 rows x 128 columns */
+    extern __shared__ unsigned char smem_raw[];
+    T *sK = (T *)smem_align1024(smem_raw);
+    T *sV = sK + KV_TILE, *sQ = sV + KV_TILE, *sdO = sQ + STAGES * Q_TILE, *sP = sdO + STAGES * Q_TILE;
+    T *sdS = sP + 2 * PS_TILE;
+    float *sLse = (float *)(sdS + 2 * PS_TILE), *sD = sLse + STAGES * BR;
+    uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
+    const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
+
+    const attn_params &f = p.fwd;
+    const v3b_block blk = v3b_block_of<BR, BC>(f);
+    const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
+    __syncthreads();
+
+    if (wg == 0) { /* ---- producer: one thread ---- */
+        setmaxnreg_dec<V3B_PRODUCER_REGS>();
+        if (threadIdx.x == 0 && blk.n_it > 0)
+            v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring);
+        return;
+    }
+
+    /* ---- consumers ---- */
+    setmaxnreg_inc<V3B_CONSUMER_REGS>();
+    const int cw = wg - 1, g = lane / 4, t = lane % 4;
+    const int qrow = warp * 16 + g; /* this thread's first query row of the step (the second is + 8) */
+    const float c = f.scale_log2;   /* > 0 (the planner's rule): masked scores stay -inf */
+    float dk[NA], dv[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
+    /* descriptors' low words: K, V rows 32 cw + [0, 32) as the B operand of S, dP (K-major); K's panels 2 cw, 2 cw + 1
+     * as the B operand of dQ = dS K (N-major, panels BC * 128 bytes apart) */
+    const unsigned k_lo = desc_lo(sK + cw * 32 * 64, 0), v_lo = desc_lo(sV + cw * 32 * 64, 0);
+    const unsigned kn_lo = desc_lo(sK + cw * 2 * BC * 64, BC * 128);
+    if (blk.n_it > 0) mbar_wait(ring.kv_full, 0);
+    for (int it = 0; it < blk.n_it; it++) {
+        const int s = it % STAGES, i0 = v3b_row0<BR, DET>(blk, it);
+        const int64_t h = blk.h0 + it / blk.nm;
+        T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *p_b = sP + (it & 1) * PS_TILE;
+        T *ds_b = sdS + (it & 1) * PS_TILE;
+        const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
+        const bool masked = !(blk.kb >= sp.n_full_min && blk.kb < sp.n_full_max);
+        mbar_wait(&ring.q_full[s], (it / STAGES) & 1);
+
+        /* S_w = Q K_w^T and dP_w = dO V_w^T: 16 k-steps each, four per 64-column panel */
+        float st[NS], dpt[NS];
+        wgmma_fence();
+        wgmma_kmajor_tiles<32, T, DP, BR, BC>(st, desc_lo(q_s, 0), k_lo);
+        wgmma_commit();
+        wgmma_kmajor_tiles<32, T, DP, BR, BC>(dpt, desc_lo(do_s, 0), v_lo);
+        wgmma_commit();
+        const float lse[2] = {sLse[s * BR + qrow], sLse[s * BR + qrow + 8]};
+        const float dsum[2] = {sD[s * BR + qrow], sD[s * BR + qrow + 8]};
+        wgmma_wait<1>();
+        reg_fence(st);
+        /* element i: query row qrow + 8 ((i >> 1) & 1), key 32 cw + 8 (i / 4) + 2 t + (i & 1) of the block */
+        if (masked) { /* key r, row q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
+            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, blk.j0);
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                const int r = 32 * cw + 8 * (i / 4) + 2 * t + (i & 1), diag = r - (qrow + 8 * ((i >> 1) & 1));
+                if (!(diag >= bm.pl && diag < bm.pr && r < bm.kc)) st[i] = -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i++) st[i] = fast_exp2(fmaf(st[i], c, -lse[(i >> 1) & 1]));
+        wgmma_wait<0>();
+        reg_fence(dpt);
+        /* P and dS to shared memory: row q, key r at q * 64 + ((r / 8) ^ (q % 8)) * 8 + r % 8 (one 128-byte-swizzled
+         * panel; a warp's stores of one i fill 32 distinct banks) */
+#pragma unroll
+        for (int i = 0; i < NS; i += 2) {
+            const int q = qrow + 8 * ((i >> 1) & 1), r = 32 * cw + 8 * (i / 4) + 2 * t;
+            const int at = q * 64 + (((r / 8) ^ (q & 7)) * 8) + r % 8;
+            const float d = dsum[(i >> 1) & 1];
+            *(unsigned *)(p_b + at) = pack2(st[i], st[i + 1], T());
+            *(unsigned *)(ds_b + at) = pack2(st[i] * (dpt[i] - d), st[i + 1] * (dpt[i + 1] - d), T());
+        }
+        fence_proxy_async(); /* the stores, before either consumer's wgmma reads them */
+        named_barrier_sync(V3W_BAR_PDS, 256);
+
+        /* dV_w += P^T dO and dK_w += dS^T Q (4 k-steps of 16 query rows, 2048 bytes each; dO's and Q's panels 2 cw,
+         * 2 cw + 1, BR * 128 bytes apart), then dQ_w = dS K (4 k-steps of 16 keys, 32 bytes each in dS's rows) */
+        const unsigned pt_lo = desc_lo(p_b, BR * 128), dst_lo = desc_lo(ds_b, BR * 128), ds_lo = desc_lo(ds_b, 0);
+        const unsigned dot_lo = desc_lo(do_s + cw * 2 * BR * 64, BR * 128);
+        const unsigned qt_lo = desc_lo(q_s + cw * 2 * BR * 64, BR * 128);
+        float dq[NA];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; kk++) wgmma_sstt<128, T>(dv, pt_lo + ((kk * 2048) >> 4), dot_lo + ((kk * 2048) >> 4), 1);
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; kk++) wgmma_sstt<128, T>(dk, dst_lo + ((kk * 2048) >> 4), qt_lo + ((kk * 2048) >> 4), 1);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_sst<128, T>(dq, ds_lo + ((kk * 32) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(dq);
+        reg_fence(dk);
+        reg_fence(dv);
+        mbar_arrive(&ring.q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
+
+        /* dQ_w: columns [0, 64) of it are tile 2 cw of the rows, [64, 128) tile 2 cw + 1 (v3_dq_index's order) */
+        const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
+        float *acc = p.dq_accum + 4096 * tile;
+        if constexpr (DET) {
+            const int turn = blk.kb - (int)sp.n_min;
+            if (tid == 0)
+                while (ld_acquire(p.dq_sem + tile) != turn || ld_acquire(p.dq_sem + tile + 1) != turn) {
+                }
+            named_barrier_sync(V3W_BAR_TURN + cw, 128);
+#pragma unroll
+            for (int v4 = 0; v4 < 16; v4++) { /* the tile's first add is a store: the accumulator is not zeroed */
+                float *a = acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8));
+                if (turn == 0) *(float4 *)a = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+                else red_add_v4(a, dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+            }
+            __threadfence();
+            named_barrier_sync(V3W_BAR_TURN + cw, 128);
+            if (tid == 0) {
+                red_release_add(p.dq_sem + tile, 1);
+                red_release_add(p.dq_sem + tile + 1, 1);
+            }
+        } else {
+#pragma unroll
+            for (int v4 = 0; v4 < 16; v4++)
+                red_add_v4(acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
+                           dq[4 * v4 + 2], dq[4 * v4 + 3]);
+        }
+    }
+
+    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
+    T *dkp = (T *)p.dk + blk.b * p.dk_stride_b + blk.hk * p.dk_stride_h;
+    T *dvp = (T *)p.dv + blk.b * p.dv_stride_b + blk.hk * p.dv_stride_h;
+    const float scale = f.scale;
+#pragma unroll
+    for (int i = 0; i < NA; i += 2) {
+        const int64_t r = blk.j0 + qrow + 8 * ((i >> 1) & 1);
+        const int col = 128 * cw + 8 * (i / 4) + 2 * t;
+        if (r < f.sk && col < f.d) {
+            *(unsigned *)(dkp + r * p.dk_stride_s + col) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
+            *(unsigned *)(dvp + r * p.dv_stride_s + col) = pack2(dv[i], dv[i + 1], T());
+        }
+    }
+}
+
+/* The kernels of V3_BWD_WIDE_CONFIGS (v3_bwd_configs.h), for v3_bwd.cu's launcher: [deterministic][fp16, bf16] of
+ * the config (br, bc, stages), or NULL. */
+#define V3W_KERNELS(dp, br, bc, st)                                                                              \
+    if (br_ == br && bc_ == bc && st_ == st) {                                                                  \
+        static const void *const k[2][2] = {                                                                     \
+            {(const void *)v3_bwd_dkdv_wide<__half, br, bc, st, false>,                                          \
+             (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, false>},                                 \
+            {(const void *)v3_bwd_dkdv_wide<__half, br, bc, st, true>,                                           \
+             (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, true>}};                                 \
+        return k[det != 0][bf16 != 0];                                                                           \
+    }
+extern "C" const void *fattn_v3_bwd_wide_kernel(int br_, int bc_, int st_, int det, int bf16) {
+    V3_BWD_WIDE_CONFIGS(V3W_KERNELS)
+    return NULL;
+}
+#undef V3W_KERNELS
