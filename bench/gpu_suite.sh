@@ -113,7 +113,7 @@ if [ -n "$OLD_PID" ]; then
       case $g in  # seeds_e2e: the public call path end to end (back-to-back calls), beside the older tree's
         seeds_e2e) ab=(--candidates api:v2 old:v2 api:v3 old:v3 --grid seeds --timer batch --reps 200) ;;
         fa3_bwd)   ab=(--mode bwd --candidates api:v3 old:v3 api:v3-det old:v3-det --grid fa3 --head-dims "${FATTN_AB_DIMS:-64,128}"
-                       --torch cudnn --reps 5) ;;  # v3's backward (D=256 runs v2's)
+                       --torch cudnn --reps 5) ;;  # v3's backward
         *)         ab=(--candidates v2 old:v2 v3 old:v3 --grid "$g") ;;
       esac
       python3 bench/ab.py --old /tmp/fattn_old_tree "${ab[@]}" --causal both --rounds "${FATTN_AB_ROUNDS:-5}" \

@@ -6,6 +6,7 @@ scalar variants); and each variant's backward (FATTN_SANITIZE_BACKWARD=0 skips i
     FATTN_SANITIZE_VARIANTS=v3 ...   # only the variants named
     FATTN_SANITIZE_QUICK=1 ...       # fp16, head dims 64 / 128, two odd cases, no causal top-left, one window
                                      # (racecheck on the Hopper kernels is slow: the quick sweep fits a GPU call)
+    FATTN_SANITIZE_DIMS=256 ...      # only these head dims (comma-separated), quick or not
 Exits non-zero if any result is NaN where it must not be (the sanitizer's own report is what this is for)."""
 import os
 import sys
@@ -35,10 +36,12 @@ def main():
     backward = os.environ.get("FATTN_SANITIZE_BACKWARD", "1") != "0"
     chosen = os.environ.get("FATTN_SANITIZE_VARIANTS")  # e.g. "v3": a subset, comma-separated
     quick = os.environ.get("FATTN_SANITIZE_QUICK") == "1"
+    dims = os.environ.get("FATTN_SANITIZE_DIMS")
+    dims = [int(x) for x in dims.split(",")] if dims else [64, 128] if quick else [64, 128, 136, 256]
     for variant in chosen.split(",") if chosen else fattn.variants("cuda"):
         dtypes = [torch.float16, torch.bfloat16] + ([torch.float32] if variant in ("v0", "v1") else [])
         for dt in dtypes[:1] if quick else dtypes:
-            for d in (64, 128) if quick else (64, 128, 136, 256):
+            for d in dims:
                 for sq, sk in CASES[1:3] if quick else CASES:
                     for causal in (False, "bottom_right") if quick else (False, "top_left", "bottom_right"):
                         q = torch.randn(1, 4, sq, d, device="cuda", dtype=dt)

@@ -17,9 +17,10 @@
  *   dQ_w  = dS K         wgmma SS, dS K-major and K N-major: 64 queries x this consumer's 128 columns, two of
  *                        dq_accum's 64 x 64 tiles, added from registers by 16-byte reds (no shared-memory tile: the
  *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
+ * dQ is issued first, so its adds go out while dV and dK run.
  * Deterministic mode: each consumer adds its two tiles in key-block order -- one thread waits on both tiles' counters
  * for its block's turn, the warpgroup stores (the first add: the accumulator is not zeroed) or adds, and once every
- * thread's adds are fenced one thread counts them (red.release).
+ * thread's adds are fenced (at the next step, behind its S and dP GEMMs) one thread counts them (red.release).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  fp16 / bf16, positive scale, dense calls (v3_bwd_plan.c).
  * Built for sm_90a only (kernels/sm90/gencode).
@@ -80,6 +81,20 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
      * as the B operand of dQ = dS K (N-major, panels BC * 128 bytes apart) */
     const unsigned k_lo = desc_lo(sK + cw * 32 * 64, 0), v_lo = desc_lo(sV + cw * 32 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + cw * 2 * BC * 64, BC * 128);
+    /* Deterministic mode: the tile pair whose adds this consumer made last step and has not counted yet (-1: none).
+     * Counting them waits for the adds to land (a fence), so it is done one step later, behind that step's GEMMs;
+     * the next key block's turn comes that much later, but no consumer idles on the fence. */
+    int64_t pending = -1;
+    auto count_pending = [&]() {
+        if (pending < 0) return;
+        __threadfence();
+        named_barrier_sync(V3W_BAR_TURN + cw, 128);
+        if (tid == 0) {
+            red_release_add(p.dq_sem + pending, 1);
+            red_release_add(p.dq_sem + pending + 1, 1);
+        }
+        pending = -1;
+    };
     if (blk.n_it > 0) mbar_wait(ring.kv_full, 0);
     for (int it = 0; it < blk.n_it; it++) {
         const int s = it % STAGES, i0 = v3b_row0<BR, DET>(blk, it);
@@ -97,6 +112,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         wgmma_commit();
         wgmma_kmajor_tiles<32, T, DP, BR, BC>(dpt, desc_lo(do_s, 0), v_lo);
         wgmma_commit();
+        if (DET) count_pending(); /* the last step's adds, while these GEMMs run */
         const float lse[2] = {sLse[s * BR + qrow], sLse[s * BR + qrow + 8]};
         const float dsum[2] = {sD[s * BR + qrow], sD[s * BR + qrow + 8]};
         wgmma_wait<1>();
@@ -135,18 +151,18 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         float dq[NA];
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++) wgmma_sstt<128, T>(dv, pt_lo + ((kk * 2048) >> 4), dot_lo + ((kk * 2048) >> 4), 1);
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++) wgmma_sstt<128, T>(dk, dst_lo + ((kk * 2048) >> 4), qt_lo + ((kk * 2048) >> 4), 1);
+        for (int kk = 0; kk < BC / 16; kk++)
+            wgmma_sst<128, T>(dq, ds_lo + ((kk * 32) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
         wgmma_commit();
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_sst<128, T>(dq, ds_lo + ((kk * 32) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
+        for (int kk = 0; kk < BR / 16; kk++)
+            wgmma_sstt<128, T>(dv, pt_lo + ((kk * 2048) >> 4), dot_lo + ((kk * 2048) >> 4), 1);
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; kk++)
+            wgmma_sstt<128, T>(dk, dst_lo + ((kk * 2048) >> 4), qt_lo + ((kk * 2048) >> 4), 1);
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<1>(); /* dQ done; dV and dK may still run while it is added */
         reg_fence(dq);
-        reg_fence(dk);
-        reg_fence(dv);
-        mbar_arrive(&ring.q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
 
         /* dQ_w: columns [0, 64) of it are tile 2 cw of the rows, [64, 128) tile 2 cw + 1 (v3_dq_index's order) */
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
@@ -163,19 +179,19 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
                 if (turn == 0) *(float4 *)a = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
                 else red_add_v4(a, dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
             }
-            __threadfence();
-            named_barrier_sync(V3W_BAR_TURN + cw, 128);
-            if (tid == 0) {
-                red_release_add(p.dq_sem + tile, 1);
-                red_release_add(p.dq_sem + tile + 1, 1);
-            }
+            pending = tile; /* counted once the adds have landed: at the next step, behind its GEMMs */
         } else {
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++)
                 red_add_v4(acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
                            dq[4 * v4 + 2], dq[4 * v4 + 3]);
         }
+        wgmma_wait<0>();
+        reg_fence(dk);
+        reg_fence(dv);
+        mbar_arrive(&ring.q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
+    if (DET) count_pending();
 
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
     T *dkp = (T *)p.dk + blk.b * p.dk_stride_b + blk.hk * p.dk_stride_h;
