@@ -5,19 +5,19 @@
  * a thread has; so here the two consumer warpgroups split the head dim, not the keys.  A block owns BC = 64 keys and
  * walks the query blocks of BR = 64 rows that see them (v3_bwd_ring.cuh: the same block placement and producer);
  * consumer cw keeps dK and dV for all 64 keys and columns 128 cw + [0, 128) (64 + 64 floats).  Per step:
- *   consumer 0: S  = Q_i K^T    wgmma m64n64k16, both operands K-major (Q, K read once, not by both consumers)
- *   consumer 1: dP = dO_i V^T   the same instructions on dO and V, at the same time
- *   consumer 0: P = exp2(S scale log2 e - LSE2_row) (masked -> 0 on the mask's edge blocks only) to shared memory
- *     (double-buffered, rows queries, 128-byte swizzled as TMA would); named barrier
+ *   S_w  = Q_i K_w^T     wgmma m64n32k16, both operands K-major: the 64 query rows x this consumer's 32 keys
+ *   dP_w = dO_i V_w^T    the same, issued right behind S_w
+ *   P_w  = exp2(S_w scale log2 e - LSE2_row)   (masked -> 0 on the mask's edge blocks only), and
+ *   dS_w = P_w (dP_w - D_row): LSE2 and D are per row here, two of each per thread
+ *   P and dS to shared memory (double-buffered, rows queries, 128-byte swizzled as TMA would); a named barrier: both
+ *     consumers' halves are in
  *   dV_w += P^T dO_i     wgmma SS, P^T M-major and dO N-major (both transposed by their descriptors): 64 keys x
- *                        this consumer's 128 columns; issued at once, while
- *   consumer 1: dS = P (dP - D_row) (P as stored: fp16 / bf16) to shared memory likewise; named barrier
+ *                        this consumer's 128 columns
+ *   dK_w += dS^T Q_i     the same
  *   dQ_w  = dS K         wgmma SS, dS K-major and K N-major: 64 queries x this consumer's 128 columns, two of
- *                        dq_accum's 64 x 64 tiles, added from registers by 16-byte reds while dK runs (no
- *                        shared-memory tile: the block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
- *   dK_w += dS^T Q_i     as dV
- * LSE2 and D are per row here: two of each per thread.  (The first version split S and dP by keys instead --
- * m64n32k16, each consumer both products for 32 keys, reading Q and dO twice.)
+ *                        dq_accum's 64 x 64 tiles, added from registers by 16-byte reds (no shared-memory tile: the
+ *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
+ * dQ is issued first, so its adds go out while dV and dK run.
  * Deterministic mode: each consumer adds its two tiles in key-block order -- one thread waits on both tiles' counters
  * for its block's turn, the warpgroup stores (the first add: the accumulator is not zeroed) or adds, and once every
  * thread's adds are fenced (at the next step, behind its S and dP GEMMs) one thread counts them (red.release).
@@ -33,11 +33,10 @@
 #include "../../csrc/variants.h"
 #include "v3_bwd_configs.h"
 
-/* Named barriers (0 is __syncthreads): 1 the step's P is in shared memory, 2 its dS; 3 + cw consumer cw's threads
- * (deterministic mode's turn). */
-#define V3W_BAR_P 1
-#define V3W_BAR_DS 2
-#define V3W_BAR_TURN 3
+/* Named barriers (0 is __syncthreads): 1 both consumers' P and dS of the step are in shared memory; 2 + cw
+ * consumer cw's threads (deterministic mode's turn). */
+#define V3W_BAR_PDS 1
+#define V3W_BAR_TURN 2
 
 template <typename T, int BR, int BC, int STAGES, bool DET>
 __global__ void __launch_bounds__(384, 1)
@@ -45,9 +44,9 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                  const attn_bwd_params p) {
     constexpr int DP = 256;
-    static_assert(BR == 64 && BC == 64, "a 64 x 64 S, dP, P and dS");
+    static_assert(BR == 64 && BC == 64, "a 64 x 64 P and dS, 32 keys of S per consumer");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, PS_TILE = BR * BC; /* elements */
-    constexpr int NS = BC / 2; /* S (consumer 0) or dP (consumer 1) accumulators per thread: 64 rows x 64 keys */
+    constexpr int NS = BC / 4; /* S and dP accumulators per thread: 64 rows x 32 keys */
     constexpr int NA = 64;     /* dK, dV and dQ accumulators per thread: 64 rows x 128 columns */
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)smem_align1024(smem_raw);
@@ -78,9 +77,9 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     float dk[NA], dv[NA];
 #pragma unroll
     for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
-    /* descriptors' low words: K, V as the B operand of S, dP (K-major); K's panels 2 cw, 2 cw + 1 as the B operand of
-     * dQ = dS K (N-major, panels BC * 128 bytes apart) */
-    const unsigned k_lo = desc_lo(sK, 0), v_lo = desc_lo(sV, 0);
+    /* descriptors' low words: K, V rows 32 cw + [0, 32) as the B operand of S, dP (K-major); K's panels 2 cw, 2 cw + 1
+     * as the B operand of dQ = dS K (N-major, panels BC * 128 bytes apart) */
+    const unsigned k_lo = desc_lo(sK + cw * 32 * 64, 0), v_lo = desc_lo(sV + cw * 32 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + cw * 2 * BC * 64, BC * 128);
     /* Deterministic mode: the tile pair whose adds this consumer made last step and has not counted yet (-1: none).
      * Counting them waits for the adds to land (a fence), so it is done one step later, behind that step's GEMMs;
@@ -106,60 +105,48 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         const bool masked = !(blk.kb >= sp.n_full_min && blk.kb < sp.n_full_max);
         mbar_wait(&ring.q_full[s], (it / STAGES) & 1);
 
-        /* consumer 0: S = Q K^T, consumer 1: dP = dO V^T (16 k-steps, four per 64-column panel) -- the same
-         * instructions on other tiles; element i is row qrow + 8 ((i >> 1) & 1), key 8 (i / 4) + 2 t + (i & 1) */
-        float acc[NS];
+        /* S_w = Q K_w^T and dP_w = dO V_w^T: 16 k-steps each, four per 64-column panel */
+        float st[NS], dpt[NS];
         wgmma_fence();
-        wgmma_kmajor_tiles<64, T, DP, BR, BC>(acc, desc_lo(cw ? do_s : q_s, 0), cw ? v_lo : k_lo);
+        wgmma_kmajor_tiles<32, T, DP, BR, BC>(st, desc_lo(q_s, 0), k_lo);
         wgmma_commit();
-        if (DET) count_pending(); /* the last step's adds, while this GEMM runs */
-        const float rowv[2] = {(cw ? sD : sLse)[s * BR + qrow], (cw ? sD : sLse)[s * BR + qrow + 8]}; /* D or LSE2 */
+        wgmma_kmajor_tiles<32, T, DP, BR, BC>(dpt, desc_lo(do_s, 0), v_lo);
+        wgmma_commit();
+        if (DET) count_pending(); /* the last step's adds, while these GEMMs run */
+        const float lse[2] = {sLse[s * BR + qrow], sLse[s * BR + qrow + 8]};
+        const float dsum[2] = {sD[s * BR + qrow], sD[s * BR + qrow + 8]};
+        wgmma_wait<1>();
+        reg_fence(st);
+        /* element i: query row qrow + 8 ((i >> 1) & 1), key 32 cw + 8 (i / 4) + 2 t + (i & 1) of the block */
+        if (masked) { /* key r, row q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
+            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, blk.j0);
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                const int r = 32 * cw + 8 * (i / 4) + 2 * t + (i & 1), diag = r - (qrow + 8 * ((i >> 1) & 1));
+                if (!(diag >= bm.pl && diag < bm.pr && r < bm.kc)) st[i] = -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i++) st[i] = fast_exp2(fmaf(st[i], c, -lse[(i >> 1) & 1]));
         wgmma_wait<0>();
-        reg_fence(acc);
-        /* P and dS in shared memory: row q, key r at q * 64 + ((r / 8) ^ (q % 8)) * 8 + r % 8 (one 128-byte-swizzled
-         * panel; a warp's accesses of one i fill 32 distinct banks) */
-        auto at = [&](int i) {
-            const int q = qrow + 8 * ((i >> 1) & 1), r = 8 * (i / 4) + 2 * t;
-            return q * 64 + (((r / 8) ^ (q & 7)) * 8) + r % 8;
-        };
-        if (cw == 0) { /* P = exp2(S c - LSE2), masked -> 0 on the mask's edge blocks */
-            if (masked) { /* key r, row q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
-                const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, blk.j0);
+        reg_fence(dpt);
+        /* P and dS to shared memory: row q, key r at q * 64 + ((r / 8) ^ (q % 8)) * 8 + r % 8 (one 128-byte-swizzled
+         * panel; a warp's stores of one i fill 32 distinct banks) */
 #pragma unroll
-                for (int i = 0; i < NS; i++) {
-                    const int r = 8 * (i / 4) + 2 * t + (i & 1), diag = r - (qrow + 8 * ((i >> 1) & 1));
-                    if (!(diag >= bm.pl && diag < bm.pr && r < bm.kc)) acc[i] = -INFINITY;
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < NS; i += 2)
-                *(unsigned *)(p_b + at(i)) = pack2(fast_exp2(fmaf(acc[i], c, -rowv[(i >> 1) & 1])),
-                                                  fast_exp2(fmaf(acc[i + 1], c, -rowv[(i >> 1) & 1])), T());
-            fence_proxy_async(); /* P, before the wgmmas and consumer 1 read it */
+        for (int i = 0; i < NS; i += 2) {
+            const int q = qrow + 8 * ((i >> 1) & 1), r = 32 * cw + 8 * (i / 4) + 2 * t;
+            const int at = q * 64 + (((r / 8) ^ (q & 7)) * 8) + r % 8;
+            const float d = dsum[(i >> 1) & 1];
+            *(unsigned *)(p_b + at) = pack2(st[i], st[i + 1], T());
+            *(unsigned *)(ds_b + at) = pack2(st[i] * (dpt[i] - d), st[i + 1] * (dpt[i + 1] - d), T());
         }
-        named_barrier_sync(V3W_BAR_P, 256);
+        fence_proxy_async(); /* the stores, before either consumer's wgmma reads them */
+        named_barrier_sync(V3W_BAR_PDS, 256);
 
-        /* dV_w += P^T dO (4 k-steps of 16 query rows, 2048 bytes each; dO's panels 2 cw, 2 cw + 1, BR * 128 bytes
-         * apart): issued now, while consumer 1 computes dS */
-        const unsigned dot_lo = desc_lo(do_s + cw * 2 * BR * 64, BR * 128), pt_lo = desc_lo(p_b, BR * 128);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++)
-            wgmma_sstt<128, T>(dv, pt_lo + ((kk * 2048) >> 4), dot_lo + ((kk * 2048) >> 4), 1);
-        wgmma_commit();
-        if (cw == 1) { /* dS = P (dP - D), P as consumer 0 stored it */
-#pragma unroll
-            for (int i = 0; i < NS; i += 2) {
-                const float2 pv = unpack2(*(const unsigned *)(p_b + at(i)), T());
-                const float d = rowv[(i >> 1) & 1];
-                *(unsigned *)(ds_b + at(i)) = pack2(pv.x * (acc[i] - d), pv.y * (acc[i + 1] - d), T());
-            }
-            fence_proxy_async(); /* dS, before the wgmmas read it */
-        }
-        named_barrier_sync(V3W_BAR_DS, 256);
-
-        /* dQ_w = dS K (4 k-steps of 16 keys, 32 bytes each in dS's rows), then dK_w += dS^T Q (as dV) */
-        const unsigned dst_lo = desc_lo(ds_b, BR * 128), ds_lo = desc_lo(ds_b, 0);
+        /* dV_w += P^T dO and dK_w += dS^T Q (4 k-steps of 16 query rows, 2048 bytes each; dO's and Q's panels 2 cw,
+         * 2 cw + 1, BR * 128 bytes apart), then dQ_w = dS K (4 k-steps of 16 keys, 32 bytes each in dS's rows) */
+        const unsigned pt_lo = desc_lo(p_b, BR * 128), dst_lo = desc_lo(ds_b, BR * 128), ds_lo = desc_lo(ds_b, 0);
+        const unsigned dot_lo = desc_lo(do_s + cw * 2 * BR * 64, BR * 128);
         const unsigned qt_lo = desc_lo(q_s + cw * 2 * BR * 64, BR * 128);
         float dq[NA];
         wgmma_fence();
@@ -169,6 +156,9 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < BR / 16; kk++)
+            wgmma_sstt<128, T>(dv, pt_lo + ((kk * 2048) >> 4), dot_lo + ((kk * 2048) >> 4), 1);
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; kk++)
             wgmma_sstt<128, T>(dk, dst_lo + ((kk * 2048) >> 4), qt_lo + ((kk * 2048) >> 4), 1);
         wgmma_commit();
         wgmma_wait<1>(); /* dQ done; dV and dK may still run while it is added */
@@ -176,7 +166,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
 
         /* dQ_w: columns [0, 64) of it are tile 2 cw of the rows, [64, 128) tile 2 cw + 1 (v3_dq_index's order) */
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
-        float *dqa = p.dq_accum + 4096 * tile;
+        float *acc = p.dq_accum + 4096 * tile;
         if constexpr (DET) {
             const int turn = blk.kb - (int)sp.n_min;
             if (tid == 0)
@@ -185,7 +175,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
             named_barrier_sync(V3W_BAR_TURN + cw, 128);
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++) { /* the tile's first add is a store: the accumulator is not zeroed */
-                float *a = dqa + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8));
+                float *a = acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8));
                 if (turn == 0) *(float4 *)a = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
                 else red_add_v4(a, dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
             }
@@ -193,7 +183,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         } else {
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++)
-                red_add_v4(dqa + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
+                red_add_v4(acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
                            dq[4 * v4 + 2], dq[4 * v4 + 3]);
         }
         wgmma_wait<0>();
