@@ -23,15 +23,13 @@
  *     (named barrier: both consumers' dS^T in shared memory)
  *     dQ_i = dS K          wgmma SS with both operands transposed by their descriptors (dS^T M-major, K N-major):
  *                          a 64 x 64 tile per consumer -- BR = 128: its 64 query rows; BR = 64: its 64 columns
- *     dK  += dS^T Q_i      wgmma RS as dV, issued behind dQ: it runs while the dQ tile is added to the float32
- *                          dq_accum from registers, one 16-byte red per accumulator quad (v3_dq_index's order: a
- *                          warp's 32 reds cover 512 contiguous bytes)
- *   then dK * scale and dV are stored (rows < Sk, columns < d).
- *   Deterministic mode (DET): the adds to a tile go in key-block order, by the dQ writer warp (the producer
- *     warpgroup's second): each consumer's dQ tile goes to shared memory, and the writer waits on the tile's counter
- *     in the workspace (dq_sem) for its turn, copies the tile out (bulk reduce-add; the first a plain store, so the
- *     accumulator needs no zeroing), counts the add once it has landed and hands the slot back (named barriers) --
- *     so the sums, and dQ, are bitwise repeatable; blocks start head by head in
+ *     dK  += dS^T Q_i      wgmma RS as dV, issued behind dQ: it runs while the dQ tile goes to shared memory
+ *   then dK * scale and dV are stored (rows < Sk, columns < d);
+ *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
+ *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
+ *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
+ *     the workspace (dq_sem) for its turn and counts its add once it has landed; the first is a plain store, so the
+ *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in
  *     key-block order, so a wait is always on a block already running, and walk their query blocks last first (under
  *     a causal mask every key block sees the last ones).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
@@ -110,37 +108,50 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
-        if (DET && warp == 1 && n_it > 0) {
-            /* each step, in key-block order: both consumers' tiles once it is their turn, each from shared memory into
-             * dq_accum by one bulk copy (the tile's first add a store, the accumulator not zeroed, the others
-             * reduce-adds), then one wait for both to land before they are counted (a round trip per step, not per
-             * tile), and the slots handed back */
+        if (warp == 1 && n_it > 0) {
+            /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
+             * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
+             * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
             named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
-                const int turn = kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min;
-                named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
-                named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
-                if (lane == 0) {
-                    for (int w = 0; w < 2; w++) {
-                        while (ld_acquire(p.dq_sem + dq_tile(it, w)) != turn) {
+                if constexpr (DET) {
+                    const int turn = kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min;
+                    named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
+                    named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
+                    if (lane == 0) {
+                        for (int w = 0; w < 2; w++) {
+                            while (ld_acquire(p.dq_sem + dq_tile(it, w)) != turn) {
+                            }
+                            fence_proxy_async_global();
+                            if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
+                                bulk_store(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                            else
+                                bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         }
+                        tma_store_commit();
+                        tma_store_wait_all();
                         fence_proxy_async_global();
-                        if (turn == 0)
-                            bulk_store(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
-                        else
-                            bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                        red_release_add(p.dq_sem + dq_tile(it, 0), 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 1), 1);
                     }
-                    tma_store_commit();
-                    tma_store_wait_all();
-                    fence_proxy_async_global();
-                    red_release_add(p.dq_sem + dq_tile(it, 0), 1);
-                    red_release_add(p.dq_sem + dq_tile(it, 1), 1);
+                    __syncwarp();
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
+                } else {
+                    for (int w = 0; w < 2; w++) {
+                        named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
+                        if (lane == 0) {
+                            bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                            tma_store_commit();
+                            tma_store_wait_read();
+                        }
+                        __syncwarp();
+                        named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
+                    }
                 }
-                __syncwarp();
-                named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
-                named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             }
+            if (lane == 0) tma_store_wait_all();
             return;
         }
         if (warp != 0 || lane != 0 || n_it == 0) return;
@@ -266,22 +277,15 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         wgmma_commit();
         wgmma_wait<1>(); /* dV and dQ done; dK may still run */
         reg_fence(dq);
-        if constexpr (DET) {
-            /* the 64 x 64 dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds
-             * it to dq_accum (whose 64 x 64 tiles are laid out alike, v3_dq_index) in its turn */
-            named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
+        /* the 64 x 64 dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds it
+         * to dq_accum (whose 64 x 64 tiles are laid out alike, v3_dq_index) */
+        named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
 #pragma unroll
-            for (int v4 = 0; v4 < 8; v4++)
-                *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
-                    make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
-            fence_proxy_async();
-            named_barrier_arrive(V3B_BAR_DQ_FULL + cw, V3B_DQ_THREADS);
-        } else { /* added to dq_accum from registers, one 16-byte red per quad, while dK runs */
-            float *dqa = p.dq_accum + 4096 * dq_tile(it, cw);
-#pragma unroll
-            for (int v4 = 0; v4 < 8; v4++)
-                red_add_v4(dqa + v3_dq_index(tid, 4 * v4), dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
-        }
+        for (int v4 = 0; v4 < 8; v4++)
+            *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
+                make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+        fence_proxy_async();
+        named_barrier_arrive(V3B_BAR_DQ_FULL + cw, V3B_DQ_THREADS);
         wgmma_wait<0>();
         reg_fence(dk);
         reg_fence(dv);
