@@ -1,6 +1,6 @@
-"""Per-instantiation resource report of the compiled kernels: registers, stack (spill) bytes, shared memory, and the
-tensor-core instructions in the SASS (HGMMA: wgmma on Hopper; HMMA: mma.sync) -- from cuobjdump on the built
-extension, no GPU needed.
+"""Per-instantiation resource report of the compiled kernels (v2's and v3's forward, v3's backward dK/dV kernels):
+registers, stack (spill) bytes, shared memory, and the tensor-core instructions in the SASS (HGMMA: wgmma on Hopper;
+HMMA: mma.sync) -- from cuobjdump on the built extension, no GPU needed.
 
     python3 bench/kernel_report.py [path/to/_C.so] > report.md
 
@@ -32,13 +32,16 @@ def cuobjdump():
 
 
 def parse_name(mangled):
-    """(variant, dtype, template ints) from a mangled v2_fwd / v3_fwd name."""
-    m = re.match(r"_Z6(v[23])_fwdI(6__half|13__nv_bfloat16)((?:L[ib]\d+E)+)", mangled)
+    """(variant, dtype, template ints) from a mangled v2_fwd / v3_fwd name, or v3's backward dK/dV kernels (variant
+    "v3_bwd": DP, BR, BC, STAGES, DET; "v3_bwd_wide": BR, BC, STAGES, DET at DP = 256)."""
+    m = re.match(r"_Z(?:6(v[23])_fwd|11v3_bwd_dkdv|16v3_bwd_dkdv(_wide))I(6__half|13__nv_bfloat16)"
+                 r"((?:L[ib]\d+E)+)", mangled)
     if not m:
         return None
-    dtype = "fp16" if m.group(2) == "6__half" else "bf16"
-    ints = [int(x) for x in re.findall(r"L[ib](\d+)E", m.group(3))]
-    return m.group(1), dtype, ints
+    variant = m.group(1) or ("v3_bwd_wide" if m.group(2) else "v3_bwd")
+    dtype = "fp16" if m.group(3) == "6__half" else "bf16"
+    ints = [int(x) for x in re.findall(r"L[ib](\d+)E", m.group(4))]
+    return variant, dtype, ints
 
 
 def main():
@@ -87,7 +90,11 @@ def main():
         if not parsed:
             continue
         variant, dtype, ints = parsed
-        if variant == "v3":
+        if variant.startswith("v3_bwd"):  # the backward's dK/dV kernels (their shared memory: v3_bwd_configs.h)
+            dp, br, bc, stages, det = ([256] if variant == "v3_bwd_wide" else []) + ints[:5 if variant == "v3_bwd" else 4]
+            cfg = f"DP={dp} Br={br} Bc={bc} stages={stages}" + (" deterministic" if det else "")
+            smem = None
+        elif variant == "v3":
             dp, bc, stages, cwg, pp = ints[:5]
             mods, seq = (ints[5:7] + [0, 0])[:2]  # score modifiers (softcap / ALiBi), packed batches
             cfg = f"DP={dp} Bc={bc} stages={stages} consumers={cwg} pingpong={pp}" + (" mods" if mods else "") + \
