@@ -33,7 +33,7 @@ def cuobjdump():
 
 def parse_name(mangled):
     """(variant, dtype, template ints) from a mangled v2_fwd / v3_fwd name, or v3's backward dK/dV kernels (variant
-    "v3_bwd": DP, BR, BC, STAGES, DET; "v3_bwd_wide": BR, BC, STAGES, DET at DP = 256)."""
+    "v3_bwd": DP, BR, BC, STAGES, DET, MODS; "v3_bwd_wide": BR, BC, STAGES, DET, MODS at DP = 256)."""
     m = re.match(r"_Z(?:6(v[23])_fwd|11v3_bwd_dkdv|16v3_bwd_dkdv(_wide))I(6__half|13__nv_bfloat16)"
                  r"((?:L[ib]\d+E)+)", mangled)
     if not m:
@@ -91,8 +91,10 @@ def main():
             continue
         variant, dtype, ints = parsed
         if variant.startswith("v3_bwd"):  # the backward's dK/dV kernels (their shared memory: v3_bwd_configs.h)
-            dp, br, bc, stages, det = ([256] if variant == "v3_bwd_wide" else []) + ints[:5 if variant == "v3_bwd" else 4]
-            cfg = f"DP={dp} Br={br} Bc={bc} stages={stages}" + (" deterministic" if det else "")
+            wide = variant == "v3_bwd_wide"
+            dp, br, bc, stages, det, mods = ([256] if wide else []) + ints[:5 if wide else 6]
+            cfg = f"DP={dp} Br={br} Bc={bc} stages={stages}" + (" deterministic" if det else "") + \
+                (" mods" if mods else "")
             smem = None
         elif variant == "v3":
             dp, bc, stages, cwg, pp = ints[:5]

@@ -8,7 +8,7 @@
            longest (target: >= real / padded tokens, within 10%)
   varlen_bwd  the backward of the equal-lengths packed batch against the dense backward on the same data
   mods     a softcap (30), ALiBi, both, against the plain call, for the default variant (v3 on Hopper) and v2,
-           forward and backward, B=4, H=16, S=4k, D=64 / 128, causal and not: what the scores' changes cost
+           forward and backward, B=4, H=16, S=4k, D=64 / 128 / 256, causal and not: what the scores' changes cost
 
     python bench/serving_targets.py --json serving.json
 
@@ -110,8 +110,10 @@ def packed_bwd_rows(args, lengths, name):
 def mods_rows(args):
     g = torch.Generator(device="cuda").manual_seed(2)
     rows = []
-    for d in (64, 128):
+    for d in (64, 128, 256):
         q, k, v, dout = (torch.randn((4, 16, 4096, d), generator=g, device="cuda").half() for _ in range(4))
+        grads = [torch.empty_like(x) for x in (q, k, v)]
+        stream = torch.cuda.current_stream().cuda_stream
         al = torch.tensor([2.0 ** (-8.0 * (i + 1) / 16) for i in range(16)], device="cuda")
         kinds = {}
         for fam, vkw in (("default", {}), ("v2", {"variant": "v2"})):
@@ -127,7 +129,12 @@ def mods_rows(args):
             for mode, fns in (("fwd", fwd), ("bwd", bwd)):
                 p50 = timed(fns, args)
                 for name, us in p50.items():
-                    plan = fattn._C._dev.plan(q, k, v, torch.empty_like(q), causal=int(causal), **kinds[name])
+                    if mode == "fwd":
+                        plan = fattn._C._dev.plan(q, k, v, torch.empty_like(q), causal=int(causal), **kinds[name])
+                    else:  # the backward's own plan: the variant whose backward ran
+                        o = saved[name]
+                        plan = fattn._C._dev.plan_backward(dout, q, k, v, o[0], o[1], *grads, causal=int(causal),
+                                                           stream=stream, **kinds[name])
                     rows.append({"target": "mods", "impl": name, "mode": mode, "d": d, "causal": causal,
                                  "p50_us": us, "variant": plan["variant"],
                                  "time_vs_plain": us / p50["plain-" + name.split("-")[1]]})

@@ -43,7 +43,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             arrays is then undefined behaviour, as in flash-attention).
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
-    GPU the forward runs v3 on Hopper (v2 elsewhere) and the backward v2.
+    GPU the forward runs v3 on Hopper (v2 elsewhere) and the backward v2 (v3's backward takes no packed batches
+    yet).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)

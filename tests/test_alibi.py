@@ -228,15 +228,19 @@ def test_v2_score_mods_every_config(d, configs, splits, seed, request):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["v2", "v3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_v2_score_mods_backward(d, deterministic, seed, request):
-    """v2's backward score-modifying kernels (dK/dV, and the deterministic dQ kernel): gradients by the 3x rule with a
-    softcap, ALiBi and both, GQA, odd lengths, Sq != Sk, causal bottom-right; deterministic mode bitwise
-    repeatable."""
+def test_score_mods_backward(variant, d, deterministic, seed, request):
+    """v2's and v3's backward score-modifying kernels (v2: dK/dV and the deterministic dQ kernel; v3: dK/dV at head
+    dims above 64, D=64 runs v2's): gradients by the 3x rule with a softcap, ALiBi and both, GQA, odd lengths,
+    Sq != Sk, causal bottom-right; deterministic mode bitwise repeatable."""
     require("cuda")
+    if variant not in fattn.variants("cuda"):
+        pytest.skip(f"{variant} does not run on this GPU")
     from conftest import stream_for
 
+    ran = "v2" if variant == "v3" and d <= 64 else variant
     for dname in ("fp16", "bf16"):
         dt = DT[dname]
         q = randn((2, 4, 113, d), dt, "cuda", seed, 3.0)
@@ -245,13 +249,13 @@ def test_v2_score_mods_backward(d, deterministic, seed, request):
         dout = randn((2, 4, 113, d), dt, "cuda", seed + 3)
         al = slopes((2, 4), "cuda", seed)
         for softcap, alibi in ((5.0, None), (0.0, al), (2.0, al)):
-            kw = dict(causal="bottom_right", softcap=softcap, alibi_slopes=alibi, variant="v2")
+            kw = dict(causal="bottom_right", softcap=softcap, alibi_slopes=alibi, variant=variant)
             out, lse = fattn.attention(q, k, v, return_lse=True, **kw)
             g = fattn.attention_backward(dout, q, k, v, out, lse, deterministic=deterministic, **kw)
             plan = fattn._C._dev.plan_backward(dout, q, k, v, out, lse, *g, causal=2, softcap=softcap,
-                                               alibi_slopes=alibi, variant="v2", deterministic=deterministic,
+                                               alibi_slopes=alibi, variant=variant, deterministic=deterministic,
                                                stream=stream_for(q))
-            assert plan["variant"] == "v2", plan  # the score-modifying kernels ran, not a fallback
+            assert plan["variant"] == ran, plan  # the score-modifying kernels ran, not a fallback
             why, stats = accuracy.check_gradients(g, q, k, v, dout, "bottom_right", None, None, softcap, alibi)
             assert why is None, f"{dname} softcap={softcap} alibi={alibi is not None}: {why} {stats}. " \
                                 f"{repro(request)}"

@@ -63,7 +63,7 @@
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
  * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
  * ld.acquire), and after its own reduce has landed counts one more (red.release). */
-template <typename T, int DP, int BR, int BC, int STAGES, bool DET>
+template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -79,7 +79,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     constexpr bool DV_EARLY = BR == 64;
     /* LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128, 64
      * would spill) */
-    constexpr bool PRELOAD = BR == 64;
+    constexpr bool PRELOAD = BR == 64 && !MODS;
     static_assert(DQ_ROWS ? DP == 64 : DP == 128, "a consumer's dQ tile is 64 x 64");
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)smem_align1024(smem_raw);
@@ -164,6 +164,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
     const int krow = cw * 64 + warp * 16 + g; /* this thread's first key row in the block (the second is + 8) */
     const float c = f.scale_log2;             /* > 0 (the planner's rule): masked scores stay -inf */
+    const float cap2 = f.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f; /* MODS */
     float dk[NA], dv[NA];
 #pragma unroll
     for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
@@ -208,17 +209,24 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 #pragma unroll
             for (int j = 0; j < NS / 4; j++) dsum[j] = *(const float2 *)(d_s + 8 * j + 2 * t);
         }
-        if (masked) { /* key r, column q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
-            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, j0);
+        /* key r, column q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
+        const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, j0);
+        auto visible = [&](int i) {
+            const int r = krow + 8 * ((i >> 1) & 1), diag = r - (8 * (i / 4) + 2 * t + (i & 1));
+            return diag >= bm.pl && diag < bm.pr && r < bm.kc;
+        };
+        if (!MODS && masked) {
 #pragma unroll
-            for (int i = 0; i < NS; i++) {
-                const int r = krow + 8 * ((i >> 1) & 1), diag = r - (8 * (i / 4) + 2 * t + (i & 1));
-                if (!(diag >= bm.pl && diag < bm.pr && r < bm.kc)) st[i] = -INFINITY;
-            }
+            for (int i = 0; i < NS; i++)
+                if (!visible(i)) st[i] = -INFINITY;
         }
         /* P^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1); dV += P^T dO (BR / 16 k-steps of 16 query
          * rows, 2048 bytes each; dO's panels BR * 128 bytes apart) issued at once while dP^T finishes (DV_EARLY), or
-         * with dK */
+         * with dK.  MODS: the score in log2 units, then the softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key|
+         * as the forward, the mask, P packed, and st = P (1 - tanh^2) from then on (dS's chain rule). */
+        const float slope2 = MODS ? fattn_alibi_slope2(&f, b, h0 + it / nm) : 0.f;
+        /* ALiBi's distance pos - key of element i: base + its column - its key row's offset */
+        const float base = MODS ? (float)(i0 + f.sk - f.sq - j0 - krow) : 0.f;
         unsigned pp[KS][4], pd[KS][4];
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
@@ -226,9 +234,27 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             for (int e = 0; e < 4; e++) {
                 const int i = 8 * kk + 2 * e;
                 const float2 l2 = pick(lse2, lse_s, i / 4);
-                st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
-                st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
-                pp[kk][e] = pack2(st[i], st[i + 1], T());
+                if constexpr (MODS) {
+                    float pv[2];
+#pragma unroll
+                    for (int y = 0; y < 2; y++) {
+                        float x = st[i + y] * c, dcap = 1.f;
+                        if (cap2 > 0.f) {
+                            const float th = fast_tanh(x * inv_cap2);
+                            x = cap2 * th;
+                            dcap = 1.f - th * th;
+                        }
+                        x = fmaf(-slope2, fabsf(base + (float)(8 * (i / 4) + 2 * t + y - 8 * ((i >> 1) & 1))), x);
+                        if (masked && !visible(i + y)) x = -INFINITY;
+                        pv[y] = fast_exp2(x - (y ? l2.y : l2.x));
+                        st[i + y] = pv[y] * dcap;
+                    }
+                    pp[kk][e] = pack2(pv[0], pv[1], T());
+                } else {
+                    st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
+                    st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
+                    pp[kk][e] = pack2(st[i], st[i + 1], T());
+                }
             }
         const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
         auto issue_dv = [&]() {
@@ -347,39 +373,50 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
 
 typedef struct {
-    const void *dkdv[2][2], *prep[2], *convert[2]; /* dkdv[deterministic][fp16, bf16]; NULL: the wide kernel's */
+    /* dkdv[score mods][deterministic][fp16, bf16]; NULL: the wide kernel's (v3_bwd_wide.cu) */
+    const void *dkdv[2][2][2], *prep[2], *convert[2];
     int dp, br, bc, stages;
     size_t smem;
 } v3_bwd_row;
 
 #define V3B_PAIR(kernel, ...)                                                                                    \
     {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
-#define V3B_ROW(dp, br, bc, st)                                                                                   \
-    {{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true)},                     \
+#define V3B_MODS_PAIR(mods, dp, br, bc, st, det)                                                                  \
+    {(const void *)(mods ? v3_bwd_dkdv<__half, dp, br, bc, st, det, mods> : NULL),                               \
+     (const void *)(mods ? v3_bwd_dkdv<__nv_bfloat16, dp, br, bc, st, det, mods> : NULL)}
+#define V3B_ROW(dp, br, bc, st, mods)                                                                             \
+    {{{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false, false), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true, false)},      \
+      {V3B_MODS_PAIR(mods, dp, br, bc, st, false), V3B_MODS_PAIR(mods, dp, br, bc, st, true)}},                      \
      V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
-#define V3B_WIDE_ROW(dp, br, bc, st)                                                                              \
-    {{{NULL, NULL}, {NULL, NULL}}, V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc, st,          \
+#define V3B_WIDE_ROW(dp, br, bc, st, mods)                                                                        \
+    {{{{NULL, NULL}, {NULL, NULL}}, {{NULL, NULL}, {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp),                          \
+     V3B_PAIR(v3_bwd_convert, dp), dp, br, bc, st,                                                                \
      V3_BWD_SMEM(dp, br, bc, st)},
-static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_NARROW_CONFIGS(V3B_ROW) V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW)};
+static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_NARROW_CONFIGS(V3B_ROW)
+                                                             V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW)};
 #undef V3B_WIDE_ROW
 #undef V3B_ROW
+#undef V3B_MODS_PAIR
 #undef V3B_PAIR
 
-extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int det, int bf16); /* v3_bwd_wide.cu */
+/* v3_bwd_wide.cu */
+extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int mods, int det, int bf16);
 
-/* Row r's dK/dV kernel: deterministic or not, fp16 (ti 0) or bf16 (1). */
-static const void *v3_bwd_dkdv_kernel(const v3_bwd_row *r, int det, int ti) {
-    return r->dkdv[det][ti] ? r->dkdv[det][ti] : fattn_v3_bwd_wide_kernel(r->br, r->bc, r->stages, det, ti);
+/* Row r's dK/dV kernel: with score mods (a softcap, ALiBi) or not, deterministic or not, fp16 (ti 0) or bf16 (1). */
+static const void *v3_bwd_dkdv_kernel(const v3_bwd_row *r, int mods, int det, int ti) {
+    return r->dp == 256 ? fattn_v3_bwd_wide_kernel(r->br, r->bc, r->stages, mods, det, ti) : r->dkdv[mods][det][ti];
 }
 
 extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     (void)device;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++)
         for (int t = 0; t < 2; t++)
-            for (int det = 0; det < 2; det++)
-                FATTN_CUDA_CHECK(cudaFuncSetAttribute(v3_bwd_dkdv_kernel(&v3_bwd_rows[i], det, t),
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      (int)v3_bwd_rows[i].smem));
+            for (int k = 0; k < 4; k++) { /* score mods, deterministic */
+                const void *kern = v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t);
+                if (kern)
+                    FATTN_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          (int)v3_bwd_rows[i].smem));
+            }
     return FATTN_OK;
 }
 
@@ -415,8 +452,10 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     void *pargs[] = {(void *)p, (void *)&zero_dq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
-    FATTN_CUDA_CHECK(cudaLaunchKernel(v3_bwd_dkdv_kernel(r, p->deterministic != 0, ti), dim3(plan->grid_x),
-                                      dim3(plan->threads), args, plan->smem, s));
+    const void *dkdv = v3_bwd_dkdv_kernel(r, fattn_score_mods(f), p->deterministic != 0, ti);
+    if (!dkdv) /* (the planner sends such calls to v2) */
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no softcap / ALiBi kernel", plan->config);
+    FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
     return FATTN_OK;

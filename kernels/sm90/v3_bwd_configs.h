@@ -1,10 +1,10 @@
 /* v3_bwd_configs.h -- the tile configurations of v3's backward (v3_bwd.cu), as data: the kernel file and the planner
  * (v3_bwd_plan.c) expand this one list.  Plain C, no CUDA.
  *
- * A row is X(dp, br, bc, stages): a block owns bc = 128 keys (two consumer warpgroups of 64 keys each) and walks the
- * query blocks of br rows that see them, Q_i / dO_i / LSE_i / D_i in a ring of `stages` slots.  dQ = dS K is split
- * between the consumers by rows when br = 128 (each takes 64 query rows, all dp columns) and by columns when br = 64
- * (each takes dp / 2 columns); either way a consumer's dQ tile is 64 x 64 (wgmma_sstt<64>).
+ * A row is X(dp, br, bc, stages, mods): a block owns bc = 128 keys (two consumer warpgroups of 64 keys each) and
+ * walks the query blocks of br rows that see them, Q_i / dO_i / LSE_i / D_i in a ring of `stages` slots (mods: below).
+ * dQ = dS K is split between the consumers by rows when br = 128 (each takes 64 query rows, all dp columns) and by
+ * columns when br = 64 (each takes dp / 2 columns); either way a consumer's dQ tile is 64 x 64 (wgmma_sstt<64>).
  * Registers per consumer thread (240 at most, 2 consumers): dK and dV (dp / 2 floats each), S^T and dP^T (br / 2
  * each) -- 192 at D=64 (br 128) and at D=128 (br 64).
  * V3_BWD_WIDE_CONFIGS: head dim 256 (v3_bwd_wide.cu), whose dK and dV (256 floats a thread for 64 keys) do not fit
@@ -17,14 +17,15 @@
 #include <stddef.h>
 
 typedef struct {
-    int dp, br, bc, stages;
+    int dp, br, bc, stages, mods;
 } v3_bwd_config;
 
-/* One row per head-dim bucket, in bucket order. */
+/* One row per head-dim bucket, in bucket order.  mods: its softcap / ALiBi kernels are compiled (D=64's, at br = 128,
+ * spill and serialize their wgmmas in 240 registers: such calls run v2's backward). */
 #define V3_BWD_NARROW_CONFIGS(X) \
-    X(64, 128, 128, 2)           \
-    X(128, 64, 128, 2)
-#define V3_BWD_WIDE_CONFIGS(X) X(256, 64, 64, 2)
+    X(64, 128, 128, 2, 0)        \
+    X(128, 64, 128, 2, 1)
+#define V3_BWD_WIDE_CONFIGS(X) X(256, 64, 64, 2, 1)
 #define V3_BWD_CONFIGS(X) V3_BWD_NARROW_CONFIGS(X) V3_BWD_WIDE_CONFIGS(X)
 
 #define V3_BWD_COUNT(...) +1

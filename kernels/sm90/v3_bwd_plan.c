@@ -7,7 +7,7 @@
 #include "v3_bwd_configs.h"
 
 static const v3_bwd_config v3_bwd_table[V3_BWD_NCONFIGS] = {
-#define ROW(dp, br, bc, st) {dp, br, bc, st},
+#define ROW(dp, br, bc, st, mods) {dp, br, bc, st, mods},
     V3_BWD_CONFIGS(ROW)
 #undef ROW
 };
@@ -52,7 +52,7 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
                                fattn_plan *plan) {
     (void)tuned;
     const attn_params *f = &p->fwd;
-    const char *missing = fattn_missing_feature(f, 0), *why = refusal(p);
+    const char *missing = fattn_missing_feature(f, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI), *why = refusal(p);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward does not take %s yet", missing);
     if (why) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s", why);
     const int bucket = fattn_head_dim_bucket(f->d);
@@ -67,6 +67,8 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     }
     if (idx < 0) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: no config for head dim bucket %d", bucket);
     const v3_bwd_config *c = &v3_bwd_table[idx];
+    if (fattn_score_mods(f) && !c->mods)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward takes a softcap / ALiBi at head dims above 64 only");
     const int64_t nkb = (f->sk + c->bc - 1) / c->bc, blocks = nkb * f->b * f->h_kv;
     if (blocks > 0x7fffffff || f->b * f->h * fattn_bwd_ws_rows(f->sq) / 8 > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: grid too large");

@@ -38,7 +38,7 @@
 #define V3W_BAR_PDS 1
 #define V3W_BAR_TURN 2
 
-template <typename T, int BR, int BC, int STAGES, bool DET>
+template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -74,6 +74,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
     const int qrow = warp * 16 + g; /* this thread's first query row of the step (the second is + 8) */
     const float c = f.scale_log2;   /* > 0 (the planner's rule): masked scores stay -inf */
+    const float cap2 = f.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f; /* MODS */
     float dk[NA], dv[NA];
 #pragma unroll
     for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
@@ -117,28 +118,58 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         const float dsum[2] = {sD[s * BR + qrow], sD[s * BR + qrow + 8]};
         wgmma_wait<1>();
         reg_fence(st);
-        /* element i: query row qrow + 8 ((i >> 1) & 1), key 32 cw + 8 (i / 4) + 2 t + (i & 1) of the block */
-        if (masked) { /* key r, row q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
-            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, blk.j0);
+        /* element i: query row qrow + 8 ((i >> 1) & 1), key 32 cw + 8 (i / 4) + 2 t + (i & 1) of the block; key r, row
+         * q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
+        const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, blk.j0);
+        auto visible = [&](int i) {
+            const int r = 32 * cw + 8 * (i / 4) + 2 * t + (i & 1), diag = r - (qrow + 8 * ((i >> 1) & 1));
+            return diag >= bm.pl && diag < bm.pr && r < bm.kc;
+        };
+        /* P and dS in shared memory: row q, key r at q * 64 + ((r / 8) ^ (q % 8)) * 8 + r % 8 (one 128-byte-swizzled
+         * panel; a warp's stores of one i fill 32 distinct banks) */
+        auto at = [&](int i) {
+            const int q = qrow + 8 * ((i >> 1) & 1), r = 32 * cw + 8 * (i / 4) + 2 * t;
+            return q * 64 + (((r / 8) ^ (q & 7)) * 8) + r % 8;
+        };
+        if constexpr (MODS) { /* the score in log2 units, the softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key|
+                                 as the forward, the mask; P stored now and st = P (1 - tanh^2) from here on (dS's
+                                 chain rule) */
+            const float slope2 = fattn_alibi_slope2(&f, blk.b, h);
+            const float base = (float)(i0 + f.sk - f.sq - blk.j0 + qrow - 32 * cw - 2 * t); /* pos - key, element 0 */
 #pragma unroll
-            for (int i = 0; i < NS; i++) {
-                const int r = 32 * cw + 8 * (i / 4) + 2 * t + (i & 1), diag = r - (qrow + 8 * ((i >> 1) & 1));
-                if (!(diag >= bm.pl && diag < bm.pr && r < bm.kc)) st[i] = -INFINITY;
+            for (int i = 0; i < NS; i += 2) {
+                float pv[2];
+#pragma unroll
+                for (int y = 0; y < 2; y++) {
+                    float x = st[i + y] * c, dcap = 1.f;
+                    if (cap2 > 0.f) {
+                        const float th = fast_tanh(x * inv_cap2);
+                        x = cap2 * th;
+                        dcap = 1.f - th * th;
+                    }
+                    x = fmaf(-slope2, fabsf(base + (float)(8 * ((i >> 1) & 1) - 8 * (i / 4) - y)), x);
+                    if (masked && !visible(i + y)) x = -INFINITY;
+                    pv[y] = fast_exp2(x - lse[(i >> 1) & 1]);
+                    st[i + y] = pv[y] * dcap;
+                }
+                *(unsigned *)(p_b + at(i)) = pack2(pv[0], pv[1], T());
             }
-        }
+        } else {
+            if (masked) {
 #pragma unroll
-        for (int i = 0; i < NS; i++) st[i] = fast_exp2(fmaf(st[i], c, -lse[(i >> 1) & 1]));
+                for (int i = 0; i < NS; i++)
+                    if (!visible(i)) st[i] = -INFINITY;
+            }
+#pragma unroll
+            for (int i = 0; i < NS; i++) st[i] = fast_exp2(fmaf(st[i], c, -lse[(i >> 1) & 1]));
+        }
         wgmma_wait<0>();
         reg_fence(dpt);
-        /* P and dS to shared memory: row q, key r at q * 64 + ((r / 8) ^ (q % 8)) * 8 + r % 8 (one 128-byte-swizzled
-         * panel; a warp's stores of one i fill 32 distinct banks) */
 #pragma unroll
         for (int i = 0; i < NS; i += 2) {
-            const int q = qrow + 8 * ((i >> 1) & 1), r = 32 * cw + 8 * (i / 4) + 2 * t;
-            const int at = q * 64 + (((r / 8) ^ (q & 7)) * 8) + r % 8;
             const float d = dsum[(i >> 1) & 1];
-            *(unsigned *)(p_b + at) = pack2(st[i], st[i + 1], T());
-            *(unsigned *)(ds_b + at) = pack2(st[i] * (dpt[i] - d), st[i + 1] * (dpt[i + 1] - d), T());
+            if (!MODS) *(unsigned *)(p_b + at(i)) = pack2(st[i], st[i + 1], T());
+            *(unsigned *)(ds_b + at(i)) = pack2(st[i] * (dpt[i] - d), st[i + 1] * (dpt[i + 1] - d), T());
         }
         fence_proxy_async(); /* the stores, before either consumer's wgmma reads them */
         named_barrier_sync(V3W_BAR_PDS, 256);
@@ -208,19 +239,21 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     }
 }
 
-/* The kernels of V3_BWD_WIDE_CONFIGS (v3_bwd_configs.h), for v3_bwd.cu's launcher: [deterministic][fp16, bf16] of
- * the config (br, bc, stages), or NULL. */
-#define V3W_KERNELS(dp, br, bc, st)                                                                              \
+/* The kernels of V3_BWD_WIDE_CONFIGS (v3_bwd_configs.h), for v3_bwd.cu's launcher: [score mods][deterministic][fp16,
+ * bf16] of the config (br, bc, stages), or NULL. */
+#define V3W_PAIR(br, bc, st, det, mods)                                                                          \
+    {(const void *)v3_bwd_dkdv_wide<__half, br, bc, st, det, mods>,                                             \
+     (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, det, mods>}
+#define V3W_KERNELS(dp, br, bc, st, mods_)                                                                       \
     if (br_ == br && bc_ == bc && st_ == st) {                                                                  \
-        static const void *const k[2][2] = {                                                                     \
-            {(const void *)v3_bwd_dkdv_wide<__half, br, bc, st, false>,                                          \
-             (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, false>},                                 \
-            {(const void *)v3_bwd_dkdv_wide<__half, br, bc, st, true>,                                           \
-             (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, true>}};                                 \
-        return k[det != 0][bf16 != 0];                                                                           \
+        static const void *const k[2][2][2] = {                                                                  \
+            {V3W_PAIR(br, bc, st, false, false), V3W_PAIR(br, bc, st, true, false)},                             \
+            {V3W_PAIR(br, bc, st, false, true), V3W_PAIR(br, bc, st, true, true)}};                              \
+        return k[mods != 0][det != 0][bf16 != 0];                                                                \
     }
-extern "C" const void *fattn_v3_bwd_wide_kernel(int br_, int bc_, int st_, int det, int bf16) {
+extern "C" const void *fattn_v3_bwd_wide_kernel(int br_, int bc_, int st_, int mods, int det, int bf16) {
     V3_BWD_WIDE_CONFIGS(V3W_KERNELS)
     return NULL;
 }
 #undef V3W_KERNELS
+#undef V3W_PAIR
