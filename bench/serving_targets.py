@@ -113,7 +113,7 @@ def mods_rows(args):
     for d in (64, 128, 256):
         q, k, v, dout = (torch.randn((4, 16, 4096, d), generator=g, device="cuda").half() for _ in range(4))
         grads = [torch.empty_like(x) for x in (q, k, v)]
-        stream = torch.cuda.current_stream().cuda_stream
+        stream = torch.cuda.current_stream().cuda_stream or 1  # (DLPack: 1 names the legacy default stream)
         al = torch.tensor([2.0 ** (-8.0 * (i + 1) / 16) for i in range(16)], device="cuda")
         kinds = {}
         for fam, vkw in (("default", {}), ("v2", {"variant": "v2"})):
