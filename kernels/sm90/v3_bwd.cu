@@ -33,10 +33,16 @@
  *     key-block order, so a wait is always on a block already running, and walk their query blocks last first (under
  *     a causal mask every key block sees the last ones).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
- * block is an edge block) and never stored.  Dense calls only (no varlen, softcap, ALiBi), fp16 / bf16, head dims
- * to 128, positive scale: v3_bwd_plan.c sends everything else to v2.  Head dim 256 runs its own dK/dV kernel
- * (v3_bwd_wide.cu: the consumers split the head dim) between this file's prep and convert passes; the block
- * placement and the producer are shared (v3_bwd_ring.cuh).
+ * block is an edge block) and never stored.
+ * MODS (kernels of their own): a softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key| on the score in log2
+ * units, as the forward; P packed, then dS's chain rule (1 - tanh^2) folded into the registers that held P.
+ * SEQ (kernels of their own): packed batches -- the tensor maps span all the rows (total_q / total_k, one batch) and
+ * a block takes its sequence's params (fattn_seq_bwd_params: lengths, pointers, workspace rows), its loads starting
+ * at the sequence's first row; rows of the next sequence that a load picks up have LSE2 = +inf (prep) or are masked
+ * keys, and are never stored.
+ * fp16 / bf16, head dims to 256, positive scale; v3_bwd_plan.c sends the rest (seqused_k, score mods at D=64 or in
+ * packed batches) to v2.  Head dim 256 runs its own dK/dV kernel (v3_bwd_wide.cu: the consumers split the head dim)
+ * between this file's prep and convert passes; the block placement and the producer are shared (v3_bwd_ring.cuh).
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
  * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run, evidence/backward/
  * h100_v3_bwd_a213fcc.md): 0.84-0.995x cudnn at D=64 / 128 (D=128 S=16k 490 TFLOP/s causal), S=512 0.86-0.93x;
@@ -63,11 +69,11 @@
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
  * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
  * ld.acquire), and after its own reduce has landed counts one more (red.release). */
-template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS>
+template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-            const attn_bwd_params p) {
+            const attn_bwd_params all) {
     static_assert(BC == 128, "two consumers of 64 keys");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
     constexpr int NS = BR / 2;  /* S^T and dP^T accumulators per thread (64 keys x BR queries) */
@@ -90,8 +96,11 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
     uint64_t *q_full = ring.q_full, *q_empty = ring.q_empty;
 
+    v3b_params<BC, SEQ> bp;
+    if (!bp.init(all)) return; /* past its sequence's keys: no rows of dK, dV here */
+    const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
-    const v3b_block blk = v3b_block_of<BR, BC>(f);
+    const v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
     auto row0_of = [&](int it) { return v3b_row0<BR, DET>(blk, it); };
@@ -155,7 +164,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             return;
         }
         if (warp != 0 || lane != 0 || n_it == 0) return;
-        v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring);
+        v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0, bp.tma_b);
         return;
     }
 
@@ -338,13 +347,19 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
  * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
  * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
  * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
-template <typename T, int DP>
-__global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
+template <typename T, int DP, bool SEQ>
+__global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
+    const int64_t nrb = (all.fwd.sq + 63) / 64, rb = (blockIdx.x / (DP / 64)) % nrb, bh = blockIdx.x / (DP / 64) / nrb;
+    /* SEQ (a packed batch): sequence bh / h's params alone (its dQ rows, its length, its workspace rows) */
+    attn_bwd_params seq;
+    if (SEQ) fattn_seq_bwd_params(&all, bh / all.fwd.h, &seq);
+    const attn_bwd_params &p = SEQ ? seq : all;
     const attn_params &f = p.fwd;
-    const int64_t nrb = (f.sq + 63) / 64, rb = (blockIdx.x / (DP / 64)) % nrb, bh = blockIdx.x / (DP / 64) / nrb;
+    if (SEQ && rb * 64 >= f.sq) return; /* past its sequence's rows */
     const int panel = (int)(blockIdx.x % (DP / 64)), tid = threadIdx.x;
-    const int64_t t = v3_dq_tile<DP>(bh, p.ws_rows, rb * 64, panel);
+    /* the tile as the dK/dV kernel numbered it: from p's workspace pointers (a sequence's: moved by its rows) */
+    const int64_t t = v3_dq_tile<DP>(SEQ ? bh % f.h : bh, p.ws_rows, rb * 64, panel);
     const bool added = !p.deterministic || p.dq_sem[t] > 0;
     const float *src = p.dq_accum + 4096 * t;
     const int row = (tid / 32) * 16 + (tid % 32) / 4;
@@ -356,7 +371,7 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
         *(float2 *)&tile[row + 8][col] = make_float2(x.z, x.w);
     }
     __syncthreads();
-    T *out = (T *)p.dq + (bh / f.h) * p.dq_stride_b + (bh % f.h) * p.dq_stride_h;
+    T *out = (T *)p.dq + (SEQ ? 0 : (bh / f.h) * p.dq_stride_b) + (bh % f.h) * p.dq_stride_h;
     const float s = f.scale;
 #pragma unroll
     for (int c = tid; c < 64 * 8; c += 128) { /* 8 columns each */
@@ -372,9 +387,13 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params p) {
 
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
 
+/* The kinds of dK/dV kernel a config has: plain, with score mods (a softcap, ALiBi: MODS), for packed batches (SEQ). */
+enum { V3B_PLAIN, V3B_MODS, V3B_SEQ, V3B_KINDS };
+
 typedef struct {
-    /* dkdv[score mods][deterministic][fp16, bf16]; NULL: the wide kernel's (v3_bwd_wide.cu) */
-    const void *dkdv[2][2][2], *prep[2], *convert[2];
+    /* dkdv[kind][deterministic][fp16, bf16] (NULL: not compiled; the wide row's come from v3_bwd_wide.cu);
+     * convert[seq][fp16, bf16] */
+    const void *dkdv[V3B_KINDS][2][2], *prep[2], *convert[2][2];
     int dp, br, bc, stages;
     size_t smem;
 } v3_bwd_row;
@@ -382,36 +401,41 @@ typedef struct {
 #define V3B_PAIR(kernel, ...)                                                                                    \
     {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
 #define V3B_MODS_PAIR(mods, dp, br, bc, st, det)                                                                  \
-    {(const void *)(mods ? v3_bwd_dkdv<__half, dp, br, bc, st, det, mods> : NULL),                               \
-     (const void *)(mods ? v3_bwd_dkdv<__nv_bfloat16, dp, br, bc, st, det, mods> : NULL)}
+    {(const void *)(mods ? v3_bwd_dkdv<__half, dp, br, bc, st, det, mods, false> : NULL),                        \
+     (const void *)(mods ? v3_bwd_dkdv<__nv_bfloat16, dp, br, bc, st, det, mods, false> : NULL)}
+#define V3B_KIND(dp, br, bc, st, mods, seq)                                                                       \
+    {V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false, mods, seq), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true, mods, seq)}
+#define V3B_CONVERTS(dp) {V3B_PAIR(v3_bwd_convert, dp, false), V3B_PAIR(v3_bwd_convert, dp, true)}
 #define V3B_ROW(dp, br, bc, st, mods)                                                                             \
-    {{{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false, false), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true, false)},      \
-      {V3B_MODS_PAIR(mods, dp, br, bc, st, false), V3B_MODS_PAIR(mods, dp, br, bc, st, true)}},                      \
-     V3B_PAIR(bwd_prep, dp), V3B_PAIR(v3_bwd_convert, dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
+    {{V3B_KIND(dp, br, bc, st, false, false),                                                                     \
+      {V3B_MODS_PAIR(mods, dp, br, bc, st, false), V3B_MODS_PAIR(mods, dp, br, bc, st, true)},                     \
+      V3B_KIND(dp, br, bc, st, false, true)},                                                                     \
+     V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 #define V3B_WIDE_ROW(dp, br, bc, st, mods)                                                                        \
-    {{{{NULL, NULL}, {NULL, NULL}}, {{NULL, NULL}, {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp),                          \
-     V3B_PAIR(v3_bwd_convert, dp), dp, br, bc, st,                                                                \
+    {{{{NULL, NULL}, {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st,                   \
      V3_BWD_SMEM(dp, br, bc, st)},
 static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_NARROW_CONFIGS(V3B_ROW)
                                                              V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW)};
 #undef V3B_WIDE_ROW
 #undef V3B_ROW
+#undef V3B_CONVERTS
+#undef V3B_KIND
 #undef V3B_MODS_PAIR
 #undef V3B_PAIR
 
-/* v3_bwd_wide.cu */
-extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int mods, int det, int bf16);
+/* v3_bwd_wide.cu: kind as above */
+extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int kind, int det, int bf16);
 
-/* Row r's dK/dV kernel: with score mods (a softcap, ALiBi) or not, deterministic or not, fp16 (ti 0) or bf16 (1). */
-static const void *v3_bwd_dkdv_kernel(const v3_bwd_row *r, int mods, int det, int ti) {
-    return r->dp == 256 ? fattn_v3_bwd_wide_kernel(r->br, r->bc, r->stages, mods, det, ti) : r->dkdv[mods][det][ti];
+/* Row r's dK/dV kernel of a kind, deterministic or not, fp16 (ti 0) or bf16 (1). */
+static const void *v3_bwd_dkdv_kernel(const v3_bwd_row *r, int kind, int det, int ti) {
+    return r->dp == 256 ? fattn_v3_bwd_wide_kernel(r->br, r->bc, r->stages, kind, det, ti) : r->dkdv[kind][det][ti];
 }
 
 extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     (void)device;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++)
         for (int t = 0; t < 2; t++)
-            for (int k = 0; k < 4; k++) { /* score mods, deterministic */
+            for (int k = 0; k < 2 * V3B_KINDS; k++) { /* kind, deterministic */
                 const void *kern = v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t);
                 if (kern)
                     FATTN_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -432,14 +456,17 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     if (st) return st;
     /* Sq, Sk > 0 (the planner's rule: an empty side may have no address for a tensor map), so every grid is
      * non-empty */
+    /* A packed batch (cu_seqlens): one batch of all the rows (total_q / total_k), a sequence found by its first row */
+    const int seq = f->cu_seqlens_q != NULL;
+    const int64_t rq = seq ? f->total_q : f->sq, rk = seq ? f->total_k : f->sk, nb = seq ? 1 : f->b;
     CUtensorMap tq, tk, tv, tdo;
-    if ((st = v3_map(&tq, f->q, f->dtype, f->d, f->sq, f->h, f->b, f->q_stride_s, f->q_stride_h, f->q_stride_b, r->br,
+    if ((st = v3_map(&tq, f->q, f->dtype, f->d, rq, f->h, nb, f->q_stride_s, f->q_stride_h, f->q_stride_b, r->br,
                      "q")) ||
-        (st = v3_map(&tdo, p->dout, f->dtype, f->d, f->sq, f->h, f->b, p->do_stride_s, p->do_stride_h, p->do_stride_b,
+        (st = v3_map(&tdo, p->dout, f->dtype, f->d, rq, f->h, nb, p->do_stride_s, p->do_stride_h, p->do_stride_b,
                      r->br, "dout")) ||
-        (st = v3_map(&tk, f->k, f->dtype, f->d, f->sk, f->h_kv, f->b, f->k_stride_s, f->k_stride_h, f->k_stride_b, r->bc,
+        (st = v3_map(&tk, f->k, f->dtype, f->d, rk, f->h_kv, nb, f->k_stride_s, f->k_stride_h, f->k_stride_b, r->bc,
                      "k")) ||
-        (st = v3_map(&tv, f->v, f->dtype, f->d, f->sk, f->h_kv, f->b, f->v_stride_s, f->v_stride_h, f->v_stride_b, r->bc,
+        (st = v3_map(&tv, f->v, f->dtype, f->d, rk, f->h_kv, nb, f->v_stride_s, f->v_stride_h, f->v_stride_b, r->bc,
                      "v")))
         return st;
     const int ti = f->dtype - FATTN_F16, rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
@@ -448,15 +475,16 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const int64_t conv_blocks = f->b * f->h * ((f->sq + 63) / 64) * (r->dp / 64);
     if (prep_blocks > 0x7fffffff || conv_blocks > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
+    const int kind = seq ? V3B_SEQ : fattn_score_mods(f) ? V3B_MODS : V3B_PLAIN;
+    const void *dkdv = v3_bwd_dkdv_kernel(r, kind, p->deterministic != 0, ti);
+    if (!dkdv || (seq && fattn_score_mods(f))) /* (the planner sends such calls to v2) */
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no kernel for this call", plan->config);
     int zero_dq = !p->deterministic; /* deterministic: each tile's first add is a store */
     void *pargs[] = {(void *)p, (void *)&zero_dq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
-    const void *dkdv = v3_bwd_dkdv_kernel(r, fattn_score_mods(f), p->deterministic != 0, ti);
-    if (!dkdv) /* (the planner sends such calls to v2) */
-        return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no softcap / ALiBi kernel", plan->config);
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};
-    FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
+    FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[seq][ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
     return FATTN_OK;
 }

@@ -18,7 +18,10 @@ static const v3_bwd_config v3_bwd_table[V3_BWD_NCONFIGS] = {
  * reduction over the broadcast dimension). */
 static int tensors_ok(const attn_bwd_params *p) {
     const attn_params *f = &p->fwd;
-    const int64_t sq = f->sq, sk = f->sk, h = f->h, hk = f->h_kv, b = f->b;
+    /* a packed batch: one batch of total_q / total_k rows (the tensor maps' shape) */
+    const int packed = f->cu_seqlens_q != NULL;
+    const int64_t sq = packed ? f->total_q : f->sq, sk = packed ? f->total_k : f->sk, h = f->h, hk = f->h_kv;
+    const int64_t b = packed ? 1 : f->b;
     return aligned16(f->q) && aligned16(f->k) && aligned16(f->v) && aligned16(f->o) && aligned16(p->dout) &&
            aligned16(p->dq) && aligned16(p->dk) && aligned16(p->dv) && stride_ok(f->q_stride_s, sq) &&
            stride_ok(f->q_stride_h, h) && stride_ok(f->q_stride_b, b) && stride_ok(f->k_stride_s, sk) &&
@@ -28,7 +31,8 @@ static int tensors_ok(const attn_bwd_params *p) {
            stride_ok(p->do_stride_h, h) && stride_ok(p->do_stride_b, b) && stride_ok(p->dq_stride_s, sq) &&
            stride_ok(p->dq_stride_h, h) && stride_ok(p->dq_stride_b, b) && stride_ok(p->dk_stride_s, sk) &&
            stride_ok(p->dk_stride_h, hk) && stride_ok(p->dk_stride_b, b) && stride_ok(p->dv_stride_s, sk) &&
-           stride_ok(p->dv_stride_h, hk) && stride_ok(p->dv_stride_b, b) && h <= 0x7fffffff && b <= 0x7fffffff;
+           stride_ok(p->dv_stride_h, hk) && stride_ok(p->dv_stride_b, b) && h <= 0x7fffffff && f->b <= 0x7fffffff &&
+           sq < (1 << 30) && sk < (1 << 30);
 }
 
 /* The reason v3's backward cannot run p, or NULL. */
@@ -52,7 +56,8 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
                                fattn_plan *plan) {
     (void)tuned;
     const attn_params *f = &p->fwd;
-    const char *missing = fattn_missing_feature(f, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI), *why = refusal(p);
+    const char *missing = fattn_missing_feature(f, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI | FATTN_TAKES_VARLEN),
+               *why = refusal(p);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward does not take %s yet", missing);
     if (why) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s", why);
     const int bucket = fattn_head_dim_bucket(f->d);
@@ -69,6 +74,8 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     const v3_bwd_config *c = &v3_bwd_table[idx];
     if (fattn_score_mods(f) && !c->mods)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward takes a softcap / ALiBi at head dims above 64 only");
+    if (fattn_score_mods(f) && f->cu_seqlens_q)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward does not take a softcap / ALiBi in packed batches yet");
     const int64_t nkb = (f->sk + c->bc - 1) / c->bc, blocks = nkb * f->b * f->h_kv;
     if (blocks > 0x7fffffff || f->b * f->h * fattn_bwd_ws_rows(f->sq) / 8 > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: grid too large");

@@ -33,23 +33,32 @@ static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168)
 
 /* A block's work: key block kb (keys j0 + [0, BC)) of batch b, kv head hk, for each query head h0 + [0, h_per_kv) of
  * its group, the nm query blocks of BR rows from i_begin that hold the rows seeing it: n_it steps in all, step it
- * being query head h0 + it / nm.  Blocks go head by head, key blocks in order: a kv head's blocks run side by side
- * sharing its Q and dO in L2, and each starts no later than those of its higher key blocks, which deterministic
- * mode's waits need (a block never waits on one not yet scheduled). */
+ * being query head h0 + it / nm.  Blocks go head by head (a packed batch: sequence by sequence), key blocks in order:
+ * a kv head's blocks run side by side sharing its Q and dO in L2, and each starts no later than those of its higher
+ * key blocks, which deterministic mode's waits need (a block never waits on one not yet scheduled). */
 typedef struct {
     int kb, j0, i_begin, nm, n_it;
     int64_t b, hk, h0;
 } v3b_block;
 
-template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f) {
-    v3b_block k;
-    const int nkb = (int)((f.sk + BC - 1) / BC);
-    k.kb = (int)(blockIdx.x % nkb);
-    k.j0 = k.kb * BC;
+/* The block's grid place: key block kb of batch (packed: sequence) b, kv head hk.  nkb key blocks per (b, kv head),
+ * of the longest sequence's keys in a packed batch. */
+template <int BC> DEV void v3b_place(const attn_params &all, int *kb, int64_t *b, int64_t *hk) {
+    const int nkb = (int)((all.sk + BC - 1) / BC);
     const int64_t bhk = blockIdx.x / nkb;
-    k.b = bhk / f.h_kv;
-    k.hk = bhk % f.h_kv;
-    k.h0 = k.hk * f.h_per_kv;
+    *kb = (int)(blockIdx.x % nkb);
+    *b = bhk / all.h_kv;
+    *hk = bhk % all.h_kv;
+}
+
+/* The work of key block kb, kv head hk, batch b of f (a packed batch's sequence: its own params, b = 0). */
+template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f, int kb, int64_t b, int64_t hk) {
+    v3b_block k;
+    k.kb = kb;
+    k.j0 = kb * BC;
+    k.b = b;
+    k.hk = hk;
+    k.h0 = hk * f.h_per_kv;
     int64_t i_lo, i_hi;
     rows_seeing(&f.mask, f.sq, f.sk, k.j0, (k.j0 + BC < f.sk ? k.j0 + BC : f.sk) - 1, &i_lo, &i_hi);
     k.i_begin = (int)(i_lo / BR) * BR;
@@ -57,6 +66,30 @@ template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f) {
     k.n_it = k.nm * (int)f.h_per_kv;
     return k;
 }
+
+/* A dK/dV block's params: the call's, or (SEQ, a packed batch) sequence b's alone as a batch of one (fattn.h:
+ * fattn_seq_bwd_params), whose rows start at q0 / k0 of the tensor maps (built over all the rows, one batch).
+ * Returns false where the block has no keys (past its sequence's). */
+template <int BC, bool SEQ> struct v3b_params {
+    attn_bwd_params seq;
+    int64_t b, hk;
+    int kb, q0, k0, tma_b; /* TMA row offsets and batch coordinate */
+    __device__ __forceinline__ bool init(const attn_bwd_params &all) {
+        v3b_place<BC>(all.fwd, &kb, &b, &hk);
+        q0 = k0 = 0;
+        tma_b = (int)b;
+        if constexpr (SEQ) {
+            fattn_seq_bwd_params(&all, b, &seq);
+            const fattn_extent x = fattn_extent_of(&all.fwd, b);
+            q0 = (int)x.q0;
+            k0 = (int)x.k0;
+            b = 0;
+            tma_b = 0;
+            return kb * BC < seq.fwd.sk;
+        }
+        return true;
+    }
+};
 
 /* Step it's first query row.  Deterministic mode walks the query blocks last first: the last blocks are the ones
  * every key block sees under a causal mask, so each block's first add waits about one step per lower key block, not
@@ -73,18 +106,20 @@ template <typename T> struct v3b_ring {
     uint64_t *kv_full, *q_full, *q_empty;
 };
 
-/* The producer: one thread.  K_j, V_j once, then each step's slot once its consumers have released it. */
+/* The producer: one thread.  K_j, V_j once, then each step's slot once its consumers have released it.  q0, k0: the
+ * rows of the tensor maps where the block's sequence starts; tma_b its batch coordinate. */
 template <typename T, int DP, int BR, int BC, int STAGES, bool DET>
 DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
-                     const CUtensorMap *tm_do, const attn_bwd_params &p, const v3b_block &k, const v3b_ring<T> &r) {
+                     const CUtensorMap *tm_do, const attn_bwd_params &p, const v3b_block &k, const v3b_ring<T> &r,
+                     int q0, int k0, int tma_b) {
     constexpr int PANELS = DP / 64, KV_TILE = BC * DP, Q_TILE = BR * DP;
     tma_prefetch_map(tm_q);
     tma_prefetch_map(tm_do);
     mbar_arrive_expect_tx(r.kv_full, 2 * KV_TILE * 2);
 #pragma unroll
     for (int c = 0; c < PANELS; c++) {
-        tma_load_4d(r.k + c * BC * 64, tm_k, r.kv_full, c * 64, k.j0, (int)k.hk, (int)k.b);
-        tma_load_4d(r.v + c * BC * 64, tm_v, r.kv_full, c * 64, k.j0, (int)k.hk, (int)k.b);
+        tma_load_4d(r.k + c * BC * 64, tm_k, r.kv_full, c * 64, k0 + k.j0, (int)k.hk, tma_b);
+        tma_load_4d(r.v + c * BC * 64, tm_v, r.kv_full, c * 64, k0 + k.j0, (int)k.hk, tma_b);
     }
     const attn_params &f = p.fwd;
     for (int it = 0; it < k.n_it; it++) {
@@ -97,8 +132,8 @@ DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUt
         bulk_load(r.dsum + s * BR, p.dpsum + row, BR * 4, &r.q_full[s]);
 #pragma unroll
         for (int c = 0; c < PANELS; c++) {
-            tma_load_4d(r.q + s * Q_TILE + c * BR * 64, tm_q, &r.q_full[s], c * 64, i0, (int)h, (int)k.b);
-            tma_load_4d(r.dout + s * Q_TILE + c * BR * 64, tm_do, &r.q_full[s], c * 64, i0, (int)h, (int)k.b);
+            tma_load_4d(r.q + s * Q_TILE + c * BR * 64, tm_q, &r.q_full[s], c * 64, q0 + i0, (int)h, tma_b);
+            tma_load_4d(r.dout + s * Q_TILE + c * BR * 64, tm_do, &r.q_full[s], c * 64, q0 + i0, (int)h, tma_b);
         }
     }
 }

@@ -22,7 +22,8 @@
  * for its block's turn, the warpgroup stores (the first add: the accumulator is not zeroed) or adds, and once every
  * thread's adds are fenced (at the next step, behind its S and dP GEMMs) one thread counts them (red.release).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
- * is an edge block) and never stored.  fp16 / bf16, positive scale, dense calls (v3_bwd_plan.c).
+ * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd.cu's kernels.
+ * fp16 / bf16, positive scale (v3_bwd_plan.c).
  * Built for sm_90a only (kernels/sm90/gencode).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only */
@@ -38,11 +39,11 @@
 #define V3W_BAR_PDS 1
 #define V3W_BAR_TURN 2
 
-template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS>
+template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                 const attn_bwd_params p) {
+                 const attn_bwd_params all) {
     constexpr int DP = 256;
     static_assert(BR == 64 && BC == 64, "a 64 x 64 P and dS, 32 keys of S per consumer");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, PS_TILE = BR * BC; /* elements */
@@ -56,8 +57,11 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
 
+    v3b_params<BC, SEQ> bp;
+    if (!bp.init(all)) return; /* past its sequence's keys: no rows of dK, dV here */
+    const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
-    const v3b_block blk = v3b_block_of<BR, BC>(f);
+    const v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
@@ -65,7 +69,8 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     if (wg == 0) { /* ---- producer: one thread ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (threadIdx.x == 0 && blk.n_it > 0)
-            v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring);
+            v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
+                                                    bp.tma_b);
         return;
     }
 
@@ -239,19 +244,21 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     }
 }
 
-/* The kernels of V3_BWD_WIDE_CONFIGS (v3_bwd_configs.h), for v3_bwd.cu's launcher: [score mods][deterministic][fp16,
- * bf16] of the config (br, bc, stages), or NULL. */
-#define V3W_PAIR(br, bc, st, det, mods)                                                                          \
-    {(const void *)v3_bwd_dkdv_wide<__half, br, bc, st, det, mods>,                                             \
-     (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, det, mods>}
+/* The kernels of V3_BWD_WIDE_CONFIGS (v3_bwd_configs.h), for v3_bwd.cu's launcher: kind 0 plain, 1 score mods, 2
+ * packed batches (SEQ); [deterministic][fp16, bf16] of the config (br, bc, stages), or NULL. */
+#define V3W_PAIR(br, bc, st, det, mods, seq)                                                                     \
+    {(const void *)v3_bwd_dkdv_wide<__half, br, bc, st, det, mods, seq>,                                        \
+     (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, det, mods, seq>}
 #define V3W_KERNELS(dp, br, bc, st, mods_)                                                                       \
     if (br_ == br && bc_ == bc && st_ == st) {                                                                  \
-        static const void *const k[2][2][2] = {                                                                  \
-            {V3W_PAIR(br, bc, st, false, false), V3W_PAIR(br, bc, st, true, false)},                             \
-            {V3W_PAIR(br, bc, st, false, true), V3W_PAIR(br, bc, st, true, true)}};                              \
-        return k[mods != 0][det != 0][bf16 != 0];                                                                \
+        static const void *const k[3][2][2] = {                                                                  \
+            {V3W_PAIR(br, bc, st, false, false, false), V3W_PAIR(br, bc, st, true, false, false)},               \
+            {V3W_PAIR(br, bc, st, false, true, false), V3W_PAIR(br, bc, st, true, true, false)},                 \
+            {V3W_PAIR(br, bc, st, false, false, true), V3W_PAIR(br, bc, st, true, false, true)}};                \
+        return k[kind][det != 0][bf16 != 0];                                                                     \
     }
-extern "C" const void *fattn_v3_bwd_wide_kernel(int br_, int bc_, int st_, int mods, int det, int bf16) {
+extern "C" const void *fattn_v3_bwd_wide_kernel(int br_, int bc_, int st_, int kind, int det, int bf16) {
+    if (kind < 0 || kind > 2) return NULL;
     V3_BWD_WIDE_CONFIGS(V3W_KERNELS)
     return NULL;
 }
