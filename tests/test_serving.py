@@ -297,7 +297,7 @@ def test_varlen_backward(variant, d, causal, deterministic, seed, request):
             assert why is None, f"{dt} sequence {b} ({lq[b]} x {lk[b]}): {why} {stats}. {repro(request)}"
         if deterministic:
             again = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal=causal,
-                                                    deterministic=True)
+                                                    deterministic=True, variant=variant)
             assert all(torch.equal(a, b) for a, b in zip(g, again)), "deterministic gradients differ"
 
 
