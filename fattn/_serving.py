@@ -43,7 +43,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             arrays is then undefined behaviour, as in flash-attention).
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
-    GPU both run v3 on Hopper (v2 elsewhere; the backward with a softcap or ALiBi runs v2's).
+    GPU both run v3 on Hopper (v2 elsewhere; at head dim 64 a backward with a softcap or ALiBi runs v2's).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)

@@ -302,12 +302,14 @@ def test_varlen_backward(variant, d, causal, deterministic, seed, request):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["v2", "v3"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_v2_varlen_backward_softcap_alibi(deterministic, seed, request):
-    """v2's packed backward with a softcap and with ALiBi ((batch, H) slopes: a row per sequence), GQA, odd
-    lengths; each sequence's gradients by the 3x rule; the plan says v2 ran (v3's backward does not take score
-    mods in packed batches yet, so the default is v2's everywhere)."""
+def test_varlen_backward_softcap_alibi(variant, deterministic, seed, request):
+    """v2's and v3's packed backward with a softcap and with ALiBi ((batch, H) slopes: a row per sequence), GQA, odd
+    lengths; each sequence's gradients by the 3x rule; the plan says which ran."""
     require("cuda")
+    if variant not in fattn.variants("cuda"):
+        pytest.skip(f"{variant} does not run on this GPU")
     lq, lk = [0, 1, 17, 300, 129], [5, 1, 40, 300, 200]
     q, k, v, cq, ck = packed(lq, lk, 4, 2, 128, torch.float16, "cuda", seed, 3.0)
     dout = randn(tuple(q.shape), torch.float16, "cuda", seed + 3)
@@ -315,11 +317,12 @@ def test_v2_varlen_backward_softcap_alibi(deterministic, seed, request):
     for softcap, alibi in ((5.0, None), (0.0, al), (2.0, al)):
         kw = dict(causal="bottom_right", softcap=softcap, alibi_slopes=alibi)
         out, lse = fattn.attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)
-        g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, deterministic=deterministic, **kw)
+        g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, deterministic=deterministic,
+                                            variant=variant, **kw)
         plan = fattn._C._dev.plan_backward(dout, q, k, v, out, lse, *g, causal=2, softcap=softcap, alibi_slopes=alibi,
                                            cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=300, max_seqlen_k=300,
-                                           deterministic=deterministic, stream=stream_for(q))
-        assert plan["variant"] == "v2", plan
+                                           deterministic=deterministic, variant=variant, stream=stream_for(q))
+        assert plan["variant"] == variant, plan
         for b in range(len(lq)):
             qs, ks, vs = per_sequence(q, cq, b), per_sequence(k, ck, b), per_sequence(v, ck, b)
             gs = [per_sequence(g[0], cq, b), per_sequence(g[1], ck, b), per_sequence(g[2], ck, b)]

@@ -40,8 +40,8 @@
  * a block takes its sequence's params (fattn_seq_bwd_params: lengths, pointers, workspace rows), its loads starting
  * at the sequence's first row; rows of the next sequence that a load picks up have LSE2 = +inf (prep) or are masked
  * keys, and are never stored.
- * fp16 / bf16, head dims to 256, positive scale; v3_bwd_plan.c sends the rest (seqused_k, score mods at D=64 or in
- * packed batches) to v2.  Head dim 256 runs its own dK/dV kernel (v3_bwd_wide.cu: the consumers split the head dim)
+ * fp16 / bf16, head dims to 256, positive scale; v3_bwd_plan.c sends the rest (seqused_k, score mods at D=64) to
+ * v2.  Head dim 256 runs its own dK/dV kernel (v3_bwd_wide.cu: the consumers split the head dim)
  * between this file's prep and convert passes; the block placement and the producer are shared (v3_bwd_ring.cuh).
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
  * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run, evidence/backward/
@@ -387,8 +387,9 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
 
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
 
-/* The kinds of dK/dV kernel a config has: plain, with score mods (a softcap, ALiBi: MODS), for packed batches (SEQ). */
-enum { V3B_PLAIN, V3B_MODS, V3B_SEQ, V3B_KINDS };
+/* The kinds of dK/dV kernel a config has: plain, with score mods (a softcap, ALiBi: MODS), for packed batches (SEQ),
+ * both: kind = 2 seq + mods. */
+enum { V3B_PLAIN, V3B_MODS, V3B_SEQ, V3B_SEQ_MODS, V3B_KINDS };
 
 typedef struct {
     /* dkdv[kind][deterministic][fp16, bf16] (NULL: not compiled; the wide row's come from v3_bwd_wide.cu);
@@ -400,16 +401,17 @@ typedef struct {
 
 #define V3B_PAIR(kernel, ...)                                                                                    \
     {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
-#define V3B_MODS_PAIR(mods, dp, br, bc, st, det)                                                                  \
-    {(const void *)(mods ? v3_bwd_dkdv<__half, dp, br, bc, st, det, mods, false> : NULL),                        \
-     (const void *)(mods ? v3_bwd_dkdv<__nv_bfloat16, dp, br, bc, st, det, mods, false> : NULL)}
+#define V3B_MODS_PAIR(mods, dp, br, bc, st, det, seq)                                                             \
+    {(const void *)(mods ? v3_bwd_dkdv<__half, dp, br, bc, st, det, mods, seq> : NULL),                          \
+     (const void *)(mods ? v3_bwd_dkdv<__nv_bfloat16, dp, br, bc, st, det, mods, seq> : NULL)}
 #define V3B_KIND(dp, br, bc, st, mods, seq)                                                                       \
     {V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false, mods, seq), V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, true, mods, seq)}
 #define V3B_CONVERTS(dp) {V3B_PAIR(v3_bwd_convert, dp, false), V3B_PAIR(v3_bwd_convert, dp, true)}
 #define V3B_ROW(dp, br, bc, st, mods)                                                                             \
     {{V3B_KIND(dp, br, bc, st, false, false),                                                                     \
-      {V3B_MODS_PAIR(mods, dp, br, bc, st, false), V3B_MODS_PAIR(mods, dp, br, bc, st, true)},                     \
-      V3B_KIND(dp, br, bc, st, false, true)},                                                                     \
+      {V3B_MODS_PAIR(mods, dp, br, bc, st, false, false), V3B_MODS_PAIR(mods, dp, br, bc, st, true, false)},       \
+      V3B_KIND(dp, br, bc, st, false, true),                                                                      \
+      {V3B_MODS_PAIR(mods, dp, br, bc, st, false, true), V3B_MODS_PAIR(mods, dp, br, bc, st, true, true)}},         \
      V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 #define V3B_WIDE_ROW(dp, br, bc, st, mods)                                                                        \
     {{{{NULL, NULL}, {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st,                   \
@@ -475,9 +477,9 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const int64_t conv_blocks = f->b * f->h * ((f->sq + 63) / 64) * (r->dp / 64);
     if (prep_blocks > 0x7fffffff || conv_blocks > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
-    const int kind = seq ? V3B_SEQ : fattn_score_mods(f) ? V3B_MODS : V3B_PLAIN;
+    const int kind = 2 * seq + fattn_score_mods(f);
     const void *dkdv = v3_bwd_dkdv_kernel(r, kind, p->deterministic != 0, ti);
-    if (!dkdv || (seq && fattn_score_mods(f))) /* (the planner sends such calls to v2) */
+    if (!dkdv) /* (the planner sends such calls to v2) */
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no kernel for this call", plan->config);
     int zero_dq = !p->deterministic; /* deterministic: each tile's first add is a store */
     void *pargs[] = {(void *)p, (void *)&zero_dq};

@@ -74,8 +74,6 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     const v3_bwd_config *c = &v3_bwd_table[idx];
     if (fattn_score_mods(f) && !c->mods)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward takes a softcap / ALiBi at head dims above 64 only");
-    if (fattn_score_mods(f) && f->cu_seqlens_q)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward does not take a softcap / ALiBi in packed batches yet");
     const int64_t nkb = (f->sk + c->bc - 1) / c->bc, blocks = nkb * f->b * f->h_kv;
     if (blocks > 0x7fffffff || f->b * f->h * fattn_bwd_ws_rows(f->sq) / 8 > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: grid too large");

@@ -244,21 +244,22 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     }
 }
 
-/* The kernels of V3_BWD_WIDE_CONFIGS (v3_bwd_configs.h), for v3_bwd.cu's launcher: kind 0 plain, 1 score mods, 2
- * packed batches (SEQ); [deterministic][fp16, bf16] of the config (br, bc, stages), or NULL. */
+/* The kernels of V3_BWD_WIDE_CONFIGS (v3_bwd_configs.h), for v3_bwd.cu's launcher: kind = 2 seq + mods (packed
+ * batches, score mods); [deterministic][fp16, bf16] of the config (br, bc, stages), or NULL. */
 #define V3W_PAIR(br, bc, st, det, mods, seq)                                                                     \
     {(const void *)v3_bwd_dkdv_wide<__half, br, bc, st, det, mods, seq>,                                        \
      (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, det, mods, seq>}
 #define V3W_KERNELS(dp, br, bc, st, mods_)                                                                       \
     if (br_ == br && bc_ == bc && st_ == st) {                                                                  \
-        static const void *const k[3][2][2] = {                                                                  \
+        static const void *const k[4][2][2] = {                                                                  \
             {V3W_PAIR(br, bc, st, false, false, false), V3W_PAIR(br, bc, st, true, false, false)},               \
             {V3W_PAIR(br, bc, st, false, true, false), V3W_PAIR(br, bc, st, true, true, false)},                 \
-            {V3W_PAIR(br, bc, st, false, false, true), V3W_PAIR(br, bc, st, true, false, true)}};                \
+            {V3W_PAIR(br, bc, st, false, false, true), V3W_PAIR(br, bc, st, true, false, true)},                 \
+            {V3W_PAIR(br, bc, st, false, true, true), V3W_PAIR(br, bc, st, true, true, true)}};                  \
         return k[kind][det != 0][bf16 != 0];                                                                     \
     }
 extern "C" const void *fattn_v3_bwd_wide_kernel(int br_, int bc_, int st_, int kind, int det, int bf16) {
-    if (kind < 0 || kind > 2) return NULL;
+    if (kind < 0 || kind > 3) return NULL;
     V3_BWD_WIDE_CONFIGS(V3W_KERNELS)
     return NULL;
 }
