@@ -42,11 +42,22 @@ typedef struct {
 } v3b_block;
 
 /* The block's grid place: key block kb of batch (packed: sequence) b, kv head hk.  nkb key blocks per (b, kv head),
- * of the longest sequence's keys in a packed batch. */
-template <int BC> DEV void v3b_place(const attn_params &all, int *kb, int64_t *b, int64_t *hk) {
+ * of the longest sequence's keys in a packed batch.  G = 0: head by head, key blocks in order.  G > 0: in chunks of
+ * G key blocks -- chunk c is key blocks [c G, c G + G) of every (b, kv head), head by head -- so the blocks in flight
+ * span several heads: deterministic mode's turns on a dQ tile then chain G blocks a wave, not a wave's worth.  Either
+ * way a block's lower key blocks of its head come earlier in the grid. */
+template <int BC, int G> DEV void v3b_place(const attn_params &all, int *kb, int64_t *b, int64_t *hk) {
     const int nkb = (int)((all.sk + BC - 1) / BC);
-    const int64_t bhk = blockIdx.x / nkb;
-    *kb = (int)(blockIdx.x % nkb);
+    int64_t bhk;
+    if constexpr (G == 0) {
+        bhk = blockIdx.x / nkb;
+        *kb = (int)(blockIdx.x % nkb);
+    } else {
+        const int64_t per_chunk = (int64_t)G * all.b * all.h_kv, c = blockIdx.x / per_chunk;
+        const int64_t r = blockIdx.x - c * per_chunk, w = nkb - c * G < G ? nkb - c * G : G; /* the last is narrower */
+        bhk = r / w;
+        *kb = (int)(c * G + r % w);
+    }
     *b = bhk / all.h_kv;
     *hk = bhk % all.h_kv;
 }
@@ -70,12 +81,12 @@ template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f, int k
 /* A dK/dV block's params: the call's, or (SEQ, a packed batch) sequence b's alone as a batch of one (fattn.h:
  * fattn_seq_bwd_params), whose rows start at q0 / k0 of the tensor maps (built over all the rows, one batch).
  * Returns false where the block has no keys (past its sequence's). */
-template <int BC, bool SEQ> struct v3b_params {
+template <int BC, bool SEQ, int G = 0> struct v3b_params {
     attn_bwd_params seq;
     int64_t b, hk;
     int kb, q0, k0, tma_b; /* TMA row offsets and batch coordinate */
     __device__ __forceinline__ bool init(const attn_bwd_params &all) {
-        v3b_place<BC>(all.fwd, &kb, &b, &hk);
+        v3b_place<BC, G>(all.fwd, &kb, &b, &hk);
         q0 = k0 = 0;
         tma_b = (int)b;
         if constexpr (SEQ) {

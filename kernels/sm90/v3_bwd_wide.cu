@@ -38,6 +38,8 @@
  * consumer cw's threads (deterministic mode's turn). */
 #define V3W_BAR_PDS 1
 #define V3W_BAR_TURN 2
+/* Deterministic mode's grid order: chunks of this many key blocks, every head's (v3b_place) */
+#define V3W_DET_CHUNK 16
 
 template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(384, 1)
@@ -57,7 +59,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
 
-    v3b_params<BC, SEQ> bp;
+    v3b_params<BC, SEQ, DET ? V3W_DET_CHUNK : 0> bp;
     if (!bp.init(all)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
