@@ -42,16 +42,16 @@ typedef struct {
 } v3b_block;
 
 /* The block's grid place: key block kb of batch (packed: sequence) b, kv head hk.  nkb key blocks per (b, kv head),
- * of the longest sequence's keys in a packed batch.  G = 0: head by head, key blocks in order.  G > 0 and a causal
- * mask: in chunks of G key blocks -- chunk c is key blocks [c G, c G + G) of every (b, kv head), head by head -- so
- * the blocks in flight span several heads and deterministic mode's turns on a dQ tile chain G blocks a wave, not a
- * wave's worth (the wide kernel, G = 16: causal 1.10-1.20x faster at S >= 2k, non-causal 0.95-1.06x, so not there:
- * evidence/backward/h100_ab_bwd_wide_det_chunks_3c1c4a8.json).  Either way a block's lower key blocks of its head
- * come earlier in the grid. */
+ * of the longest sequence's keys in a packed batch.  G = 0: head by head, key blocks in order.  G > 0: in chunks of
+ * G key blocks -- chunk c is key blocks [c G, c G + G) of every (b, kv head), head by head -- so the blocks in flight
+ * span several heads and deterministic mode's turns on a dQ tile chain G blocks a wave, not a wave's worth (the wide
+ * kernel's deterministic mode, G = 16, against head by head: causal 1.10-1.20x faster at S >= 2k, non-causal
+ * 0.95-1.06x, S <= 1k unchanged: evidence/backward/h100_ab_bwd_wide_det_chunks_3c1c4a8.json).  Either way a block's
+ * lower key blocks of its head come earlier in the grid. */
 template <int BC, int G> DEV void v3b_place(const attn_params &all, int *kb, int64_t *b, int64_t *hk) {
     const int nkb = (int)((all.sk + BC - 1) / BC);
     int64_t bhk;
-    if (G == 0 || !all.mask.causal) {
+    if constexpr (G == 0) {
         bhk = blockIdx.x / nkb;
         *kb = (int)(blockIdx.x % nkb);
     } else {
