@@ -36,7 +36,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
             Key blocks wholly outside the window are skipped, so the time is proportional to the window.
         softcap: ``c > 0`` caps the scores: each ``s = scale * q.k`` becomes ``c * tanh(s / c)`` before the softmax
             (Gemma 2, Grok); 0 means none.  Every variant takes it (v2 and v3 in score-modifying kernels of their
-            own; v3's backward at head dims above 64, v2's below).
+            own; v3's backward at head dims above 64, v2's at 64 and below).
         alibi_slopes: optional float32 ``(H,)`` or ``(B, H)``: ALiBi (Press et al.), adding
             ``-slope * |p - j|`` to the score of query i and key j after the softcap, p = i + Sk - Sq (bottom-right,
             whatever ``causal`` says: flash-attention's rule).  Not differentiable (the slopes are constants).  Every

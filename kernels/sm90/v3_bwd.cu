@@ -39,7 +39,9 @@
  * SEQ (kernels of their own): packed batches -- the tensor maps span all the rows (total_q / total_k, one batch) and
  * a block takes its sequence's params (fattn_seq_bwd_params: lengths, pointers, workspace rows), its loads starting
  * at the sequence's first row; rows of the next sequence that a load picks up have LSE2 = +inf (prep) or are masked
- * keys, and are never stored.
+ * keys, and are never stored.  Their values still meet the products as zeros times them (P = 0 for those rows and
+ * keys, dS = 0), so they must be finite: a NaN or inf in the next sequence's rows, or in rows past cu_seqlens' last
+ * entry, would reach this sequence's gradients (v2's packed kernels zero-fill such rows instead).
  * fp16 / bf16, head dims to 256, positive scale; v3_bwd_plan.c sends the rest (seqused_k, score mods at D=64) to
  * v2.  Head dim 256 runs its own dK/dV kernel (v3_bwd_wide.cu: the consumers split the head dim)
  * between this file's prep and convert passes; the block placement and the producer are shared (v3_bwd_ring.cuh).

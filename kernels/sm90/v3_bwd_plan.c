@@ -82,10 +82,12 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     plan->grid_y = 1;
     plan->threads = 384; /* a producer warpgroup and two consumers */
     plan->smem = V3_BWD_SMEM(c->dp, c->br, c->bc, c->stages);
-    /* Head by head, always (the kernel's block index is head-major; deterministic mode relies on it): a kv head's key
-     * blocks side by side, sharing its Q and dO in L2.  (Heads fastest, every head's key block 0 first, ran causal
-     * calls at S <= 2k 1.2-1.46x slower on the H100, the blocks in flight reading 132 heads' Q and dO, more than L2
-     * holds: evidence/backward/h100_v3_bwd_61e560a.md against ..._first_14d0171.md.) */
+    /* Head by head (the kernels' block order, v3_bwd_ring.cuh: v3b_place; the wide kernel's deterministic mode goes
+     * in chunks of 16 key blocks of every head; either way a block's lower key blocks come first, which
+     * deterministic mode relies on): a kv head's key blocks side by side, sharing its Q and dO in L2.  (Heads
+     * fastest, every head's key block 0 first, ran causal calls at S <= 2k 1.2-1.46x slower on the H100, the blocks
+     * in flight reading 132 heads' Q and dO, more than L2 holds: evidence/backward/h100_v3_bwd_61e560a.md against
+     * ..._first_14d0171.md.) */
     plan->order = FATTN_ORDER_HEADS;
     plan->splits = 1;
     plan->split_blocks = nkb;

@@ -33,9 +33,10 @@ static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168)
 
 /* A block's work: key block kb (keys j0 + [0, BC)) of batch b, kv head hk, for each query head h0 + [0, h_per_kv) of
  * its group, the nm query blocks of BR rows from i_begin that hold the rows seeing it: n_it steps in all, step it
- * being query head h0 + it / nm.  Blocks go head by head (a packed batch: sequence by sequence), key blocks in order:
- * a kv head's blocks run side by side sharing its Q and dO in L2, and each starts no later than those of its higher
- * key blocks, which deterministic mode's waits need (a block never waits on one not yet scheduled). */
+ * being query head h0 + it / nm.  Blocks go head by head (a packed batch: sequence by sequence), key blocks in order,
+ * or in chunks of key blocks of every head (v3b_place): a kv head's blocks run side by side sharing its Q and dO in
+ * L2, and each starts no later than those of its higher key blocks, which deterministic mode's waits need (a block
+ * never waits on one not yet scheduled). */
 typedef struct {
     int kb, j0, i_begin, nm, n_it;
     int64_t b, hk, h0;
