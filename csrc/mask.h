@@ -75,6 +75,13 @@ FATTN_HD void fattn_block_cols(const fattn_block_mask *b, int delta, int n, int 
     *hi = h;
 }
 
+/* One element of the same rule, for kernels that test each element of a fragment: row i_first + delta sees column col
+ * (0 <= col < n) of the block iff lo <= col < hi above, that is pl <= col - delta < pr and col < kc. */
+FATTN_HD int fattn_block_sees(const fattn_block_mask *b, int delta, int col) {
+    const int diag = col - delta;
+    return diag >= b->pl && diag < b->pr && col < b->kc;
+}
+
 /* The key blocks (of bc keys: block n holds keys [n bc, (n + 1) bc)) that query rows [i0, i0 + rows) of the sequence
  * see, in order n_min <= n_full_min <= n_full_max <= n_max:
  *   [n_min, n_max)           blocks some row sees (the rest are never loaded)

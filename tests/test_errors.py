@@ -77,7 +77,7 @@ def test_numpy_mixed_dtypes_message():
 # ---- what a new user hit (issue: structure), each a clear error naming the argument ----
 
 def test_mixed_meta_sparse_and_vmap_tensors_are_refused_naming_the_argument():
-    """(All-meta and FakeTensor inputs give meta / fake results through the registered op: test_grad.py.)"""
+    """(All-meta and FakeTensor inputs give meta / fake results through the registered op: test_autograd.py.)"""
     q = t(1, 2, 4, 8)
     with pytest.raises(ValueError, match="k: the array has no data"):
         fattn.attention(q, q.to("meta"), q)

@@ -223,8 +223,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         /* key r, column q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
         const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, j0);
         auto visible = [&](int i) {
-            const int r = krow + 8 * ((i >> 1) & 1), diag = r - (8 * (i / 4) + 2 * t + (i & 1));
-            return diag >= bm.pl && diag < bm.pr && r < bm.kc;
+            return fattn_block_sees(&bm, 8 * (i / 4) + 2 * t + (i & 1), krow + 8 * ((i >> 1) & 1));
         };
         if (!MODS && masked) {
 #pragma unroll
@@ -249,13 +248,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     float pv[2];
 #pragma unroll
                     for (int y = 0; y < 2; y++) {
-                        float x = st[i + y] * c, dcap = 1.f;
-                        if (cap2 > 0.f) {
-                            const float th = fast_tanh(x * inv_cap2);
-                            x = cap2 * th;
-                            dcap = 1.f - th * th;
-                        }
-                        x = fmaf(-slope2, fabsf(base + (float)(8 * (i / 4) + 2 * t + y - 8 * ((i >> 1) & 1))), x);
+                        float dcap, x = v3b_mods_score(st[i + y], c, cap2, inv_cap2, slope2,
+                                                       base + (float)(8 * (i / 4) + 2 * t + y - 8 * ((i >> 1) & 1)),
+                                                       &dcap);
                         if (masked && !visible(i + y)) x = -INFINITY;
                         pv[y] = fast_exp2(x - (y ? l2.y : l2.x));
                         st[i + y] = pv[y] * dcap;

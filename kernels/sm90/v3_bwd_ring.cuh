@@ -31,6 +31,20 @@ template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0
 static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168),
               "setmaxnreg: registers given < taken");
 
+/* MODS (a softcap, ALiBi): the raw score s as the forward takes it -- s c in log2 units, the softcap c2 tanh(S2 / c2)
+ * (inv_cap2 = 1 / c2; none at c2 = 0), ALiBi's -slope2 |dist| (dist = pos - key) -- before the mask and the
+ * exponential; *dcap = 1 - tanh^2, the softcap's factor in dS's chain rule (1 without one). */
+DEV float v3b_mods_score(float s, float c, float cap2, float inv_cap2, float slope2, float dist, float *dcap) {
+    float x = s * c;
+    *dcap = 1.f;
+    if (cap2 > 0.f) {
+        const float th = fast_tanh(x * inv_cap2);
+        x = cap2 * th;
+        *dcap = 1.f - th * th;
+    }
+    return fmaf(-slope2, fabsf(dist), x);
+}
+
 /* A block's work: key block kb (keys j0 + [0, BC)) of batch b, kv head hk, for each query head h0 + [0, h_per_kv) of
  * its group, the nm query blocks of BR rows from i_begin that hold the rows seeing it: n_it steps in all, step it
  * being query head h0 + it / nm.  Blocks go head by head (a packed batch: sequence by sequence), key blocks in order,

@@ -133,8 +133,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
          * q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
         const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, blk.j0);
         auto visible = [&](int i) {
-            const int r = 32 * cw + 8 * (i / 4) + 2 * t + (i & 1), diag = r - (qrow + 8 * ((i >> 1) & 1));
-            return diag >= bm.pl && diag < bm.pr && r < bm.kc;
+            return fattn_block_sees(&bm, qrow + 8 * ((i >> 1) & 1), 32 * cw + 8 * (i / 4) + 2 * t + (i & 1));
         };
         /* P and dS in shared memory: row q, key r at q * 64 + ((r / 8) ^ (q % 8)) * 8 + r % 8 (one 128-byte-swizzled
          * panel; a warp's stores of one i fill 32 distinct banks) */
@@ -152,13 +151,8 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
                 float pv[2];
 #pragma unroll
                 for (int y = 0; y < 2; y++) {
-                    float x = st[i + y] * c, dcap = 1.f;
-                    if (cap2 > 0.f) {
-                        const float th = fast_tanh(x * inv_cap2);
-                        x = cap2 * th;
-                        dcap = 1.f - th * th;
-                    }
-                    x = fmaf(-slope2, fabsf(base + (float)(8 * ((i >> 1) & 1) - 8 * (i / 4) - y)), x);
+                    float dcap, x = v3b_mods_score(st[i + y], c, cap2, inv_cap2, slope2,
+                                                   base + (float)(8 * ((i >> 1) & 1) - 8 * (i / 4) - y), &dcap);
                     if (masked && !visible(i + y)) x = -INFINITY;
                     pv[y] = fast_exp2(x - lse[(i >> 1) & 1]);
                     st[i + y] = pv[y] * dcap;

@@ -1,0 +1,151 @@
+"""The backward's call surface (../shared/TESTING.md 21-25): argument errors, NumPy and empty shapes, the GPU
+dispatch of the backward (plans, fallbacks), CUDA graph capture, the caller's stream and device.  (Gradient accuracy:
+test_grad.py.)  `pytest -k grad`."""
+import pytest
+
+from conftest import require, torch
+
+import fattn
+from fattn import _C
+from fattn.testing import reference
+from test_grad import check, inputs, require_variant
+
+# ---- arguments -------------------------------------------------------------------------------------------------
+
+def test_backward_argument_errors():
+    q, k, v, dout = inputs(1, 2, 2, 8, 8, 16, torch.float32, "cpu", 0)
+    out, lse = fattn.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="lse: the backward needs the forward's LSE"):
+        _C.backward(dout, q, k, v, out, None, q.clone(), k.clone(), v.clone())
+    with pytest.raises(ValueError, match="dk: shape must be k's"):
+        fattn.attention_backward(dout, q, k, v, out, lse, dk=torch.empty(1, 2, 9, 16))
+    with pytest.raises(TypeError, match="dv: dtype float16 differs from q's float32"):
+        fattn.attention_backward(dout, q, k, v, out, lse, dv=v.half())
+    with pytest.raises(ValueError, match="dout: shape must be q's"):
+        fattn.attention_backward(dout[:, :, :4], q, k, v, out, lse)
+    with pytest.raises(ValueError, match="dq: the last dimension must be contiguous"):
+        fattn.attention_backward(dout, q, k, v, out, lse, dq=torch.empty(1, 2, 16, 8).transpose(-1, -2))
+    with pytest.raises(ValueError, match="causal:"):
+        fattn.attention_backward(dout, q, k, v, out, lse, causal="diagonal")
+    with pytest.raises(ValueError, match="variant: 'v2' does not run on the CPU"):
+        fattn.attention_backward(dout, q, k, v, out, lse, variant="v2")
+
+
+def test_backward_numpy_and_empty_shapes():
+    np = pytest.importorskip("numpy")
+    q, k, v, dout = (x.numpy() for x in inputs(1, 2, 1, 20, 25, 32, torch.float32, "cpu", 3))
+    out, lse = fattn.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = fattn.attention_backward(dout, q, k, v, out, lse, causal=True)
+    assert isinstance(dq, np.ndarray) and dq.shape == q.shape and dk.shape == k.shape
+    ref = reference.gradients(q, k, v, dout, True)
+    for a, r in zip((dq, dk, dv), ref):
+        assert np.abs(a - r).max() < 1e-4
+    # Sq = 0: dk, dv are zero; Sk = 0: dq is zero
+    for sq, sk in ((0, 5), (5, 0)):
+        q, k, v, dout = inputs(1, 2, 2, sq, sk, 16, torch.float32, "cpu", 1)
+        out, lse = fattn.attention(q, k, v, return_lse=True)
+        g = fattn.attention_backward(dout, q, k, v, out, lse)
+        for x in g:
+            assert x.numel() == 0 or (x == 0).all()
+    # the GPU workspace is never empty (with Sq = 0 the dK / dV kernel still runs and needs an address)
+    assert _C.backward_workspace_bytes(2, 4, 0, 64) == 16 and _C.backward_workspace_bytes(0, 4, 9, 64) == 16
+
+
+# ---- GPU dispatch: plans, fallback, graphs, streams -------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["v2", "v3"])
+def test_grad_gpu_empty_shapes(variant, seed):
+    """Sq = 0 (dK = dV = 0, through a workspace that is never empty) and Sk = 0 (dQ = 0) on the tensor-core
+    backwards, both modes (forced to v3, such calls run v2's: an empty tensor has no address for TMA)."""
+    require_variant("cuda", variant)
+    for sq, sk in ((0, 130), (70, 0)):
+        q, k, v, dout = inputs(2, 4, 2, sq, sk, 64, torch.float16, "cuda", seed)
+        out, lse = fattn.attention(q, k, v, return_lse=True)
+        for det in (False, True):
+            g = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+            fattn.attention_backward(dout, q, k, v, out, lse, variant=variant, deterministic=det, dq=g[0], dk=g[1],
+                                     dv=g[2])
+            for x in g:
+                assert x.numel() == 0 or (x == 0).all(), (sq, sk, det)
+
+
+@pytest.mark.gpu
+def test_grad_gpu_plans_and_unaligned_fallback(seed):
+    require("cuda")
+    q, k, v, dout = inputs(1, 4, 2, 70, 90, 64, torch.float16, "cuda", seed)
+    out, lse = fattn.attention(q, k, v, return_lse=True)
+    g = [torch.empty_like(x) for x in (q, k, v)]
+    stream = torch.cuda.current_stream().cuda_stream
+    plan = _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream)
+    sm = torch.cuda.get_device_capability()
+    assert plan["variant"] == ("v3" if sm == (9, 0) else "v2" if sm >= (8, 0) else "v1")
+    assert plan["workspace"] == _C.backward_workspace_bytes(1, 4, 70, 64)
+    if "v3" in fattn.variants("cuda"):  # forced to v3, a call v3's backward does not take (scale < 0) runs v2's
+        assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v3",
+                                     deterministic=True)["variant"] == "v3"
+        q2, k2, v2_, d2 = inputs(1, 2, 2, 70, 90, 256, torch.float16, "cuda", seed)
+        o2, l2 = fattn.attention(q2, k2, v2_, return_lse=True)
+        g2 = [torch.empty_like(x) for x in (q2, k2, v2_)]
+        assert _C._dev.plan_backward(d2, q2, k2, v2_, o2, l2, *g2, stream=stream, variant="v3")["variant"] == "v3"
+        o3, l3 = fattn.attention(q2, k2, v2_, scale=-0.2, return_lse=True)
+        assert _C._dev.plan_backward(d2, q2, k2, v2_, o3, l3, *g2, stream=stream, variant="v3",
+                                     scale=-0.2)["variant"] == "v2"
+    assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v0")["variant"] == "v1"
+    # q one element off 16-byte alignment: v2 cannot read it with 16-byte copies; the default falls back to v1
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+    qu = buf[1:].view(q.shape).copy_(q)
+    ou, lu = fattn.attention(qu, k, v, return_lse=True)
+    assert _C._dev.plan_backward(dout, qu, k, v, ou, lu, *g, stream=stream)["variant"] == "v1"
+    with pytest.raises(ValueError, match="variant: .*align"):
+        _C._dev.plan_backward(dout, qu, k, v, ou, lu, *g, stream=stream, variant="v2")
+    got = fattn.attention_backward(dout, qu, k, v, ou, lu)
+    check(got, q, k, v, dout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_grad_cuda_graph_capture_and_replay(deterministic, seed):
+    """attention_backward captured into a CUDA graph (its workspace from torch's allocator, capture-safe) replays
+    to the eager result; without a workspace the C call refuses cleanly under capture."""
+    require("cuda")
+    q, k, v, dout = inputs(2, 4, 2, 200, 200, 64, torch.float16, "cuda", seed)
+    out, lse = fattn.attention(q, k, v, causal=True, return_lse=True)
+    want = fattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=deterministic)  # warm up
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = fattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=deterministic)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b_ in zip(got, want):
+        if deterministic:
+            assert torch.equal(a, b_)
+        else:
+            torch.testing.assert_close(a, b_, rtol=1e-2, atol=1e-2)
+    g = [torch.empty_like(x) for x in (q, k, v)]
+    graph2 = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="no workspace for the backward"):
+        with torch.cuda.graph(graph2):
+            _C.backward(dout, q, k, v, out, lse, *g, causal=1, stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()  # nothing left pending
+    assert torch.equal(fattn.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)[0], want[0])
+
+
+@pytest.mark.gpu
+def test_grad_runs_on_the_callers_stream_and_device(seed):
+    require("cuda")
+    n = torch.cuda.device_count()
+    dev = f"cuda:{n - 1}"
+    q, k, v, dout = inputs(1, 2, 2, 64, 64, 64, torch.float16, dev, seed)
+    with torch.cuda.device(dev):
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            out, lse = fattn.attention(q, k, v, return_lse=True)
+            got = fattn.attention_backward(dout, q, k, v, out, lse)
+        s.synchronize()
+    check(got, q, k, v, dout)
