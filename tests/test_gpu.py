@@ -213,6 +213,13 @@ def test_v3_every_compiled_config(dtype):
             o, lse, plan = dev_forward(q, k, v, causal=causal, variant="v3", lse=lse, config=idx)
             assert (plan["variant"], plan["config"]) == ("v3", idx)
             check_close(o, q, k, v, causal, None, lse=lse)
+        # more tiles than the persistent grid has blocks (two per SM with one consumer): each block walks several
+        q = randn((4, 16, 1025, dp), dtype, "cuda", idx + 3)
+        k = randn((4, 16, 1025, dp), dtype, "cuda", idx + 4)
+        for causal in (False, "top_left"):
+            o, _, plan = dev_forward(q, k, k, causal=causal, variant="v3", config=idx)
+            assert plan["grid"][0] < 4 * 16 * 17 and plan["config"] == idx, plan
+            check_close(o, q, k, k, causal, None)
 
 
 @V3

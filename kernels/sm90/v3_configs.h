@@ -1,7 +1,9 @@
 /* v3_configs.h -- the configurations of v3 compiled ahead of time, as data.
  *
  * X(DP, BC, STAGES, CONSUMERS, PINGPONG): head-dim bucket, keys per block, K/V ring slots, consumer warpgroups
- * (Br = 64 * CONSUMERS query rows per block), and whether the consumers take turns issuing their GEMMs.
+ * (Br = 64 * CONSUMERS query rows per block), and whether the consumers take turns issuing their GEMMs.  One
+ * consumer (no ping-pong) runs two blocks per SM (V3_BLOCKS_PER_SM): two independent tiles, each one's pipeline
+ * fill and epilogue hidden behind the other's GEMMs, for short rows where a tile has few key blocks.
  * V3_DEFAULT_CONFIGS: one per head-dim bucket, in bucket order (64, 128, 256); V3_SWEEP_CONFIGS: candidates that
  * bench/ab.py times against them (fattn._C._dev.configs('v3') lists all; an explicit config index runs one).
  * The defaults are the winners of bench/ab.py on the H200 and the H100 (evidence/bench/h100_v3_sweep_f31bbc2.json, h200_v3_sweep_46c3fdc.json).
@@ -40,7 +42,11 @@ typedef struct {
     X(128, 176, 2, 2, 1)    \
     X(128, 128, 3, 2, 1)    \
     X(256, 64, 2, 2, 0)     \
-    X(256, 80, 2, 2, 1)
+    X(256, 80, 2, 2, 1)     \
+    X(64, 128, 2, 1, 0)     \
+    X(64, 64, 4, 1, 0)      \
+    X(128, 64, 2, 1, 0)     \
+    X(128, 80, 2, 1, 0)
 
 /* The configs whose per-sequence kernels (SEQ: packed variable-length batches, seqused_k) are compiled, one per
  * bucket in bucket order, each also in V3_TABLE.  D=64 takes two consumers: the default's three, at 160 registers
@@ -74,8 +80,12 @@ int fattn_v3_seq_config(int dp);
 #define V3_NBARS(STAGES) (2 + 4 * (STAGES))
 #define V3_SMEM_BYTES(DP, BC, STAGES, CWG, SEP_O) \
     ((size_t)(64 * (CWG) * ((SEP_O) ? 2 : 1) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
-/* A separate O tile when it fits in the 227 KB a block may have. */
-#define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= 227 * 1024)
+/* Blocks per SM: two with one consumer, else one.  A block may have 227 KB of shared memory, or 113 KB when two
+ * share an SM (228 KB, 1 KB of it reserved per block). */
+#define V3_BLOCKS_PER_SM(CWG) ((CWG) == 1 ? 2 : 1)
+#define V3_SMEM_MAX(CWG) ((CWG) == 1 ? 113 * 1024 : 227 * 1024)
+/* A separate O tile when it fits. */
+#define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= V3_SMEM_MAX(CWG))
 #define V3_SMEM(DP, BC, STAGES, CWG) V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_SEP_O(DP, BC, STAGES, CWG))
 
 #endif

@@ -31,7 +31,7 @@
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
  * (Sq <= 64) go to v2's split-KV.
- * The grid is persistent (one block per SM, tiles in zig-zag rounds, head by head so the blocks in flight share
+ * The grid is persistent (one block per SM, two with one consumer; tiles in zig-zag rounds, head by head so the blocks in flight share
  * K/V in L2, or longest first over all heads where a causal schedule needs it for balance; v3_schedule.h, chosen by
  * v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations: v3_configs.h (bench/ab.py times them).
  * Built for sm_90a only (kernels/sm90/gencode).
@@ -53,8 +53,9 @@
 #include "v3_schedule.h"
 
 /* Register split per consumer count: the producer keeps PRODUCER_REGS, consumers get the rest (multiples of 8,
- * 128 * (producer + consumers * consumer) <= 65536). */
+ * 128 * (producer + consumers * consumer) <= 65536 / blocks per SM). */
 template <int CWG> struct v3_regs;
+template <> struct v3_regs<1> { static constexpr int producer = 24, consumer = 232; }; /* two blocks per SM */
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
@@ -67,10 +68,12 @@ template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 1
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
 template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ>
-__global__ void __launch_bounds__(128 * (CWG + 1), 1)
+__global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(CWG))
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
        const int kv_batch_step, const int head_group) {
+    static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
+    static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(CWG), "the config's tiles exceed its shared memory");
     constexpr int BR = 64 * CWG;
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
