@@ -288,17 +288,23 @@ def test_v2_config_rules():
 
 @V3
 def test_v3_config_rules():
-    """kernels/sm90/v3_configs.h's V3_RULES: D=64 causal calls with Sk <= 2048 run Br = 128 without ping-pong, D=128
-    non-causal calls with Sk >= 8192 run Bc = 176; the calls next to them run the bucket's default; all correct."""
+    """kernels/sm90/v3_configs.h's V3_RULES: D=64 calls with Sk <= 512 run one consumer (two blocks per SM) when
+    causal, or when the default's tiles are at most 3 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without
+    ping-pong; D=128 non-causal calls with Sk >= 8192 run Bc = 176; the calls next to them run the bucket's default;
+    all correct."""
     configs = _C._dev.configs("v3")
     default = {c["dp"]: c["index"] for c in configs if c["role"] == "default"}
     by_cfg = {(c["dp"], c["bc"], c["stages"], c["consumers"], c["pingpong"]): c["index"] for c in configs}
-    cases = [(64, 600, 700, True, by_cfg[(64, 128, 2, 2, 0)]), (64, 600, 700, False, default[64]),
-             (64, 300, 2049, True, default[64]), (128, 100, 8192, False, by_cfg[(128, 176, 2, 2, 1)]),
-             (128, 100, 8191, False, default[128]), (128, 100, 8192, True, default[128])]
-    for d, sq, sk, causal, want in cases:
-        q = randn((1, 2, sq, d), torch.float16, "cuda", sq)
-        k = randn((1, 2, sk, d), torch.float16, "cuda", sk)
+    one = by_cfg[(64, 128, 2, 1, 0)]
+    many = _C.device_info(0)[2] + 1  # heads: 3 default tiles of 512 rows each, more than 3 per SM in all
+    cases = [(64, 2, 500, 512, True, one), (64, many, 512, 512, True, one), (64, 2, 512, 512, False, one),
+             (64, many, 512, 512, False, default[64]), (64, 2, 512, 513, False, default[64]),
+             (64, 2, 600, 700, True, by_cfg[(64, 128, 2, 2, 0)]), (64, 2, 600, 700, False, default[64]),
+             (64, 2, 300, 2049, True, default[64]), (128, 2, 100, 8192, False, by_cfg[(128, 176, 2, 2, 1)]),
+             (128, 2, 100, 8191, False, default[128]), (128, 2, 100, 8192, True, default[128])]
+    for d, h, sq, sk, causal, want in cases:
+        q = randn((1, h, sq, d), torch.float16, "cuda", sq)
+        k = randn((1, h, sk, d), torch.float16, "cuda", sk)
         o = fattn.attention(q, k, k, causal=causal)
         assert (plan_of(q, k, k, causal=causal)["variant"], plan_of(q, k, k, causal=causal)["config"]) == ("v3", want)
         check_close(o, q, k, k, causal, None)

@@ -8,8 +8,11 @@
  * bench/ab.py times against them (fattn._C._dev.configs('v3') lists all; an explicit config index runs one).
  * The defaults are the winners of bench/ab.py on the H200 and the H100 (evidence/bench/h100_v3_sweep_f31bbc2.json, h200_v3_sweep_46c3fdc.json).
  * V3_RULES: where calls of one kind run better on another config than their bucket's default (the config must also
- * be in the sweep list).  X(DP, BC, STAGES, CONSUMERS, PINGPONG, CAUSAL, SK_MIN, SK_MAX): calls in bucket DP,
- * causal or not (CAUSAL 1 / 0), with SK_MIN <= Sk <= SK_MAX.  Measured on the H100 (evidence/bench/h100_v3_*.json):
+ * be in the sweep list).  X(DP, BC, STAGES, CONSUMERS, PINGPONG, CAUSAL, SK_MIN, SK_MAX, WAVES): calls in bucket DP,
+ * causal or not (CAUSAL 1 / 0), with SK_MIN <= Sk <= SK_MAX and (WAVES > 0) the bucket default's tiles at most
+ * WAVES per SM.  Measured on the H100 (evidence/bench/h100_v3_*.json):
+ *   D=64, Sk <= 512, causal, or non-causal with at most 3 default tiles per SM: one consumer, two blocks per SM
+ *   (bench/ab.py, 96c58d0: 1.02-1.25x causal, 1.04-1.31x on small grids, 0.93x on the fa3 grid's non-causal 512);
  *   D=64 causal, Sk <= 2k: Br = 128 without ping-pong, 0.58-0.78x -> 0.75-0.82x cudnn (less of each tile masked);
  *   D=128 / D=256 non-causal, Sk >= 8k: Bc = 176 / 80 (bench/ab.py, interleaved medians: 16k 0.93 -> 0.97x,
  *   8k 0.94 -> 0.97x at D=128; 16k 1.00 -> 1.06x at D=256).  The first matching rule wins.
@@ -29,9 +32,11 @@ typedef struct {
     X(256, 64, 2, 2, 1)
 
 #define V3_RULES(X)                                \
-    X(64, 128, 2, 2, 0, 1, 0, 2048)                \
-    X(128, 176, 2, 2, 1, 0, 8192, INT64_MAX)       \
-    X(256, 80, 2, 2, 1, 0, 8192, INT64_MAX)
+    X(64, 128, 2, 1, 0, 1, 0, 512, 0)              \
+    X(64, 128, 2, 1, 0, 0, 0, 512, 3)              \
+    X(64, 128, 2, 2, 0, 1, 0, 2048, 0)             \
+    X(128, 176, 2, 2, 1, 0, 8192, INT64_MAX, 0)    \
+    X(256, 80, 2, 2, 1, 0, 8192, INT64_MAX, 0)
 
 #define V3_SWEEP_CONFIGS(X) \
     X(64, 64, 4, 3, 1)      \

@@ -19,12 +19,13 @@ typedef struct {
     v3_config cfg;
     int causal;
     int64_t sk_min, sk_max;
+    int waves; /* > 0: the bucket default's tiles at most this many per SM */
 } v3_rule;
 static const v3_rule v3_rules[V3_NRULES + 1] = {
-#define RULE(dp, bc, st, cwg, pp, causal, sk_min, sk_max) {{dp, bc, st, cwg, pp}, causal, sk_min, sk_max},
+#define RULE(dp, bc, st, cwg, pp, causal, sk_min, sk_max, waves) {{dp, bc, st, cwg, pp}, causal, sk_min, sk_max, waves},
     V3_RULES(RULE)
 #undef RULE
-    {{0, 0, 0, 0, 0}, -1, 0, 0}};
+    {{0, 0, 0, 0, 0}, -1, 0, 0, 0}};
 
 static const v3_config v3_seq_table[V3_NDEFAULTS] = {
 #define ROW(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
@@ -89,7 +90,7 @@ static int tma_ok(const attn_params *p) {
 int fattn_prefer_v3(const attn_params *p) { return p->sq > 64; }
 
 /* An explicit config (checked), else the first of V3_RULES that matches the call, else its bucket's default. */
-static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, int *index) {
+static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, int sm_count, int *index) {
     /* a softcap or ALiBi: kernels of their own for the defaults; per-sequence lengths: V3_SEQ_CONFIGS (with mods) */
     const int dp = fattn_head_dim_bucket(p->d), seq = p->cu_seqlens_q || p->seqused_k;
     const int own = fattn_score_mods(p) || seq;
@@ -110,9 +111,12 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
         return FATTN_OK;
     }
     *index = seq ? seq_index : v3_bucket(dp); /* the defaults come first, in bucket order */
+    const int64_t default_br = 64 * v3_table[v3_bucket(dp)].consumers;
+    const int64_t default_tiles = (p->sq + default_br - 1) / default_br * p->b * p->h;
     for (int r = 0; r < V3_NRULES && !own; r++) {
         const v3_rule *u = &v3_rules[r];
-        if (u->cfg.dp == dp && u->causal == (p->mask.causal != 0) && p->sk >= u->sk_min && p->sk <= u->sk_max) {
+        if (u->cfg.dp == dp && u->causal == (p->mask.causal != 0) && p->sk >= u->sk_min && p->sk <= u->sk_max &&
+            (u->waves <= 0 || default_tiles <= (int64_t)u->waves * sm_count)) {
             *index = v3_index_of(&u->cfg);
             break;
         }
@@ -198,7 +202,7 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
                           "of 8 elements (TMA)");
     if (!(p->scale > 0.f)) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 folds a positive scale into one FFMA");
     int idx = 0;
-    fattn_status st = v3_choose(p, ov, &idx);
+    fattn_status st = v3_choose(p, ov, plan->dev.sm_count, &idx);
     if (st) return st;
     const v3_config *c = &v3_table[idx];
     const int br = 64 * c->consumers;
