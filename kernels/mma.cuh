@@ -64,20 +64,6 @@ DEV float fast_exp2(float x) {
     return y;
 }
 
-/* 2^x on the FMA pipe, for x >= -127 (below, about 2^-127 instead of 0: callers keep it off masked scores): x =
- * j + f with j = floor(x) (added to 1.5 * 2^23 rounding down, j lands in the sum's low mantissa bits) and f in
- * [0, 1); 2^f by a cubic fitted for the least worst relative error with 2^0 and 2^1 exact (1.03e-4, below fp16's
- * 4.9e-4 rounding of P); j goes into the exponent field by an integer multiply-add.  Eight instructions against
- * one ex2 on the special-function unit, whose 16 results per SM per clock bound the softmax at head dim 64: a
- * share of a block's exponentials taken here keeps that unit off the critical path (FlashAttention-4's idea). */
-DEV float fma_exp2(float x) {
-    const float magic = 12582912.f; /* 1.5 * 2^23 */
-    x = fmaxf(x, -127.f);
-    const float t = __fadd_rd(x, magic), f = x - (t - magic);
-    const float p = fmaf(f, fmaf(f, fmaf(f, 0.07826797f, 0.22630768f), 0.6954244f), 1.f);
-    return __int_as_float(__float_as_int(t) * (1 << 23) + __float_as_int(p));
-}
-
 /* tanh(x) on the special-function unit (tanh.approx.f32, sm_75+: relative error below 2^-10.98, fp16's own
  * rounding).  The softcap's cost: in an interleaved A/B on the H100 (evidence/serving/h100_score_mods_1c7ea64.md)
  * it ran v2's softcap forward at 1.20-1.32x the plain call's time, against 1.76-2.50x for 1 - 2 / (2^(2x log2 e) + 1)

@@ -59,10 +59,6 @@ template <> struct v3_regs<1> { static constexpr int producer = 24, consumer = 2
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
-#ifndef V3_FWD_EMU
-#define V3_FWD_EMU 2
-#endif
-
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
@@ -84,9 +80,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
-    /* exponentials of every 8 taken on the FMA pipe in unmasked blocks (fma_exp2): at head dim 64 the
-     * special-function unit's 16 per clock take as long as the block's GEMMs */
-    constexpr int EMU = DP == 64 ? V3_FWD_EMU : 0;
     extern __shared__ unsigned char smem_raw[];
     T *sQ = (T *)smem_align1024(smem_raw);
     T *sO = SEP_O ? sQ + Q_TILE : sQ;
@@ -228,19 +221,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         if (!exact) {
 #pragma unroll
             for (int r = 0; r < 2; r++) a[r] = fast_exp2(m[r] * c - mc[r]); /* m = -inf (first block): alpha = 0 */
-            if (EMU > 0 && !masked) { /* EMU of every 8 exponentials on the FMA pipe (no -inf scores here) */
 #pragma unroll
-                for (int i = 0; i < NS; i++) {
-                    const float x = fmaf(s[i], c, -mc[(i >> 1) & 1]);
-                    s[i] = (i & 7) >= 8 - EMU ? fma_exp2(x) : fast_exp2(x);
-                    sum[(i >> 1) & 1] += s[i];
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < NS; i++) {
-                    s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
-                    sum[(i >> 1) & 1] += s[i];
-                }
+            for (int i = 0; i < NS; i++) {
+                s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
+                sum[(i >> 1) & 1] += s[i];
             }
         } else {
 #pragma unroll
