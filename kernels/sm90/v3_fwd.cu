@@ -18,8 +18,6 @@
  *   software-pipelined inside each consumer: S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued back to back, the
  *   softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; and ping-pong between consumers (named
  *   barriers): they take turns issuing GEMMs, so one's softmax overlaps another's GEMMs.
- * Q has two slots where they fit with the O tile (v3_configs.h: D=64 and D=128 at Bc = 128), so a tile's Q loads
- * while the tile before it runs, not once its last S GEMM has read the one slot.
  * O is written back through a shared-memory tile (its own where it fits, else the consumer's Q slot; swizzled like
  * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
  * with zeros, so no load reads past it.
@@ -77,7 +75,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
     static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(CWG), "the config's tiles exceed its shared memory");
     constexpr int BR = 64 * CWG;
-    constexpr int QB = V3_QB(DP, BC, STAGES, CWG); /* Q slots: tile t's Q in slot t % QB */
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
@@ -85,18 +82,17 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
     extern __shared__ unsigned char smem_raw[];
     T *sQ = (T *)smem_align1024(smem_raw);
-    T *sK = sQ + (QB + (SEP_O ? 1 : 0)) * Q_TILE, *sV = sK + STAGES * KV_TILE;
+    T *sO = SEP_O ? sQ + Q_TILE : sQ;
+    T *sK = sQ + (SEP_O ? 2 : 1) * Q_TILE, *sV = sK + STAGES * KV_TILE;
     uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
-    uint64_t *q_full = bar, *q_empty = bar + QB, *k_full = bar + 2 * QB, *v_full = k_full + STAGES,
+    uint64_t *q_full = bar, *q_empty = bar + 1, *k_full = bar + 2, *v_full = k_full + STAGES,
              *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
     const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < QB; i++) {
-            mbar_init(&q_full[i], 1);
-            mbar_init(&q_empty[i], 4 * CWG); /* one arrival per consumer warp */
-        }
+        mbar_init(q_full, 1);
+        mbar_init(q_empty, 4 * CWG); /* one arrival per consumer warp */
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&v_full[s], 1);
@@ -123,12 +119,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             /* packed batches are one batch of rows: sequence b's start at row q0 / k0 */
             const int hk = (int)(w.h / p.h_per_kv), qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
             const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)x.k0;
-            const int qs = qr % QB; /* Q's slot, free once tile qr - QB's consumers released it */
-            if (qr >= QB) mbar_wait(&q_empty[qs], (qr / QB - 1) & 1);
-            mbar_arrive_expect_tx(&q_full[qs], Q_TILE * 2);
+            if (qr > 0) mbar_wait(q_empty, (qr - 1) & 1);
+            mbar_arrive_expect_tx(q_full, Q_TILE * 2);
 #pragma unroll
             for (int c = 0; c < PANELS; c++)
-                tma_load_4d(sQ + qs * Q_TILE + c * BR * 64, &tm_q, &q_full[qs], c * 64, (int)(x.q0 + w.i0), w.h, qb);
+                tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)(x.q0 + w.i0), w.h, qb);
             for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
@@ -155,6 +150,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     const float c_in = p.scale_log2, c = MODS ? 1.f : c_in;
     const float cap2 = p.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f;
     float slope2 = 0.f; /* ALiBi's slope of the tile's head (log2 units) */
+    T *sQw = sQ + cw * 64 * 64, *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
 
     float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* m: raw row max of S */
     bool exact = false;             /* see softmax */
@@ -165,8 +161,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     /* Descriptors: the start-address field (low word) of each tile's base, computed once; a k-step adds a
      * compile-time byte offset >> 4 to it (no carry: shared addresses stay below 256 KB). */
-    const unsigned k_lo = desc_lo(sK, 0), v_lo = desc_lo(sV, BC * 128);
-    unsigned q_lo; /* the current tile's Q slot, this warpgroup's 64 rows */
+    const unsigned q_lo = desc_lo(sQw, 0), k_lo = desc_lo(sK, 0), v_lo = desc_lo(sV, BC * 128);
     /* S = Q K^T from slot st: DP / 16 k-steps, four per 64-column panel, 32 bytes apart inside it. */
     auto issue_s = [&](int st) {
         const unsigned k_st = k_lo + st * (KV_TILE * 2 >> 4);
@@ -277,10 +272,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
         if (SEQ && w.i0 >= x.sq) continue; /* the producer skips it too */
         v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-        const int qr = SEQ ? qround++ : round, qs = qr % QB;
-        T *sO = SEP_O ? sQ + QB * Q_TILE : sQ + qs * Q_TILE; /* O's staging tile: its own, or Q's slot */
-        T *sOw = sO + cw * 64 * 64;                          /* this warpgroup's 64 rows of panel 0 */
-        q_lo = desc_lo(sQ + qs * Q_TILE + cw * 64 * 64, 0);
+        const int qr = SEQ ? qround++ : round;
         const int q0 = (int)x.q0; /* what the epilogue needs of x, in 32 bits (registers are short at D = 64) */
         if (SEQ) {
             seq_q = (int)x.sq;
@@ -329,7 +321,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             pack_p();
         };
 
-        mbar_wait(&q_full[qs], (qr / QB) & 1);
+        mbar_wait(q_full, qr & 1);
         if (w.nblocks > 0) {
             float a[2];
             const int st0 = ring % STAGES;
@@ -345,7 +337,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             /* blocks [f0, f1) unmasked, the others masked (a window's left edge, the diagonal and the tail) */
             for (int j = 1; j < w.nblocks; j++) step(j, a, j < f0 || j >= f1);
             const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
-            if (SEP_O) release(&q_empty[qs]); /* the last S GEMM has read Q: a later tile's Q may land */
+            if (SEP_O) release(q_empty); /* the last S GEMM has read Q: the next tile's Q may land */
             mbar_wait(&v_full[sp], (rl / STAGES) & 1);
             turn_wait();
             issue_pv(sp);
@@ -355,7 +347,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             release(&v_empty[sp]);
             ring += w.nblocks;
         } else if (SEP_O) {
-            release(&q_empty[qs]);
+            release(q_empty);
         }
 
         /* ---- epilogue: O / l through the O tile (or Q's slot) to a TMA store; LSE directly ---- */
@@ -380,7 +372,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 if (row < seq_q && col < p.d)
                     *(unsigned *)(out + row * p.o_stride_s + col) = pack2(o[i] * inv[r], o[i + 1] * inv[r], T());
             }
-            if (!SEP_O && tid == 0) mbar_arrive_cnt(&q_empty[qs], 4); /* Q's slot held no O: free once the GEMMs are */
+            if (!SEP_O && tid == 0) mbar_arrive_cnt(q_empty, 4); /* Q's slot held no O: free once the GEMMs are */
             continue;
         }
 #pragma unroll
@@ -401,7 +393,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             }
             if (!SEP_O) { /* Q's slot is free once the store has read it: four arrivals, one per warp's worth */
                 tma_store_wait_read();
-                mbar_arrive_cnt(&q_empty[qs], 4);
+                mbar_arrive_cnt(q_empty, 4);
             }
         }
     }
