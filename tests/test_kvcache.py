@@ -62,6 +62,7 @@ CASES = {  # page_size, cache lengths before the call, S_new, Sq
     "paged16-decode": (16, [0, 15, 16, 129], 1, 1),
     "paged32-chunk": (32, [31, 100, 3], 5, 5),
     "paged64-more-q": (64, [10, 250], 3, 9),
+    "paged48-chunk": (48, [47, 100, 0], 4, 4),  # a page size that neither divides nor is a multiple of the tiles
 }
 
 

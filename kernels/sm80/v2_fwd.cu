@@ -110,6 +110,28 @@ __device__ __noinline__ void load_tile_paged(T *smem, const T *head, const int32
     }
 }
 
+/* The same tile of a paged cache whose pages are a whole fraction of a tile (ROWS a multiple of the page size
+ * 1 << shift, so the tile starts a page): row r is row r & (ps - 1) of page table[j0 / ps + r / ps] -- shifts and
+ * masks where load_tile_paged divides.  Rows >= valid and columns >= d zero-filled (and no table read past them).
+ * Out of line as load_tile_paged: inlined, it spilled up to 272 bytes in the paged kernels of Bc >= 64. */
+template <typename T, int DP, int ROWS, int THREADS>
+__device__ __noinline__ void load_tile_pages(T *smem, const T *head, const int32_t *table, int shift, int64_t stride_b, int64_t stride_s,
+                         int j0, int valid, int d, int tid) {
+    constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
+    const int c = tid % CHUNKS, r0 = tid / CHUNKS, in_page = (1 << shift) - 1;
+    const bool col_in = c * 8 < d;
+    const int32_t *tab = table + (j0 >> shift);
+    head += c * 8;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int r = r0 + it * RSTEP;
+        const bool in = col_in && r < valid;
+        const int page = in ? __ldg(tab + (r >> shift)) : 0;
+        const T *src = head + (int64_t)page * stride_b + (int64_t)(r & in_page) * stride_s;
+        cp_async_16(smem + swz<DP>(r, c), in ? src : head, in ? 16 : 0);
+    }
+}
+
 /* Flips the sign bit of every fp16/bf16 element of a ROWS x DP tile in shared memory (16 bytes per thread-step). */
 template <int DP, int ROWS, int THREADS> DEV void flip_sign_bits(void *smem, int tid) {
     uint4 *t = (uint4 *)smem;
@@ -179,13 +201,19 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
 
     const T *kthr = k + load_origin<DP>(p.k_stride_s, tid), *vthr = v + load_origin<DP>(p.v_stride_s, tid);
     /* One key tile of K or V.  Paged: a tile inside one page (page_size a multiple of BC) is the contiguous copy from
-     * that page's row (one table read per tile); smaller pages take the row-by-row copy. */
+     * that page's row (one table read per tile); a tile of whole pages (BC a multiple of page_size) addresses its rows
+     * by shifts; other page sizes take the row-by-row copy with divisions. */
+    const bool whole_pages = PAGED && p.page_size < BC && BC % (int)p.page_size == 0; /* then a power of 2 */
+    const int page_shift = whole_pages ? __ffs((int)p.page_size) - 1 : 0;
     auto load_one = [&](T *dst, const T *head, const T *thr, int64_t stride_b, int64_t stride_s, int64_t j0) {
         if constexpr (PAGED) {
             if (p.page_size % BC == 0) {
                 const int64_t page = __ldg(seq.block_table + j0 / p.page_size);
                 load_tile<T, DP, BC, THREADS>(dst, thr + page * stride_b + (j0 % p.page_size) * stride_s, stride_s,
                                               kend - j0, d, tid);
+            } else if (whole_pages) {
+                load_tile_pages<T, DP, BC, THREADS>(dst, head, seq.block_table, page_shift, stride_b, stride_s, (int)j0,
+                                                    (int)min(kend - j0, (int64_t)BC), d, tid);
             } else {
                 load_tile_paged<T, DP, BC, THREADS>(dst, head, seq.block_table, (int)p.page_size, stride_b, stride_s,
                                                     (int)j0, (int)min(kend - j0, (int64_t)BC), d, tid);
