@@ -12,7 +12,7 @@
  * causal or not (CAUSAL 1 / 0), with SK_MIN <= Sk <= SK_MAX and (WAVES > 0) the bucket default's tiles at most
  * WAVES per SM.  Measured on the H100 (evidence/bench/h100_v3_*.json):
  *   D=64, Sk <= 512, causal, or non-causal with at most 3 default tiles per SM: one consumer, two blocks per SM
- *   (bench/ab.py, 96c58d0: 1.02-1.25x causal, 1.04-1.31x on small grids, 0.93x on the fa3 grid's non-causal 512);
+ *   (bench/ab.py, 96c58d0: causal 1.05-1.25x, non-causal 1.04-1.32x on the seeds' grids, 0.93x on the fa3 grid's);
  *   D=64 causal, Sk <= 2k: Br = 128 without ping-pong, 0.58-0.78x -> 0.75-0.82x cudnn (less of each tile masked);
  *   D=128 / D=256 non-causal, Sk >= 8k: Bc = 176 / 80 (bench/ab.py, interleaved medians: 16k 0.93 -> 0.97x,
  *   8k 0.94 -> 0.97x at D=128; 16k 1.00 -> 1.06x at D=256).  The first matching rule wins.
