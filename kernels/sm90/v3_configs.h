@@ -79,18 +79,22 @@ extern "C" int fattn_v3_seq_config(int dp);
 int fattn_v3_seq_config(int dp);
 #endif
 
-/* Shared memory of one block: Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot), STAGES
- * slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte
- * swizzle's period). */
-#define V3_NBARS(STAGES) (2 + 4 * (STAGES))
-#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, SEP_O) \
-    ((size_t)(64 * (CWG) * ((SEP_O) ? 2 : 1) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(STAGES) * 8 + 1024)
+/* Shared memory of one block: QB slots of Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot),
+ * STAGES slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the
+ * 128-byte swizzle's period). */
+#define V3_NBARS(QB, STAGES) (2 * (QB) + 4 * (STAGES))
+#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QB, SEP_O) \
+    ((size_t)(64 * (CWG) * ((QB) + ((SEP_O) ? 1 : 0)) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(QB, STAGES) * 8 + 1024)
 /* Blocks per SM: two with one consumer, else one.  A block may have 227 KB of shared memory, or 113 KB when two
  * share an SM (228 KB, 1 KB of it reserved per block). */
 #define V3_BLOCKS_PER_SM(CWG) ((CWG) == 1 ? 2 : 1)
 #define V3_SMEM_MAX(CWG) ((CWG) == 1 ? 113 * 1024 : 227 * 1024)
-/* A separate O tile when it fits. */
-#define V3_SEP_O(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 1) <= V3_SMEM_MAX(CWG))
-#define V3_SMEM(DP, BC, STAGES, CWG) V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_SEP_O(DP, BC, STAGES, CWG))
+/* Two Q slots (the next tile's Q loads while this tile runs) with a separate O tile where they fit, else one Q
+ * slot, and a separate O tile where that fits. */
+#define V3_QB(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 2, 1) <= V3_SMEM_MAX(CWG) ? 2 : 1)
+#define V3_SEP_O(DP, BC, STAGES, CWG) \
+    (V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QB(DP, BC, STAGES, CWG), 1) <= V3_SMEM_MAX(CWG))
+#define V3_SMEM(DP, BC, STAGES, CWG) \
+    V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QB(DP, BC, STAGES, CWG), V3_SEP_O(DP, BC, STAGES, CWG))
 
 #endif

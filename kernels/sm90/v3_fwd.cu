@@ -18,6 +18,9 @@
  *   software-pipelined inside each consumer: S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued back to back, the
  *   softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; and ping-pong between consumers (named
  *   barriers): they take turns issuing GEMMs, so one's softmax overlaps another's GEMMs.
+ * Q has two slots where they fit with the O tile (v3_configs.h: D=64 and D=128 at Bc = 128), so a tile's Q loads
+ * while the tile before it runs; there (FLAT, up to two consumers) the tiles run back to back: a tile's last P V is
+ * issued with the next tile's S_0, and its epilogue runs once both are done.
  * O is written back through a shared-memory tile (its own where it fits, else the consumer's Q slot; swizzled like
  * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
  * with zeros, so no load reads past it.
@@ -75,24 +78,29 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
     static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(CWG), "the config's tiles exceed its shared memory");
     constexpr int BR = 64 * CWG;
+    constexpr int QB = V3_QB(DP, BC, STAGES, CWG); /* Q slots: tile t's Q in slot t % QB */
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
+    /* tiles back to back (see the consumers' loop); two Q slots imply SEP_O.  Not with three consumers: at their
+     * 160 registers the finished tile's state spilled 68-252 bytes. */
+    constexpr bool FLAT = QB == 2 && CWG <= 2;
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
     extern __shared__ unsigned char smem_raw[];
     T *sQ = (T *)smem_align1024(smem_raw);
-    T *sO = SEP_O ? sQ + Q_TILE : sQ;
-    T *sK = sQ + (SEP_O ? 2 : 1) * Q_TILE, *sV = sK + STAGES * KV_TILE;
+    T *sK = sQ + (QB + (SEP_O ? 1 : 0)) * Q_TILE, *sV = sK + STAGES * KV_TILE;
     uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
-    uint64_t *q_full = bar, *q_empty = bar + 1, *k_full = bar + 2, *v_full = k_full + STAGES,
+    uint64_t *q_full = bar, *q_empty = bar + QB, *k_full = bar + 2 * QB, *v_full = k_full + STAGES,
              *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
     const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
-        mbar_init(q_empty, 4 * CWG); /* one arrival per consumer warp */
+        for (int i = 0; i < QB; i++) {
+            mbar_init(&q_full[i], 1);
+            mbar_init(&q_empty[i], 4 * CWG); /* one arrival per consumer warp */
+        }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&v_full[s], 1);
@@ -119,11 +127,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             /* packed batches are one batch of rows: sequence b's start at row q0 / k0 */
             const int hk = (int)(w.h / p.h_per_kv), qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
             const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)x.k0;
-            if (qr > 0) mbar_wait(q_empty, (qr - 1) & 1);
-            mbar_arrive_expect_tx(q_full, Q_TILE * 2);
+            const int qs = qr % QB; /* Q's slot, free once tile qr - QB's consumers released it */
+            if (qr >= QB) mbar_wait(&q_empty[qs], (qr / QB - 1) & 1);
+            mbar_arrive_expect_tx(&q_full[qs], Q_TILE * 2);
 #pragma unroll
             for (int c = 0; c < PANELS; c++)
-                tma_load_4d(sQ + c * BR * 64, &tm_q, q_full, c * 64, (int)(x.q0 + w.i0), w.h, qb);
+                tma_load_4d(sQ + qs * Q_TILE + c * BR * 64, &tm_q, &q_full[qs], c * 64, (int)(x.q0 + w.i0), w.h, qb);
             for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
@@ -150,7 +159,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     const float c_in = p.scale_log2, c = MODS ? 1.f : c_in;
     const float cap2 = p.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f;
     float slope2 = 0.f; /* ALiBi's slope of the tile's head (log2 units) */
-    T *sQw = sQ + cw * 64 * 64, *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
 
     float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* m: raw row max of S */
     bool exact = false;             /* see softmax */
@@ -161,7 +169,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     /* Descriptors: the start-address field (low word) of each tile's base, computed once; a k-step adds a
      * compile-time byte offset >> 4 to it (no carry: shared addresses stay below 256 KB). */
-    const unsigned q_lo = desc_lo(sQw, 0), k_lo = desc_lo(sK, 0), v_lo = desc_lo(sV, BC * 128);
+    const unsigned k_lo = desc_lo(sK, 0), v_lo = desc_lo(sV, BC * 128);
+    unsigned q_lo; /* the current tile's Q slot, this warpgroup's 64 rows */
     /* S = Q K^T from slot st: DP / 16 k-steps, four per 64-column panel, 32 bytes apart inside it. */
     auto issue_s = [&](int st) {
         const unsigned k_st = k_lo + st * (KV_TILE * 2 >> 4);
@@ -267,134 +276,235 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
     int ring = 0, round = 0, qround = 0;
-    for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-        v3_tile w = v3_tile_place(&p, BR, tile, head_group);
-        const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
-        if (SEQ && w.i0 >= x.sq) continue; /* the producer skips it too */
-        v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-        const int qr = SEQ ? qround++ : round;
-        const int q0 = (int)x.q0; /* what the epilogue needs of x, in 32 bits (registers are short at D = 64) */
+    /* The next tile this block runs (the producer skips the same ones): false when there is none. */
+    auto next_tile = [&](v3_tile &w, fattn_extent &x, int &qr) -> bool {
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
+            w = v3_tile_place(&p, BR, tile, head_group);
+            x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
+            if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
+            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+            qr = SEQ ? qround++ : round;
+            round++;
+            return true;
+        }
+        return false;
+    };
+    /* What a tile's epilogue needs once the next tile's softmax has taken over m, l and the rows. */
+    struct v3_done {
+        int b, h, q0, seq_q, qs;
+        int64_t wg_row; /* the thread's rows: wg_row + 16 warp + g, and + 8 */
+        float m[2], l[2];
+    };
+    v3_done cur;    /* the current tile's (m, l filled in when it ends) */
+    int f0 = 0, f1 = 0; /* the current tile's key blocks [f0, f1) are unmasked for this warpgroup's rows */
+    /* Starts tile w (Q's slot waited for): the softmax's per-tile state, Q's descriptor, the mask's block range. */
+    auto begin_tile = [&](const v3_tile &w, const fattn_extent &x, int qr) {
+        cur.qs = qr % QB;
+        cur.b = w.b;
+        cur.h = w.h;
+        cur.q0 = (int)x.q0; /* in 32 bits (registers are short at D = 64) */
         if (SEQ) {
             seq_q = (int)x.sq;
             seq_k = (int)x.sk;
         }
-        const int64_t wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
-        row0 = wg_row + warp * 16 + g;
+        cur.seq_q = SEQ ? seq_q : (int)p.sq;
+        cur.wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
+        row0 = cur.wg_row + warp * 16 + g;
         row1 = row0 + 8;
         k_first = (int64_t)w.n_min * BC;
         if (MODS) slope2 = fattn_alibi_slope2(&p, w.b, w.h);
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         exact = false;
-#pragma unroll
-        for (int i = 0; i < NO; i++) o[i] = 0.f;
+        q_lo = desc_lo(sQ + cur.qs * Q_TILE + cw * 64 * 64, 0);
         /* The tile's key blocks are n_min + [0, nblocks); of them, this warpgroup's rows all see [f0, f1) whole (no
          * mask); the blocks before f0 and from f1 on are masked. */
-        const fattn_span wsp = fattn_key_span(&p.mask, SEQ ? seq_q : p.sq, SEQ ? seq_k : p.sk, wg_row, 64, BC);
-        int f0 = (int)(wsp.n_full_min - w.n_min < 0 ? 0 : wsp.n_full_min - w.n_min > w.nblocks ? w.nblocks
-                                                                                               : wsp.n_full_min - w.n_min);
-        int f1 = (int)(wsp.n_full_max - w.n_min < f0 ? f0 : wsp.n_full_max - w.n_min > w.nblocks ? w.nblocks
-                                                                                                 : wsp.n_full_max - w.n_min);
-        if (wg_row >= (SEQ ? seq_q : p.sq)) { /* rows past the sequence (a last, partial tile): never stored, so spare them the mask */
+        const fattn_span wsp = fattn_key_span(&p.mask, SEQ ? seq_q : p.sq, SEQ ? seq_k : p.sk, cur.wg_row, 64, BC);
+        f0 = (int)(wsp.n_full_min - w.n_min < 0 ? 0 : wsp.n_full_min - w.n_min > w.nblocks ? w.nblocks
+                                                                                           : wsp.n_full_min - w.n_min);
+        f1 = (int)(wsp.n_full_max - w.n_min < f0 ? f0 : wsp.n_full_max - w.n_min > w.nblocks ? w.nblocks
+                                                                                             : wsp.n_full_max - w.n_min);
+        if (cur.wg_row >= cur.seq_q) { /* rows past the sequence (a last, partial tile): never stored, so spare them the mask */
             f0 = 0;
             f1 = w.nblocks;
         }
-        /* One step of the pipeline: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the softmax of S_j
-         * while P_{j-1} V_{j-1} runs, then O rescaled and P_j packed.  Ring slot of block j: ring + j. */
-        auto step = [&](int j, float a[2], bool masked) {
-            const int rs = ring + j, st = rs % STAGES, sp = (rs - 1) % STAGES;
-            mbar_wait(&k_full[st], (rs / STAGES) & 1);
-            mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
-            turn_wait();
-            issue_s(st);
-            issue_pv(sp);
-            turn_pass();
-            wgmma_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
-            reg_fence(s);
-            release(&k_empty[st]);
-            softmax(j, a, masked);
-            wgmma_wait<0>();
-            reg_fence(o);
-            release(&v_empty[sp]);
-#pragma unroll
-            for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
-            pack_p();
-        };
+        mbar_wait(&q_full[cur.qs], (qr / QB) & 1);
+    };
+    auto masked = [&](int j) { return j < f0 || j >= f1; }; /* a window's left edge, the diagonal, the tail */
+    auto finish = [&]() { /* the current tile's m and l, for its epilogue */
+        cur.m[0] = m[0], cur.m[1] = m[1], cur.l[0] = l[0], cur.l[1] = l[1];
+        return cur;
+    };
 
-        mbar_wait(q_full, qr & 1);
-        if (w.nblocks > 0) {
-            float a[2];
-            const int st0 = ring % STAGES;
-            mbar_wait(&k_full[st0], (ring / STAGES) & 1);
-            turn_wait();
-            issue_s(st0);
-            turn_pass();
-            wgmma_wait<0>();
-            reg_fence(s);
-            release(&k_empty[st0]);
-            softmax(0, a, !(f0 == 0 && f1 > 0));
-            pack_p();
-            /* blocks [f0, f1) unmasked, the others masked (a window's left edge, the diagonal and the tail) */
-            for (int j = 1; j < w.nblocks; j++) step(j, a, j < f0 || j >= f1);
-            const int rl = ring + w.nblocks - 1, sp = rl % STAGES;
-            if (SEP_O) release(q_empty); /* the last S GEMM has read Q: the next tile's Q may land */
-            mbar_wait(&v_full[sp], (rl / STAGES) & 1);
-            turn_wait();
-            issue_pv(sp);
-            turn_pass();
-            wgmma_wait<0>();
-            reg_fence(o);
-            release(&v_empty[sp]);
-            ring += w.nblocks;
-        } else if (SEP_O) {
-            release(q_empty);
-        }
-
-        /* ---- epilogue: O / l through the O tile (or Q's slot) to a TMA store; LSE directly ---- */
+    /* ---- epilogue of tile e: O / l (zeros for a tile that saw no key block) through the O tile (or Q's slot) to a
+     * TMA store; LSE directly ---- */
+    auto epilogue = [&](const v3_done &e, bool empty) {
+        T *sO = SEP_O ? sQ + QB * Q_TILE : sQ + e.qs * Q_TILE;
+        T *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
+        const int64_t r0 = e.wg_row + warp * 16 + g, r1 = r0 + 8;
         float inv[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const float lr = quad_sum(l[r]);
+            const float lr = empty ? 0.f : quad_sum(e.l[r]);
             inv[r] = lr > 0.f ? 1.f / lr : 0.f;
-            const int64_t row = r ? row1 : row0;
-            if (p.lse && t == 0 && row < (SEQ ? seq_q : p.sq)) /* m: raw units (or log2 units at c = 1) */
-                p.lse[w.b * p.lse_stride_b + (SEQ ? q0 : 0) + w.h * p.lse_stride_h + row] = lse_from(m[r] * c, lr);
+            const int64_t row = r ? r1 : r0;
+            if (p.lse && t == 0 && row < e.seq_q) /* m: raw units (or log2 units at c = 1) */
+                p.lse[e.b * p.lse_stride_b + (SEQ ? e.q0 : 0) + e.h * p.lse_stride_h + row] = lse_from(e.m[r] * c, lr);
         }
+        auto out2 = [&](int i) { /* O's elements i, i + 1, packed */
+            const float y = inv[(i >> 1) & 1];
+            return empty ? 0u : pack2(o[i] * y, o[i + 1] * y, T());
+        };
         if (tid == 0) tma_store_wait_read(); /* the previous tile's store has read the O tile */
         named_barrier_sync(V3_BAR_EPILOGUE + cw, 128); /* ... and (O in Q's slot) every warp's last S GEMM is done */
-        if (SEQ && wg_row + 64 > seq_q) { /* a sequence's last rows: stored by each thread, none past its end (a TMA
-                                            store of the 64 rows would write into the next sequence's) */
-            T *out = (T *)p.o + (p.cu_seqlens_q ? 0 : w.b * p.o_stride_b) + (int64_t)q0 * p.o_stride_s + w.h * p.o_stride_h;
+        if (SEQ && e.wg_row + 64 > e.seq_q) { /* a sequence's last rows: stored by each thread, none past its end (a
+                                                TMA store of the 64 rows would write into the next sequence's) */
+            T *out = (T *)p.o + (p.cu_seqlens_q ? 0 : e.b * p.o_stride_b) + (int64_t)e.q0 * p.o_stride_s +
+                     e.h * p.o_stride_h;
 #pragma unroll
             for (int i = 0; i < NO; i += 2) {
-                const int col = 8 * (i / 4) + 2 * t, r = (i >> 1) & 1;
-                const int64_t row = r ? row1 : row0;
-                if (row < seq_q && col < p.d)
-                    *(unsigned *)(out + row * p.o_stride_s + col) = pack2(o[i] * inv[r], o[i + 1] * inv[r], T());
+                const int col = 8 * (i / 4) + 2 * t;
+                const int64_t row = ((i >> 1) & 1) ? r1 : r0;
+                if (row < e.seq_q && col < p.d) *(unsigned *)(out + row * p.o_stride_s + col) = out2(i);
             }
-            if (!SEP_O && tid == 0) mbar_arrive_cnt(q_empty, 4); /* Q's slot held no O: free once the GEMMs are */
-            continue;
+            if (!SEP_O && tid == 0) mbar_arrive_cnt(&q_empty[e.qs], 4); /* Q's slot held no O: free once the GEMMs are */
+            return;
         }
 #pragma unroll
         for (int i = 0; i < NO; i += 2) {
             const int col = 8 * (i / 4) + 2 * t, r = cw * 64 + warp * 16 + g + ((i & 2) ? 8 : 0);
             const int chunk = (col % 64) / 8;
-            unsigned *dst = (unsigned *)(sO + (col / 64) * BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8);
-            *dst = pack2(o[i] * inv[(i >> 1) & 1], o[i + 1] * inv[(i >> 1) & 1], T());
+            *(unsigned *)(sO + (col / 64) * BR * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = out2(i);
         }
         fence_proxy_async();
         named_barrier_sync(V3_BAR_EPILOGUE + cw, 128);
         if (tid == 0) {
-            if (wg_row < (SEQ ? seq_q : p.sq)) {
-                const int orow = (SEQ ? q0 : 0) + (int)wg_row, ob = SEQ && p.cu_seqlens_q ? 0 : w.b;
+            if (e.wg_row < e.seq_q) {
+                const int orow = (SEQ ? e.q0 : 0) + (int)e.wg_row, ob = SEQ && p.cu_seqlens_q ? 0 : e.b;
 #pragma unroll
-                for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sOw + c2 * BR * 64, c2 * 64, orow, w.h, ob);
+                for (int c2 = 0; c2 < PANELS; c2++) tma_store_4d(&tm_o, sOw + c2 * BR * 64, c2 * 64, orow, e.h, ob);
                 tma_store_commit();
             }
             if (!SEP_O) { /* Q's slot is free once the store has read it: four arrivals, one per warp's worth */
                 tma_store_wait_read();
-                mbar_arrive_cnt(q_empty, 4);
+                mbar_arrive_cnt(&q_empty[e.qs], 4);
             }
+        }
+    };
+
+    /* One step of the pipeline: S_j = Q K_j^T (ring slot rs) and O += P V of the block before (slot rs - 1) issued
+     * together, the softmax of S_j while that P V runs.  Returns with P V done; the caller rescales O (or, when the
+     * P V was another tile's last, stores that tile) and packs P_j. */
+    auto step_gemms = [&](int rs, int j, float a[2]) {
+        const int st = rs % STAGES, sp = (rs - 1) % STAGES;
+        mbar_wait(&k_full[st], (rs / STAGES) & 1);
+        mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
+        turn_wait();
+        issue_s(st);
+        issue_pv(sp);
+        turn_pass();
+        wgmma_wait<1>(); /* S_j done; the P V may still run */
+        reg_fence(s);
+        release(&k_empty[st]);
+        softmax(j, a, masked(j));
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(&v_empty[sp]);
+    };
+    /* S_0 of a tile, alone (the first tile's, or every tile's without FLAT) */
+    auto first_block = [&](float a[2]) {
+        const int st0 = ring % STAGES;
+        mbar_wait(&k_full[st0], (ring / STAGES) & 1);
+        turn_wait();
+        issue_s(st0);
+        turn_pass();
+        wgmma_wait<0>();
+        reg_fence(s);
+        release(&k_empty[st0]);
+        softmax(0, a, masked(0));
+    };
+    /* a tile's last P V (ring slot rl), alone (the last tile's, or every tile's without FLAT) */
+    auto last_pv = [&](int rl) {
+        const int sp = rl % STAGES;
+        mbar_wait(&v_full[sp], (rl / STAGES) & 1);
+        turn_wait();
+        issue_pv(sp);
+        turn_pass();
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(&v_empty[sp]);
+    };
+    auto zero_o = [&]() {
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[i] = 0.f;
+    };
+    auto rescale_o = [&](const float a[2]) {
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
+    };
+    v3_tile w;
+    fattn_extent x;
+    int qr;
+    if constexpr (FLAT) {
+        /* Tiles back to back: a tile's last P V is issued with the next tile's S_0 (its Q already in the other slot),
+         * and the tile's epilogue runs once both are done -- no GEMM issued alone at a tile's start or end but the
+         * block's first and last.  Tiles that see no key block are stored (zeros) as they come. */
+        auto next_nonempty = [&]() -> bool {
+            while (next_tile(w, x, qr)) {
+                begin_tile(w, x, qr);
+                if (w.nblocks > 0) return true;
+                release(&q_empty[cur.qs]);
+                epilogue(finish(), true);
+            }
+            return false;
+        };
+        if (next_nonempty()) {
+            float a[2];
+            zero_o();
+            first_block(a);
+            pack_p();
+            for (;;) {
+                const int nb = w.nblocks;
+                for (int j = 1; j < nb; j++) {
+                    step_gemms(ring + j, j, a);
+                    rescale_o(a);
+                    pack_p();
+                }
+                release(&q_empty[cur.qs]); /* the tile's last S GEMM has read Q: a later tile's Q may land */
+                const v3_done e = finish();
+                const int rl = ring + nb - 1;
+                ring += nb;
+                if (!next_nonempty()) {
+                    last_pv(rl);
+                    epilogue(e, false);
+                    break;
+                }
+                step_gemms(rl + 1, 0, a); /* the new tile's S_0 with the last tile's P V (slot rl) */
+                epilogue(e, false);
+                zero_o();
+                pack_p();
+            }
+        }
+    } else {
+        while (next_tile(w, x, qr)) {
+            begin_tile(w, x, qr);
+            zero_o();
+            if (w.nblocks > 0) {
+                float a[2];
+                first_block(a);
+                pack_p();
+                for (int j = 1; j < w.nblocks; j++) {
+                    step_gemms(ring + j, j, a);
+                    rescale_o(a);
+                    pack_p();
+                }
+                if (SEP_O) release(&q_empty[cur.qs]); /* the last S GEMM has read Q: a later tile's Q may land */
+                last_pv(ring + w.nblocks - 1);
+                ring += w.nblocks;
+            } else if (SEP_O) {
+                release(&q_empty[cur.qs]);
+            }
+            epilogue(finish(), false);
         }
     }
     if (PP && cw == 0) turn_wait(); /* the last consumer's final hand-over */
