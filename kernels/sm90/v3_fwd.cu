@@ -19,7 +19,7 @@
  *   softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; and ping-pong between consumers (named
  *   barriers): they take turns issuing GEMMs, so one's softmax overlaps another's GEMMs.
  * Q has two slots where they fit with the O tile (v3_configs.h: D=64 and D=128 at Bc = 128), so a tile's Q loads
- * while the tile before it runs; there (FLAT, up to two consumers) the tiles run back to back: a tile's last P V is
+ * while the tile before it runs; there (FLAT, two consumers) the tiles run back to back: a tile's last P V is
  * issued with the next tile's S_0, and its epilogue runs once both are done.
  * O is written back through a shared-memory tile (its own where it fits, else the consumer's Q slot; swizzled like
  * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
@@ -80,9 +80,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     constexpr int BR = 64 * CWG;
     constexpr int QB = V3_QB(DP, BC, STAGES, CWG); /* Q slots: tile t's Q in slot t % QB */
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
-    /* tiles back to back (see the consumers' loop); two Q slots imply SEP_O.  Not with three consumers: at their
-     * 160 registers the finished tile's state spilled 68-252 bytes. */
-    constexpr bool FLAT = QB == 2 && CWG <= 2;
+    /* tiles back to back (see the consumers' loop); two Q slots imply SEP_O.  Two consumers only: with three, at
+     * 160 registers, the finished tile's state spilled 68-252 bytes; with one (two blocks per SM) it measured
+     * 0.98-0.99x the per-tile loop at S=512 (evidence/bench/h100_v3_fwd_flat_*.md). */
+    constexpr bool FLAT = QB == 2 && CWG == 2;
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
