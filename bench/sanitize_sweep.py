@@ -8,7 +8,8 @@ scalar variants); and each variant's backward (FATTN_SANITIZE_BACKWARD=0 skips i
                                      # (racecheck on the Hopper kernels is slow: the quick sweep fits a GPU call)
     FATTN_SANITIZE_DIMS=256 ...      # only these head dims (comma-separated), quick or not
 A last forward per head dim has more query tiles (2 x 80 heads x 300 rows) than an H100 has multiprocessors, so a
-persistent kernel's blocks walk several tiles each.  Exits non-zero if any result is NaN where it must not be (the sanitizer's own report is what this is for)."""
+persistent kernel's blocks walk several tiles each.  Exits non-zero if any result is NaN where it must not be (the
+sanitizer's own report is what this is for)."""
 import os
 import sys
 
