@@ -82,7 +82,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
     /* tiles back to back (see the consumers' loop); two Q slots imply SEP_O.  Two consumers only: with three, at
      * 160 registers, the finished tile's state spilled 68-252 bytes; with one (two blocks per SM) it measured
-     * 0.98-0.99x the per-tile loop at S=512 (evidence/bench/h100_v3_fwd_flat_*.md). */
+     * 0.98-0.99x the per-tile loop at S=512 (evidence/bench/h100_v3_fwd_flat_c8570e5.md). */
     constexpr bool FLAT = QB == 2 && CWG == 2;
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
