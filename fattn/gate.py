@@ -6,15 +6,18 @@ or on a drop of fattn's ratio to the best torch backend that the measurement's o
 Ratios, not absolute times: machines are shared and clocks move, but fattn and torch measured back to back in one
 process move together.  Steps: (1) `pytest -k parity` here (skipped with --no-tests); (2) every point of the
 baseline measured in --rounds interleaved rounds (each round times every implementation once per point, so drift
-hits them alike), giving one ratio per round; (3) per point the median ratio and its noise (the interquartile range
-of the rounds over the median): a point is "slower" only when its median fell below the baseline by more than
-threshold + its noise + the baseline's own noise (its rows' ratio_noise, recorded by a bench run of several rounds;
-taken equal to today's where the baseline has none), "wrong" when any round failed validation; (4) a table; exit 1
-if anything failed.
+hits them alike), giving one ratio per round; (3) per point the median ratio and its noise, both on a log scale
+(ratios are factors): the noise is log(q75 / q25) of the rounds, and a point is "slower" only when log(median /
+baseline) falls below -(threshold + its noise + the baseline's own noise) (the baseline's: its rows' ratio_noise,
+recorded by a bench run of several rounds as a relative spread, about the same thing for small spreads; taken equal
+to today's where the baseline has none) -- so no amount of noise hides a drop to a fraction of the baseline, as a
+relative change bounded by -100% would; "wrong" when any round failed validation; (4) a table; exit 1 if anything
+failed.
 """
 import argparse
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -50,11 +53,11 @@ def compare(base_rows, rounds, threshold=0.03):
             res["status"] = "missing"
         else:
             med = timer.percentile(ratios, 0.5)
-            noise = (timer.percentile(ratios, 0.75) - timer.percentile(ratios, 0.25)) / med
+            noise = math.log(timer.percentile(ratios, 0.75) / timer.percentile(ratios, 0.25))
             base_noise = b.get("ratio_noise")
             noise += noise if base_noise is None else base_noise
             res.update(now=med, noise=noise, change=med / res["base"] - 1)
-            res["status"] = "slower" if res["change"] < -(threshold + noise) else "ok"
+            res["status"] = "slower" if math.log(med / res["base"]) < -(threshold + noise) else "ok"
         out.append(res)
     return out
 

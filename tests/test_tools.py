@@ -1,5 +1,6 @@
 """The tools around the kernels, on synthetic results (no GPU needed): gate comparison logic, plots, reports."""
 import json
+import math
 
 import pytest
 
@@ -29,18 +30,30 @@ def test_compare_statuses():
     res = {r["point"].split()[2]: r for r in gate.compare(base, rounds, threshold=0.03)}
     assert res["S=512"]["status"] == "ok" and res["S=512"]["change"] == pytest.approx(-0.02)
     assert res["S=1024"]["status"] == "slower"  # -10% with 2% noise, the baseline's taken the same
-    assert res["S=1024"]["noise"] == pytest.approx(2 * 0.02 / 0.90)
+    assert res["S=1024"]["noise"] == pytest.approx(2 * math.log(0.91 / 0.89))  # log(q75 / q25), twice
     assert res["S=2048"]["status"] == "wrong"    # NaN error in one round: wrong, however fast
     assert res["S=4096"]["status"] == "missing"
     assert res["S=8192"]["status"] == "ok"       # median -10%, but the rounds swing by 39%: noise, not a verdict
     assert len(res) == 5  # torch rows and fattn rows without a ratio are not gated
     text = gate.format_results(list(res.values()), 0.03)
     assert "2 ok, 3 failed" in text and "slower" in text
-    # a baseline that recorded its own noise: -7% passes within 3% + 1% + 4%, fails within 3% + 1% + 1%
-    for base_noise, status in ((0.04, "ok"), (0.01, "slower")):
+    # a baseline that recorded its own noise: -7% (log 0.93 = -0.073; today's rounds agree, noise 0) passes within
+    # 3% + 5%, fails within 3% + 1%
+    for base_noise, status in ((0.05, "ok"), (0.01, "slower")):
         b = dict(row("fattn:v2", 1.00, S=512), ratio_noise=base_noise)
         now = [[row("fattn:v2", x, S=512)] for x in (0.925, 0.93, 0.935, 0.93, 0.93)]
         assert gate.compare([b], now)[0]["status"] == status
+
+
+def test_compare_drop_beyond_any_noise():
+    """A drop to a small fraction of the baseline is 'slower' however widely the rounds swing: on a linear scale a
+    change is bounded by -100% while the spread is not (rounds 0.001-0.01 against 1.0: -99.7% against a spread of
+    +-67%), on the log scale the drop (log 0.003) outweighs the spread (2 log 2)."""
+    base = [row("fattn:cpu", 1.0, S=64)]
+    rounds = [[row("fattn:cpu", x, S=64)] for x in (0.001, 0.004, 0.002, 0.003, 0.01)]
+    res = gate.compare(base, rounds, threshold=0.03)[0]
+    assert res["change"] == pytest.approx(-0.997) and res["noise"] == pytest.approx(2 * math.log(2))
+    assert res["status"] == "slower"
 
 
 def test_points_of_dedupes():
