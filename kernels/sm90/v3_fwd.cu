@@ -38,9 +38,9 @@
  * K/V in L2, or longest first over all heads where a causal schedule needs it for balance; v3_schedule.h, chosen by
  * v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations: v3_configs.h (bench/ab.py times them).
  * Built for sm_90a only (kernels/sm90/gencode).
- * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_685d259.md): 201-780 TFLOP/s fp16, 0.78-1.14x torch
- * cudnn (>= 1.05 at 12 of 36 points) and 1.28-2.65x torch flash; D=128 S=16k 643 (non-causal) TFLOP/s.  Weakest: D=64
- * causal at S=512-2k (0.78-0.87x cudnn) and D=64 non-causal at S=512-1k (0.88-0.92x).
+ * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_75bd4f0.md): 199-765 TFLOP/s fp16, 0.77-1.13x torch
+ * cudnn (>= 1.05 at 11 of 36 points) and 1.29-2.84x torch flash; D=128 S=16k 656 (non-causal) TFLOP/s.  Weakest: D=64
+ * causal at S=512-2k (0.77-0.90x cudnn), D=64 non-causal at S=512-1k (0.90-0.93x), S=512 at D=128 / 256 (0.91-0.94x).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
