@@ -83,12 +83,8 @@ int fattn_v3_seq_config(int dp);
  * STAGES slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the
  * 128-byte swizzle's period). */
 #define V3_NBARS(QB, STAGES) (2 * (QB) + 4 * (STAGES))
-/* Three consumers running tiles back to back (two Q slots) keep a finished tile's state for its epilogue here, one
- * 48-byte slot per thread, instead of in registers (v3_fwd.cu) */
-#define V3_STASH_BYTES(CWG, QB) ((QB) == 2 && (CWG) == 3 ? 128 * (CWG) * 48 : 0)
-#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QB, SEP_O)                                                                 \
-    ((size_t)(64 * (CWG) * ((QB) + ((SEP_O) ? 1 : 0)) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(QB, STAGES) * 8 + \
-     V3_STASH_BYTES(CWG, QB) + 1024)
+#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QB, SEP_O) \
+    ((size_t)(64 * (CWG) * ((QB) + ((SEP_O) ? 1 : 0)) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(QB, STAGES) * 8 + 1024)
 /* Blocks per SM: two with one consumer, else one.  A block may have 227 KB of shared memory, or 113 KB when two
  * share an SM (228 KB, 1 KB of it reserved per block). */
 #define V3_BLOCKS_PER_SM(CWG) ((CWG) == 1 ? 2 : 1)

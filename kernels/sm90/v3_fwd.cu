@@ -80,11 +80,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     constexpr int BR = 64 * CWG;
     constexpr int QB = V3_QB(DP, BC, STAGES, CWG); /* Q slots: tile t's Q in slot t % QB */
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
-    /* tiles back to back (see the consumers' loop); two Q slots imply SEP_O.  Not with one consumer (two blocks per
-     * SM): 0.98-0.99x the per-tile loop at S=512 (evidence/bench/h100_v3_fwd_flat_c8570e5.md).  STASH: with three
-     * consumers, at 160 registers, the finished tile's state spilled 68-252 bytes in registers, so it goes to shared
-     * memory; their score-mod kernels still spilled 192 bytes, so they keep the per-tile loop. */
-    constexpr bool FLAT = QB == 2 && CWG >= 2 && !(CWG == 3 && MODS), STASH = FLAT && V3_STASH_BYTES(CWG, QB) > 0;
+    /* tiles back to back (see the consumers' loop); two Q slots imply SEP_O.  Two consumers only: with three, at
+     * 160 registers, the finished tile's state spilled 68-252 bytes; with one (two blocks per SM) it measured
+     * 0.98-0.99x the per-tile loop at S=512 (evidence/bench/h100_v3_fwd_flat_c8570e5.md). */
+    constexpr bool FLAT = QB == 2 && CWG == 2;
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
@@ -297,8 +296,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         int64_t wg_row; /* the thread's rows: wg_row + 16 warp + g, and + 8 */
         float m[2], l[2];
     };
-    static_assert(sizeof(v3_done) == 48, "V3_STASH_BYTES's slot");
-    v3_done *const stash = (v3_done *)(bar + V3_NBARS(QB, STAGES)) + cw * 128 + tid; /* STASH: this thread's slot */
     v3_done cur;    /* the current tile's (m, l filled in when it ends) */
     int f0 = 0, f1 = 0; /* the current tile's key blocks [f0, f1) are unmasked for this warpgroup's rows */
     /* Starts tile w (Q's slot waited for): the softmax's per-tile state, Q's descriptor, the mask's block range. */
@@ -475,22 +472,16 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                     pack_p();
                 }
                 release(&q_empty[cur.qs]); /* the tile's last S GEMM has read Q: a later tile's Q may land */
-                v3_done e; /* the finished tile's state: here, or (STASH) in shared memory */
-                if constexpr (STASH) *stash = finish();
-                else e = finish();
-                auto finished = [&]() -> const v3_done & {
-                    if constexpr (STASH) return *stash;
-                    else return e;
-                };
+                const v3_done e = finish();
                 const int rl = ring + nb - 1;
                 ring += nb;
                 if (!next_nonempty()) {
                     last_pv(rl);
-                    epilogue(finished(), false);
+                    epilogue(e, false);
                     break;
                 }
                 step_gemms(rl + 1, 0, a); /* the new tile's S_0 with the last tile's P V (slot rl) */
-                epilogue(finished(), false);
+                epilogue(e, false);
                 zero_o();
                 pack_p();
             }
