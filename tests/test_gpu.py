@@ -223,6 +223,28 @@ def test_v3_every_compiled_config(dtype):
 
 
 @V3
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_v3_tiles_without_keys_between_others(d):
+    """Sq > Sk, bottom-right causal: the first Sq - Sk rows see no key, so the first query tile of every head is empty,
+    and with many heads every block of the persistent grid walks empty tiles between others -- the case where a
+    block whose tiles run back to back (FLAT) stores an empty tile while the last one's P V is still to come.
+    Output rows that see nothing are zeros, their LSE -inf; each config of the bucket, both dtypes."""
+    heads = _C.device_info(0)[2] + 7  # 3 query tiles a head at Br = 128: several tiles per block
+    for dtype in (torch.float16, torch.bfloat16):
+        q = randn((1, heads, 300, d), dtype, "cuda", d)
+        k = randn((1, heads, 100, d), dtype, "cuda", d + 1)
+        v = randn((1, heads, 100, d), dtype, "cuda", d + 2)
+        for c in _C._dev.configs("v3"):
+            if c["dp"] != _C._dev.head_dim_bucket(d):
+                continue
+            lse = torch.empty(1, heads, 300, device="cuda", dtype=torch.float32)
+            o, lse, plan = dev_forward(q, k, v, causal="bottom_right", variant="v3", lse=lse, config=c["index"])
+            assert plan["grid"][0] < heads * 3, plan
+            check_close(o, q, k, v, "bottom_right", None, lse=lse)
+            assert not o[:, :, :200].any() and torch.isinf(lse[:, :, :200]).all() and (lse[:, :, :200] < 0).all()
+
+
+@V3
 def test_v3_config_index_checked():
     q = randn((1, 2, 100, 128), torch.float16, "cuda", 3)
     n = len(_C._dev.configs("v3"))
