@@ -78,7 +78,8 @@ def main():
                for c in _C._dev.configs(v)}
     print(f"Kernel resources of `{os.path.basename(so)}` (cuobjdump --dump-resource-usage and -sass).\n")
     print("registers: the per-thread count at launch; v3's consumer warpgroups raise theirs with setmaxnreg "
-          "(240 with 2 consumers, 160 with 3) and its producer lowers its own (24 / 32).  stack bytes: the "
+          "(232 with 1 consumer, two blocks per SM; 240 with 2; 160 with 3) and its producer lowers its own "
+          "(24 / 24 / 32).  stack bytes: the "
           "spill frame.\n")
     print("wgmma waits: WARPGROUP.DEPBAR instructions; a handful per kernel is the pipeline's own, about one per "
           "HGMMA means ptxas serialized the wgmmas (its C7515-C7520 notes in the build log say why).\n")
