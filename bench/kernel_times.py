@@ -1,0 +1,123 @@
+"""Device time of each call, from the profiler's kernel records rather than CUDA events: which kernels a call runs,
+how long each takes, and the span from its first kernel's start to its last one's end (kernels plus the gaps
+between them, none of the host time that events can count when the host path outlasts the L2 flush before it).
+
+    python3 bench/kernel_times.py --candidates v2 v2:splits=64 api:v2 torch:cudnn --shapes 1,32,1,128,32768,8
+
+Candidates and shapes as bench/ab.py's (forward only), and kv:contiguous / kv:pageN: attention_with_kvcache on the
+same keys in (B, S, H_kv, D) or in pages of N keys in a shuffled pool (check_indices=False, as the paged grid).  Each call follows an L2 flush and a synchronize; the flush
+kernels separate the calls in the trace.  Prints per candidate: the median span, the median sum of kernel times, the
+kernels with their median times, and (for comparison) the events timer's median.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ab  # noqa: E402
+from fattn.testing import grids, suite, timer  # noqa: E402
+
+FLUSH_MIN_US = 40.0  # the 256 MB flush takes ~80 us on an H100; no kernel of a call it brackets is a fill that long
+
+
+def profile_calls(fn, reps):
+    """[(span_us, [(kernel name, us), ...]) per call]: kernels grouped between the flushes."""
+    flush = timer.flush_buffer()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    calls, cur = [], None
+    for e in evs:
+        dur = e.time_range.end - e.time_range.start
+        if dur >= FLUSH_MIN_US and ("fill" in e.name.lower() or "zero" in e.name.lower()):
+            cur = []
+            calls.append(cur)
+        elif cur is not None:
+            cur.append((e.name, e.time_range.start, e.time_range.end))
+    out = []
+    for c in calls:
+        if c:
+            out.append((max(x[2] for x in c) - min(x[1] for x in c), [(n, b - a) for n, a, b in c]))
+    return out
+
+
+def kv_fn(text, q, k, v):
+    """attention_with_kvcache on q, k, v ((B, H, S, D) from suite.make_inputs), contiguous or paged."""
+    import fattn
+
+    qc, kc, vc = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    b, sk = kc.shape[0], kc.shape[1]
+    lens = torch.full((b,), sk, dtype=torch.int32, device=q.device)
+    if text == "kv:contiguous":
+        return lambda: fattn.attention_with_kvcache(qc, kc, vc, cache_seqlens=lens, check_indices=False)
+    ps = int(text.removeprefix("kv:page"))
+    n = sk // ps
+    perm = torch.randperm(b * n, generator=torch.Generator().manual_seed(ps)).to(q.device)
+    table = perm.reshape(b, n).to(torch.int32)
+    pk = torch.empty((b * n, ps) + kc.shape[2:], dtype=kc.dtype, device=q.device)
+    pv = torch.empty_like(pk)
+    pk[perm] = kc.reshape((b * n, ps) + kc.shape[2:])
+    pv[perm] = vc.reshape((b * n, ps) + kc.shape[2:])
+    return lambda: fattn.attention_with_kvcache(qc, pk, pv, cache_seqlens=lens, block_table=table,
+                                                check_indices=False)
+
+
+def short(name, width=70):
+    name = name.split("(")[0]
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--candidates", nargs="+", required=True)
+    ap.add_argument("--shapes", nargs="+", required=True, help="B,H,S,D[,SK[,HKV]]")
+    ap.add_argument("--causal", choices=("none", "top_left", "bottom_right"), default="none")
+    ap.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    causal = {"none": False}.get(args.causal, args.causal)
+    for s in args.shapes:
+        x = [int(t) for t in s.split(",")]
+        p = grids.point("shape", *x[:4], Sk=x[4] if len(x) > 4 else None, H_kv=x[5] if len(x) > 5 else None,
+                        causal=causal, dtype=args.dtype, mode="fwd")
+        q, k, v = suite.make_inputs(p)
+        kv_bytes = 2 * k.numel() * k.element_size()
+        print(f"== {grids.describe(p)} causal={args.causal}  K+V {kv_bytes / 1e6:.1f} MB")
+        for t in args.candidates:
+            try:
+                fn = kv_fn(t, q, k, v) if t.startswith("kv:") else ab.make_fn(ab.parse_candidate(t), q, k, v,
+                                                                                causal, None)
+                fn()
+            except Exception as e:
+                print(f"  {t}: cannot run ({type(e).__name__}: {str(e).splitlines()[0]})")
+                continue
+            calls = profile_calls(fn, args.reps)
+            ev = timer.percentile(timer.cuda(fn, args.reps, 3), 0.5)
+            span = statistics.median(c[0] for c in calls)
+            total = statistics.median(sum(d for _, d in c[1]) for c in calls)
+            print(f"  {t:22s} span {span:8.1f} us ({kv_bytes / span / 1e6:5.2f} TB/s)  kernels {total:8.1f} us  "
+                  f"events {ev:8.1f} us")
+            names = {}
+            for _, ks in calls:
+                for i, (n, d) in enumerate(ks):
+                    names.setdefault((i, n), []).append(d)
+            for (i, n), ds in sorted(names.items()):
+                print(f"      {i} {short(n):70s} {statistics.median(ds):8.1f} us  x{len(ds)}")
+        del q, k, v
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
