@@ -23,6 +23,7 @@
  * other configuration is compiled at run time by NVRTC (fattn/_rtc.py: this file with FATTN_V2_RTC and the
  * configuration as macros) for fattn.tune and the tuned-config cache.  v2_plan.c chooses the config, the grid, the
  * key splits and the block order of a call; this file holds the kernels and their launcher.
+ * Decode (<= 16 query rows per head that see every key) runs its own kernel, v2_decode.cuh, included below.
  * Split-KV (flash-decoding): when the grid has fewer blocks than SMs (decode with a small batch), blockIdx.y splits
  * each query block's key blocks, each split writes an fp32 partial O and its LSE, and v2_combine merges them; at
  * (B, H) = (1, 32), Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without
@@ -465,39 +466,63 @@ extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const a
 }
 #endif
 
-/* Merges the splits of v2_fwd: one warp per query row.  LSE = log sum_s exp(LSE_s);  O = sum_s exp(LSE_s - LSE) O_s.
- * Splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf.  Fixed order: the result
- * is bitwise repeatable. */
+#include "v2_decode.cuh"
+
+/* Merges the splits of v2_fwd and v2_decode: a block of 128 threads per query row.  LSE = log sum_s exp(LSE_s) (the
+ * block's max and sum over the splits), each split's weight exp(LSE_s - LSE) into shared memory, then warp w sums
+ * the splits w, w + 4, ... of every column and the four warps' sums are added in warp order: a fixed order, so the
+ * result is bitwise repeatable.  Splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0,
+ * LSE = -inf. */
+DEV float block128_reduce(float x, float *scratch, bool is_max) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = is_max ? fmaxf(x, y) : x + y;
+    }
+    __syncthreads(); /* scratch free (a previous reduction's readers are done) */
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    return is_max ? fmaxf(fmaxf(scratch[0], scratch[1]), fmaxf(scratch[2], scratch[3]))
+                  : (scratch[0] + scratch[1]) + (scratch[2] + scratch[3]);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(128) v2_combine(const attn_params all, const v2_split sp, int splits) {
-    const int lane = threadIdx.x & 31;
-    const int64_t nrows = all.b * all.h * all.sq, row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (row >= nrows) return;
+    __shared__ float weight[V2_SPLIT_MAX], part[4][256], scratch[4];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t nrows = all.b * all.h * all.sq, row = blockIdx.x;
     const int64_t bh = row / all.sq, i = row % all.sq, h = bh % all.h;
     const fattn_seq seq = fattn_seq_of(&all, bh / all.h); /* the row's sequence */
     if (i >= seq.sq) return;
+    const int d = (int)all.d;
     float mx = -INFINITY;
-    for (int s = 0; s < splits; s++) mx = fmaxf(mx, sp.lse_part[s * nrows + row]);
+    for (int s = tid; s < splits; s += 128) mx = fmaxf(mx, sp.lse_part[s * nrows + row]);
+    mx = block128_reduce(mx, scratch, true);
     float sum = 0.f;
-    for (int s = 0; s < splits; s++) {
+    for (int s = tid; s < splits; s += 128) {
         const float ls = sp.lse_part[s * nrows + row];
         if (ls != -INFINITY) sum += __expf(ls - mx);
     }
+    sum = block128_reduce(sum, scratch, false);
     const float lse = sum > 0.f ? mx + __logf(sum) : -INFINITY;
-    T *out = (T *)seq.o + h * all.o_stride_h + i * all.o_stride_s;
-    for (int col = 2 * lane; col < all.d; col += 64) {
-        float a0 = 0.f, a1 = 0.f;
-        for (int s = 0; s < splits; s++) {
-            const float ls = sp.lse_part[s * nrows + row];
-            if (ls == -INFINITY) continue;
-            const float w = __expf(ls - lse);
-            const float2 x = *(const float2 *)(sp.o_part + (s * nrows + row) * all.d + col);
-            a0 += w * x.x;
-            a1 += w * x.y;
-        }
-        *(unsigned *)(out + col) = pack2(a0, a1, T());
+    for (int s = tid; s < splits; s += 128) {
+        const float ls = sp.lse_part[s * nrows + row];
+        weight[s] = ls == -INFINITY ? 0.f : __expf(ls - lse);
     }
-    if (seq.lse && lane == 0) seq.lse[h * all.lse_stride_h + i] = lse;
+    __syncthreads();
+    for (int col = lane; col < d; col += 32) {
+        float a = 0.f;
+#pragma unroll 4
+        for (int s = warp; s < splits; s += 4)
+            if (weight[s] != 0.f) a += weight[s] * sp.o_part[(s * nrows + row) * d + col];
+        part[warp][col] = a;
+    }
+    __syncthreads();
+    T *out = (T *)seq.o + h * all.o_stride_h + i * all.o_stride_s;
+    for (int col = tid; col < d; col += 128)
+        from_f32(out + col, (part[0][col] + part[1][col]) + (part[2][col] + part[3][col]));
+    if (seq.lse && tid == 0) seq.lse[h * all.lse_stride_h + i] = lse;
 }
 
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
@@ -510,13 +535,14 @@ typedef void (*v2_kernel)(const attn_params, const v2_split);
     {v2_fwd<__half, dp, w, mt, bc, st, PG, MD>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st, PG, MD>},
 #define KERN_F16(dp, w, mt, bc, st) {v2_fwd<__half, dp, w, mt, bc, st, PG, MD>, NULL},
 #define KERN_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) KERN_BOTH(dp, w, mt, bc, st)
+#define KERN_DECODE(dp, st, bps) {v2_decode<__half, dp, st, bps, PG>, v2_decode<__nv_bfloat16, dp, st, bps, PG>},
 #define KERN_MODS V2_DEFAULT_CONFIGS(KERN_BOTH) V2_SMALL_GRID_CONFIGS(KERN_BOTH)
 #define MD false
 #define PG false
-static const v2_kernel v2_kernels_contiguous[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
+static const v2_kernel v2_kernels_contiguous[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE, KERN_DECODE)};
 #undef PG
 #define PG true
-static const v2_kernel v2_kernels_paged[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
+static const v2_kernel v2_kernels_paged[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE, KERN_DECODE)};
 #undef PG
 #undef MD
 #define MD true
@@ -532,7 +558,8 @@ static const v2_kernel (*const v2_mods_kernels[2])[2] = {v2_mods_contiguous, v2_
 static const size_t v2_smem[V2_NAOT] = {
 #define SMEM_ROW(dp, w, mt, bc, st) V2_SMEM_BYTES(dp, w, mt, bc, st),
 #define SMEM_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) SMEM_ROW(dp, w, mt, bc, st)
-    V2_TABLE(SMEM_ROW, SMEM_ROW, SMEM_RULE)};
+#define SMEM_DECODE(dp, st, bps) V2_DECODE_SMEM_BYTES(dp, st),
+    V2_TABLE(SMEM_ROW, SMEM_ROW, SMEM_RULE, SMEM_DECODE)};
 static const void *v2_combine_kernel[2] = {(const void *)v2_combine<__half>, (const void *)v2_combine<__nv_bfloat16>};
 
 /* Every kernel compiled ahead of time may use the shared memory its config needs. */
@@ -580,9 +607,9 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *call, const fattn_pla
     if (plan->splits > 1) {
         int nsplit = plan->splits;
         void *cargs[] = {(void *)p, (void *)&sp, (void *)&nsplit};
-        const int64_t rows = p->b * p->h * p->sq, cblocks = (rows + 3) / 4;
-        if (cblocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: %lld rows are too many to split", (long long)rows);
-        FATTN_CUDA_CHECK(cudaLaunchKernel(v2_combine_kernel[ti], dim3((unsigned)cblocks), dim3(128), cargs, 0,
+        const int64_t rows = p->b * p->h * p->sq;
+        if (rows > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: %lld rows are too many to split", (long long)rows);
+        FATTN_CUDA_CHECK(cudaLaunchKernel(v2_combine_kernel[ti], dim3((unsigned)rows), dim3(128), cargs, 0,
                                           (cudaStream_t)stream));
     }
     return FATTN_OK;
