@@ -5,7 +5,8 @@ between them, none of the host time that events can count when the host path out
     python3 bench/kernel_times.py --candidates v2 v2:splits=64 api:v2 torch:cudnn --shapes 1,32,1,128,32768,8
 
 Candidates and shapes as bench/ab.py's (forward only), and kv:contiguous / kv:pageN: attention_with_kvcache on the
-same keys in (B, S, H_kv, D) or in pages of N keys in a shuffled pool (check_indices=False, as the paged grid).  Each call follows an L2 flush and a synchronize; the flush
+same keys in (B, S, H_kv, D) or in pages of N keys in a shuffled pool (check_indices=False, as the paged grid), and
+read:sum -- torch's sum of K and of V, the read bandwidth a kernel of the same bytes reaches.  Each call follows an L2 flush and a synchronize; the flush
 kernels separate the calls in the trace.  Prints per candidate: the median span, the median sum of kernel times, the
 kernels with their median times, and (for comparison) the events timer's median.
 """
@@ -74,6 +75,10 @@ def kv_fn(text, q, k, v):
                                                 check_indices=False)
 
 
+def read_fn(k, v):
+    return lambda: (k.sum(), v.sum())
+
+
 def short(name, width=70):
     name = name.split("(")[0]
     return name if len(name) <= width else name[:width - 3] + "..."
@@ -97,8 +102,9 @@ def main():
         print(f"== {grids.describe(p)} causal={args.causal}  K+V {kv_bytes / 1e6:.1f} MB")
         for t in args.candidates:
             try:
-                fn = kv_fn(t, q, k, v) if t.startswith("kv:") else ab.make_fn(ab.parse_candidate(t), q, k, v,
-                                                                                causal, None)
+                fn = (kv_fn(t, q, k, v) if t.startswith("kv:") else read_fn(k, v) if t == "read:sum"
+                      else ab.make_fn(ab.parse_candidate(t), q, k, v,
+                                                                                causal, None))
                 fn()
             except Exception as e:
                 print(f"  {t}: cannot run ({type(e).__name__}: {str(e).splitlines()[0]})")

@@ -44,7 +44,7 @@ typedef struct {
     X(256, 2, 1)
 /* The decode kernel's shared memory: Q (16 rows) and each warp's STAGES slots of 16 K rows and 16 V rows. */
 #define V2_DECODE_SMEM_BYTES(DP, STAGES) ((size_t)(16 + 4 * (STAGES) * 2 * 16) * (DP) * 2)
-/* The most key splits of one call (the combine's weights live in shared memory). */
+/* The most key splits of one call. */
 #define V2_SPLIT_MAX 128
 
 /* None at present: with the head-by-head order for short causal calls, D=64's Bc = 128 default beats the Bc = 64

@@ -468,61 +468,66 @@ extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const a
 
 #include "v2_decode.cuh"
 
-/* Merges the splits of v2_fwd and v2_decode: a block of 128 threads per query row.  LSE = log sum_s exp(LSE_s) (the
- * block's max and sum over the splits), each split's weight exp(LSE_s - LSE) into shared memory, then warp w sums
- * the splits w, w + 4, ... of every column and the four warps' sums are added in warp order: a fixed order, so the
- * result is bitwise repeatable.  Splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0,
- * LSE = -inf. */
-DEV float block128_reduce(float x, float *scratch, bool is_max) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float y = __shfl_xor_sync(0xffffffffu, x, o);
-        x = is_max ? fmaxf(x, y) : x + y;
-    }
-    __syncthreads(); /* scratch free (a previous reduction's readers are done) */
-    if (lane == 0) scratch[warp] = x;
-    __syncthreads();
-    return is_max ? fmaxf(fmaxf(scratch[0], scratch[1]), fmaxf(scratch[2], scratch[3]))
-                  : (scratch[0] + scratch[1]) + (scratch[2] + scratch[3]);
-}
-
+/* Merges the splits of v2_fwd and v2_decode: a block of 128 threads per query row, warp w taking the splits w,
+ * w + 4, ...  A warp loads the LSEs and partial outputs of COMBINE_CHUNK of its splits at once (lane: columns lane +
+ * 32 c), then folds them in split order into a running (m, l, acc) -- acc = sum_s e^(LSE_s - m) O_s, l the same sum of
+ * weights -- so a row costs one round trip to memory per COMBINE_CHUNK splits of a warp, not one per split.  The
+ * four warps' results are merged in warp order: a fixed order, bitwise repeatable.  LSE = m + log l over the splits;
+ * splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf. */
+#define COMBINE_CHUNK 8
 template <typename T>
 __global__ void __launch_bounds__(128) v2_combine(const attn_params all, const v2_split sp, int splits) {
-    __shared__ float weight[V2_SPLIT_MAX], part[4][256], scratch[4];
+    constexpr int NC = 256 / 32; /* columns per lane: head dims to 256 */
+    __shared__ float part[4][256], wm[4], wl[4];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t nrows = all.b * all.h * all.sq, row = blockIdx.x;
     const int64_t bh = row / all.sq, i = row % all.sq, h = bh % all.h;
     const fattn_seq seq = fattn_seq_of(&all, bh / all.h); /* the row's sequence */
     if (i >= seq.sq) return;
     const int d = (int)all.d;
-    float mx = -INFINITY;
-    for (int s = tid; s < splits; s += 128) mx = fmaxf(mx, sp.lse_part[s * nrows + row]);
-    mx = block128_reduce(mx, scratch, true);
-    float sum = 0.f;
-    for (int s = tid; s < splits; s += 128) {
-        const float ls = sp.lse_part[s * nrows + row];
-        if (ls != -INFINITY) sum += __expf(ls - mx);
+    float m = -INFINITY, l = 0.f, acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) acc[c] = 0.f;
+    for (int s0 = warp; s0 < splits; s0 += 4 * COMBINE_CHUNK) {
+        float ls[COMBINE_CHUNK], x[COMBINE_CHUNK][NC];
+#pragma unroll
+        for (int u = 0; u < COMBINE_CHUNK; u++) {
+            const int64_t s = s0 + 4 * u, at = (s * nrows + row) * d;
+            ls[u] = s < splits ? sp.lse_part[s * nrows + row] : -INFINITY;
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                x[u][c] = s < splits && lane + 32 * c < d ? sp.o_part[at + lane + 32 * c] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < COMBINE_CHUNK; u++) {
+            if (ls[u] == -INFINITY) continue;
+            const float m_new = fmaxf(m, ls[u]), a = __expf(m - m_new), w = __expf(ls[u] - m_new);
+            l = l * a + w;
+#pragma unroll
+            for (int c = 0; c < NC; c++) acc[c] = acc[c] * a + w * x[u][c];
+            m = m_new;
+        }
     }
-    sum = block128_reduce(sum, scratch, false);
-    const float lse = sum > 0.f ? mx + __logf(sum) : -INFINITY;
-    for (int s = tid; s < splits; s += 128) {
-        const float ls = sp.lse_part[s * nrows + row];
-        weight[s] = ls == -INFINITY ? 0.f : __expf(ls - lse);
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
     }
+#pragma unroll
+    for (int c = 0; c < NC; c++)
+        if (lane + 32 * c < d) part[warp][lane + 32 * c] = acc[c];
     __syncthreads();
-    for (int col = lane; col < d; col += 32) {
-        float a = 0.f;
-#pragma unroll 4
-        for (int s = warp; s < splits; s += 4)
-            if (weight[s] != 0.f) a += weight[s] * sp.o_part[(s * nrows + row) * d + col];
-        part[warp][col] = a;
+    const float mx = fmaxf(fmaxf(wm[0], wm[1]), fmaxf(wm[2], wm[3])), m_use = mx == -INFINITY ? 0.f : mx;
+    float f[4], sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        f[w] = __expf(wm[w] - m_use);
+        sum += wl[w] * f[w];
     }
-    __syncthreads();
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
     T *out = (T *)seq.o + h * all.o_stride_h + i * all.o_stride_s;
     for (int col = tid; col < d; col += 128)
-        from_f32(out + col, (part[0][col] + part[1][col]) + (part[2][col] + part[3][col]));
-    if (seq.lse && tid == 0) seq.lse[h * all.lse_stride_h + i] = lse;
+        from_f32(out + col, ((part[0][col] * f[0] + part[1][col] * f[1]) + (part[2][col] * f[2] + part[3][col] * f[3])) * inv);
+    if (seq.lse && tid == 0) seq.lse[h * all.lse_stride_h + i] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
 }
 
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
