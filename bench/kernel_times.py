@@ -4,7 +4,8 @@ between them, none of the host time that events can count when the host path out
 
     python3 bench/kernel_times.py --candidates v2 v2:splits=64 api:v2 torch:cudnn --shapes 1,32,1,128,32768,8
 
-Candidates and shapes as bench/ab.py's (forward only), and kv:contiguous / kv:pageN: attention_with_kvcache on the
+The L2 flush is timer.flush_l2's (FATTN_FLUSH=write, the default, or read).  Candidates and shapes as bench/ab.py's
+(forward only), and kv:contiguous / kv:pageN: attention_with_kvcache on the
 same keys in (B, S, H_kv, D) or in pages of N keys in a shuffled pool (check_indices=False, as the paged grid), and
 read:sum -- torch's sum of K and of V, the read bandwidth a kernel of the same bytes reaches.  Each call follows an L2 flush and a synchronize; the flush
 kernels separate the calls in the trace.  Prints per candidate: the median span, the median sum of kernel times, the
@@ -21,32 +22,40 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab  # noqa: E402
 from fattn.testing import grids, suite, timer  # noqa: E402
 
-FLUSH_MIN_US = 40.0  # the 256 MB flush takes ~80 us on an H100; no kernel of a call it brackets is a fill that long
+FLUSH_MIN_US = 40.0  # the 256 MB flush takes ~80 us on an H100; the flush's own kernels at least this long
+
+
+def cuda_kernels(fn):
+    """[(name, start, end)] of the CUDA kernels fn() runs, in start order, from the profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e[1])
 
 
 def profile_calls(fn, reps):
-    """[(span_us, [(kernel name, us), ...]) per call]: kernels grouped between the flushes."""
-    flush = timer.flush_buffer()
+    """[(span_us, [(kernel name, us), ...]) per call]: kernels grouped between the flushes (timer.flush_l2, whose
+    kernels are told apart by name and length)."""
+    timer.flush_buffer()
+    flush_names = {n for n, a, b in cuda_kernels(timer.flush_l2) if b - a >= FLUSH_MIN_US}
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    acts = [torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
+
+    def calls_fn():
         for _ in range(reps):
-            flush.zero_()
+            timer.flush_l2()
             torch.cuda.synchronize()
             fn()
             torch.cuda.synchronize()
-    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                 key=lambda e: e.time_range.start)
     calls, cur = [], None
-    for e in evs:
-        dur = e.time_range.end - e.time_range.start
-        if dur >= FLUSH_MIN_US and ("fill" in e.name.lower() or "zero" in e.name.lower()):
+    for name, start, end in cuda_kernels(calls_fn):
+        if end - start >= FLUSH_MIN_US and name in flush_names:
             cur = []
             calls.append(cur)
         elif cur is not None:
-            cur.append((e.name, e.time_range.start, e.time_range.end))
+            cur.append((name, start, end))
     out = []
     for c in calls:
         if c:
@@ -76,7 +85,7 @@ def kv_fn(text, q, k, v):
 
 
 def read_fn(k, v):
-    return lambda: (k.sum(), v.sum())
+    return lambda: (k.sum(), v.sum())  # a sum of fp16: not the flush's int32 max, so never taken for a flush
 
 
 def short(name, width=70):
@@ -99,7 +108,7 @@ def main():
                         causal=causal, dtype=args.dtype, mode="fwd")
         q, k, v = suite.make_inputs(p)
         kv_bytes = 2 * k.numel() * k.element_size()
-        print(f"== {grids.describe(p)} causal={args.causal}  K+V {kv_bytes / 1e6:.1f} MB")
+        print(f"== {grids.describe(p)} causal={args.causal}  K+V {kv_bytes / 1e6:.1f} MB  flush={timer.flush_mode()}")
         for t in args.candidates:
             try:
                 fn = (kv_fn(t, q, k, v) if t.startswith("kv:") else read_fn(k, v) if t == "read:sum"

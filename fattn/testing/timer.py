@@ -1,7 +1,14 @@
 """The one timer.  On a GPU: CUDA events around each call with the L2 flushed before it (kernel time), or around
 back-to-back batches (end-to-end time, what the host path costs); on the CPU: the monotonic clock.  Returns the
 samples in microseconds; summarize() gives the median and p90.  CUDA timing uses torch's events and allocator.
+
+The flush (FATTN_FLUSH): "write" (the default, what every timing in evidence/ before 2026-11-25 used) zeroes a
+buffer larger than the L2, which leaves the L2 full of dirty lines: the timed call's first reads then evict them,
+and the write-back (up to the L2's 50 MB on an H100, ~15 us of DRAM time) lands inside its events.  "read" reads
+that buffer instead (an int32 max over it), leaving clean lines: no write-back in the timed call.  Short
+memory-bound calls (decode) read differently under the two; report which one a number used.
 """
+import os
 import time
 
 FLUSH_BYTES = 256 << 20  # larger than any GPU's L2 here (H100 50 MB, H200 60 MB)
@@ -33,18 +40,37 @@ def flush_buffer(device=None):
     return _flush[dev]
 
 
+def flush_mode():
+    """FATTN_FLUSH: "write" (default) or "read" (see the module's docstring)."""
+    mode = os.environ.get("FATTN_FLUSH", "write")
+    if mode not in ("write", "read"):
+        raise ValueError(f"FATTN_FLUSH: {mode!r} is neither 'write' nor 'read'")
+    return mode
+
+
+def flush_l2(device=None):
+    """Evicts the L2 (on the current stream): the flush buffer zeroed, or read (FATTN_FLUSH=read)."""
+    import torch
+
+    buf = flush_buffer(device)
+    if flush_mode() == "read":
+        torch.amax(buf)
+    else:
+        buf.zero_()
+
+
 def cuda(fn, reps=50, warmup=10):
     """Microseconds of each of `reps` calls: CUDA events around each, the L2 flushed (outside the events) before it."""
     import torch
 
     for _ in range(warmup):
         fn()
-    flush = flush_buffer()
+    flush_buffer()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     torch.cuda.synchronize()
     for i in range(reps):
-        flush.zero_()
+        flush_l2()
         starts[i].record()
         fn()
         ends[i].record()
