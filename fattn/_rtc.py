@@ -182,7 +182,7 @@ def v2_index(cfg, dtype, arch):
     compiled at run time (from the disk cache when it is there) and registered once per process."""
     t = tuple(cfg[f] for f in V2_FIELDS)
     for c in _C._dev.configs("v2"):
-        if c["role"] not in ("runtime", "decode") and tuple(c[f] for f in V2_FIELDS) == t and dtype in c["dtypes"]:
+        if c["role"] != "runtime" and tuple(c[f] for f in V2_FIELDS) == t and dtype in c["dtypes"]:
             return c["index"]
     key = ("v2", t, dtype, arch)
     with _lock:

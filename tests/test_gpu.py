@@ -149,6 +149,26 @@ def test_v2_split_counts(splits, causal):
 
 
 @V2
+@pytest.mark.parametrize("d", [64, 200, 256])
+def test_v2_split_combine_head_dims_and_repeatable(d):
+    """The split-KV combine (a block per row, each warp folding 8 of its splits per round trip) at head dims that
+    fill one, part of or every column a lane takes, split counts below, at and past one round trip per warp, with
+    GQA-packed decode rows: O and LSE against the reference, and bitwise equal on repeats (a fixed order)."""
+    q = randn((2, 16, 1, d), torch.float16, "cuda", 50 + d)
+    k = randn((2, 4, 5000, d), torch.float16, "cuda", 51 + d)
+    v = randn((2, 4, 5000, d), torch.float16, "cuda", 52 + d)
+    for splits in (3, 33, 128):
+        lse = torch.full((2, 16, 1), float("nan"), device="cuda", dtype=torch.float32)
+        o, lse, plan = dev_forward(q, k, v, variant="v2", lse=lse, splits=splits)
+        nkb = -(-5000 // _C._dev.configs("v2")[plan["config"]]["bc"])
+        per = -(-nkb // min(splits, nkb))
+        assert plan["splits"] == -(-nkb // per) > 1, plan  # 3, 27, 79: a warp with none, <= 8, > 16 each
+        check_close(o, q, k, v, False, None, lse=lse)
+        again = [dev_forward(q, k, v, variant="v2", splits=splits)[0] for _ in range(3)]
+        assert all(torch.equal(o, x) for x in again)
+
+
+@V2
 def test_v2_split_automatic_for_decode():
     """Decode with few heads leaves most SMs idle: the planner splits; the result matches the unsplit one within
     the accuracy gate, and forcing 1 split gives the unsplit kernel."""
@@ -291,88 +311,21 @@ def test_block_orders_agree(causal):
 
 
 def test_v2_config_rules():
-    """kernels/sm80/v2_configs.h: the defaults per head-dim bucket for calls that fill the GPU, the decode kernel for
-    calls of at most 16 rows that see every key, the small-grid configs for other short calls (Sq <= 64), V2_RULES
-    (empty at present); all correct."""
+    """kernels/sm80/v2_configs.h: the defaults per head-dim bucket for calls that fill the GPU, the small-grid configs
+    for decode (Sq <= 64), V2_RULES (empty at present); all correct."""
     configs = _C._dev.configs("v2")
     defaults = {c["dp"]: c["index"] for c in configs if c["role"] == "default"}
     small = {c["dp"]: c["index"] for c in configs if c["role"] == "small_grid"}
-    decode = {c["dp"]: c["index"] for c in configs if c["role"] == "decode"}
     assert not [c for c in configs if c["role"] == "rule"]  # none at present (v2_configs.h says why)
     heads = _C.device_info(0)[2] + 8  # enough query blocks that the grid fills every multiprocessor
     cases = [(64, 128, 1024, True, defaults[64]), (64, 128, 1024, False, defaults[64]), (128, 128, 700, True, defaults[128]),
-             (256, 128, 300, False, defaults[256]), (128, 1, 2048, False, decode[128]), (64, 64, 999, True, small[64]),
-             (128, 17, 2048, False, small[128]), (64, 16, 300, False, decode[64])]
+             (256, 128, 300, False, defaults[256]), (128, 1, 2048, False, small[128]), (64, 64, 999, True, small[64])]
     for d, sq, sk, causal, want in cases:
         q = randn((1, heads, sq, d), torch.float16, "cuda", sq)
         k = randn((1, heads, sk, d), torch.float16, "cuda", sk)
         o, _, plan = dev_forward(q, k, k, causal=causal, variant="v2")
         assert plan["variant"] == "v2" and plan["config"] == want, (d, sq, sk, causal, plan, want)
         check_close(o, q, k, k, causal, None)
-
-
-def decode_index(d):
-    return next(c["index"] for c in _C._dev.configs("v2")
-                if c["role"] == "decode" and c["dp"] == _C._dev.head_dim_bucket(d))
-
-
-@V2
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("d", [64, 80, 128, 200, 256])
-@pytest.mark.parametrize("shape", [(1, 32, 8, 1), (2, 16, 1, 1), (3, 4, 4, 1), (2, 2, 2, 3), (1, 3, 3, 16)],
-                         ids=["gqa4", "gqa16", "mha", "sq3", "sq16"])
-@pytest.mark.parametrize("sk", [1, 17, 113, 1025, 4099])
-def test_v2_decode_kernel(dtype, d, shape, sk):
-    """The decode kernel (v2_decode.cuh) chosen by the planner for <= 16 rows per head (GQA groups packed as rows):
-    odd key counts (tails inside a warp's 16 keys, warps with no keys), every head-dim bucket, split and unsplit
-    (forced 1, the planner's, a prime count, the most), O and LSE against the reference."""
-    b, h, hkv, sq = shape
-    q = randn((b, h, sq, d), dtype, "cuda", sk + d)
-    k = randn((b, hkv, sk, d), dtype, "cuda", sk + d + 1)
-    v = randn((b, hkv, sk, d), dtype, "cuda", sk + d + 2)
-    want = decode_index(d)
-    for splits in (1, 0, 7, 128):
-        lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
-        o, lse, plan = dev_forward(q, k, v, variant="v2", lse=lse, splits=splits)
-        assert plan["config"] == want, plan
-        check_close(o, q, k, v, False, None, lse=lse)
-
-
-@V2
-@pytest.mark.parametrize("sk", [16, 1000])
-def test_v2_decode_kernel_masks_strides_scale(sk):
-    """Decode with Sq = 1 under a bottom-right causal mask (the row sees every key) takes the decode kernel; strided
-    views of q, k, v (head dim a slice of wider rows) and a negative scale stay correct; a top-left causal row (it sees
-    one key) and a window do not take it."""
-    buf = randn((2, 8, sk, 160), torch.float16, "cuda", 40)
-    k, v = buf[..., :128], buf[..., 32:]
-    q = randn((2, 32, 1, 136), torch.float16, "cuda", 41)[..., 8:]
-    want = decode_index(128)
-    for causal, scale in ((False, -0.3), ("bottom_right", None)):
-        lse = torch.empty(2, 32, 1, device="cuda", dtype=torch.float32)
-        o, lse, plan = dev_forward(q, k, v, causal=causal, scale=scale, variant="v2", lse=lse)
-        assert plan["config"] == want, plan
-        check_close(o, q, k, v, causal, scale, lse=lse)
-    for causal, window in (("top_left", None), (False, (4, 0))):
-        o, _, plan = dev_forward(q, k, v, causal=causal, window=window, variant="v2")
-        assert plan["config"] != want, plan
-        check_close(o, q, k, v, causal, None, window=window)
-    with pytest.raises(ValueError, match=f"v2 config {want} is the decode kernel"):
-        dev_forward(q, k, v, causal="top_left", variant="v2", config=want)
-    big = randn((1, 2, 17, 128), torch.float16, "cuda", 42)
-    with pytest.raises(ValueError, match="at most 16 query rows"):
-        dev_forward(big, big, big, variant="v2", config=want)
-
-
-@V2
-def test_v2_decode_split_bitwise_repeatable():
-    """The split decode and its combine sum in a fixed order: repeated calls are bitwise equal."""
-    q = randn((1, 32, 1, 128), torch.bfloat16, "cuda", 43)
-    k = randn((1, 8, 20000, 128), torch.bfloat16, "cuda", 44)
-    outs = [dev_forward(q, k, k, variant="v2")[0] for _ in range(5)]
-    plan = dev_forward(q, k, k, variant="v2")[2]
-    assert plan["splits"] > 1 and plan["config"] == decode_index(128), plan
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 @V3

@@ -24,28 +24,13 @@ typedef struct {
     X(128, 4, 2, 64, 1)       \
     X(256, 4, 1, 64, 1)
 
-/* Used instead of the default when the default's grid would leave multiprocessors idle, or when Sq <= 64 (short
- * calls the decode kernel below does not take: the default's taller tiles would compute rows that do not exist).
- * Same bucket order, fp16 and bf16.  D=128: Bc = 32 double-buffered kept the most K/V bytes in flight per
- * multiprocessor of these tiles (decode 1.00-1.01x cudnn, before the decode kernel). */
+/* Used instead of the default when the default's grid would leave multiprocessors idle, or when Sq <= 64 (decode:
+ * the default's taller tiles would compute rows that do not exist).  Same bucket order, fp16 and bf16.  D=128:
+ * Bc = 32 double-buffered keeps the most K/V bytes in flight per multiprocessor (decode 1.00-1.01x cudnn). */
 #define V2_SMALL_GRID_CONFIGS(X) \
     X(64, 4, 1, 64, 1)           \
     X(128, 4, 1, 32, 2)          \
     X(256, 4, 1, 64, 1)
-
-/* The decode kernel (v2_decode.cuh), X(DP, STAGES, BLOCKS_PER_SM): calls with at most 16 query rows per head (after
- * GQA packing) that see every key.  A block of 4 warps takes a head's rows and a span of its keys; each warp streams
- * its own 16 keys of every 64-key tile through a ring of STAGES slots (K and V, cp.async), so STAGES - 1 tiles of
- * each warp are in flight while it computes one; BLOCKS_PER_SM is the occupancy the kernel is built for (its
- * __launch_bounds__) and the split-KV planner counts on.  Compiled for fp16 and bf16, contiguous and paged. */
-#define V2_DECODE_CONFIGS(X) \
-    X(64, 4, 3)              \
-    X(128, 3, 2)             \
-    X(256, 2, 1)
-/* The decode kernel's shared memory: Q (16 rows) and each warp's STAGES slots of 16 K rows and 16 V rows. */
-#define V2_DECODE_SMEM_BYTES(DP, STAGES) ((size_t)(16 + 4 * (STAGES) * 2 * 16) * (DP) * 2)
-/* The most key splits of one call. */
-#define V2_SPLIT_MAX 128
 
 /* None at present: with the head-by-head order for short causal calls, D=64's Bc = 128 default beats the Bc = 64
  * that won before at S <= 1k (1.14x flash vs 1.05x at S=512, h100_v2_ab_orders_1abef9c.json). */
@@ -67,18 +52,15 @@ typedef struct {
     X(256, 4, 1, 64, 2)
 
 /* The table compiled ahead of time, in index order: defaults (index = bucket), small-grid configs (3 + bucket), the
- * rules' configs, the sweep candidates, the decode kernels (in bucket order).  BOTH(...) rows are built for fp16 and
- * bf16, F16(...) rows for fp16 only, RULE(...) rows take a rule's arguments, DECODE(...) rows V2_DECODE_CONFIGS'.
- * The kernel file and the planner expand this one list. */
-#define V2_TABLE(BOTH, F16, RULE, DECODE) \
-    V2_DEFAULT_CONFIGS(BOTH) V2_SMALL_GRID_CONFIGS(BOTH) V2_RULES(RULE) V2_SWEEP_CONFIGS(F16) V2_DECODE_CONFIGS(DECODE)
+ * rules' configs, the sweep candidates.  BOTH(...) rows are built for fp16 and bf16, F16(...) rows for fp16 only,
+ * RULE(...) rows take a rule's arguments.  The kernel file and the planner expand this one list. */
+#define V2_TABLE(BOTH, F16, RULE) V2_DEFAULT_CONFIGS(BOTH) V2_SMALL_GRID_CONFIGS(BOTH) V2_RULES(RULE) V2_SWEEP_CONFIGS(F16)
 #define V2_COUNT(...) +1
 enum {
     V2_FIRST_SMALL_GRID = 0 V2_DEFAULT_CONFIGS(V2_COUNT),
     V2_FIRST_RULE = V2_FIRST_SMALL_GRID V2_SMALL_GRID_CONFIGS(V2_COUNT),
     V2_NRULES = 0 V2_RULES(V2_COUNT),
-    V2_FIRST_DECODE = V2_FIRST_RULE + V2_NRULES V2_SWEEP_CONFIGS(V2_COUNT),
-    V2_NAOT = V2_FIRST_DECODE V2_DECODE_CONFIGS(V2_COUNT) /* table indices >= V2_NAOT: run-time compiled */
+    V2_NAOT = V2_FIRST_RULE + V2_NRULES V2_SWEEP_CONFIGS(V2_COUNT) /* table indices >= V2_NAOT: run-time compiled */
 };
 
 /* Q's fragments stay in registers when they and the S and O accumulators fit (else ldmatrix per k-step). */

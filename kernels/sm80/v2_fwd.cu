@@ -23,7 +23,6 @@
  * other configuration is compiled at run time by NVRTC (fattn/_rtc.py: this file with FATTN_V2_RTC and the
  * configuration as macros) for fattn.tune and the tuned-config cache.  v2_plan.c chooses the config, the grid, the
  * key splits and the block order of a call; this file holds the kernels and their launcher.
- * Decode (<= 16 query rows per head that see every key) runs its own kernel, v2_decode.cuh, included below.
  * Split-KV (flash-decoding): when the grid has fewer blocks than SMs (decode with a small batch), blockIdx.y splits
  * each query block's key blocks, each split writes an fp32 partial O and its LSE, and v2_combine merges them; at
  * (B, H) = (1, 32), Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without
@@ -466,9 +465,7 @@ extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const a
 }
 #endif
 
-#include "v2_decode.cuh"
-
-/* Merges the splits of v2_fwd and v2_decode: a block of 128 threads per query row, warp w taking the splits w,
+/* Merges the splits of v2_fwd: a block of 128 threads per query row, warp w taking the splits w,
  * w + 4, ...  A warp loads the LSEs and partial outputs of COMBINE_CHUNK of its splits at once (lane: columns lane +
  * 32 c), then folds them in split order into a running (m, l, acc) -- acc = sum_s e^(LSE_s - m) O_s, l the same sum of
  * weights -- so a row costs one round trip to memory per COMBINE_CHUNK splits of a warp, not one per split.  The
@@ -540,14 +537,13 @@ typedef void (*v2_kernel)(const attn_params, const v2_split);
     {v2_fwd<__half, dp, w, mt, bc, st, PG, MD>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st, PG, MD>},
 #define KERN_F16(dp, w, mt, bc, st) {v2_fwd<__half, dp, w, mt, bc, st, PG, MD>, NULL},
 #define KERN_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) KERN_BOTH(dp, w, mt, bc, st)
-#define KERN_DECODE(dp, st, bps) {v2_decode<__half, dp, st, bps, PG>, v2_decode<__nv_bfloat16, dp, st, bps, PG>},
 #define KERN_MODS V2_DEFAULT_CONFIGS(KERN_BOTH) V2_SMALL_GRID_CONFIGS(KERN_BOTH)
 #define MD false
 #define PG false
-static const v2_kernel v2_kernels_contiguous[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE, KERN_DECODE)};
+static const v2_kernel v2_kernels_contiguous[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
 #undef PG
 #define PG true
-static const v2_kernel v2_kernels_paged[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE, KERN_DECODE)};
+static const v2_kernel v2_kernels_paged[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
 #undef PG
 #undef MD
 #define MD true
@@ -563,8 +559,7 @@ static const v2_kernel (*const v2_mods_kernels[2])[2] = {v2_mods_contiguous, v2_
 static const size_t v2_smem[V2_NAOT] = {
 #define SMEM_ROW(dp, w, mt, bc, st) V2_SMEM_BYTES(dp, w, mt, bc, st),
 #define SMEM_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) SMEM_ROW(dp, w, mt, bc, st)
-#define SMEM_DECODE(dp, st, bps) V2_DECODE_SMEM_BYTES(dp, st),
-    V2_TABLE(SMEM_ROW, SMEM_ROW, SMEM_RULE, SMEM_DECODE)};
+    V2_TABLE(SMEM_ROW, SMEM_ROW, SMEM_RULE)};
 static const void *v2_combine_kernel[2] = {(const void *)v2_combine<__half>, (const void *)v2_combine<__nv_bfloat16>};
 
 /* Every kernel compiled ahead of time may use the shared memory its config needs. */

@@ -18,26 +18,10 @@ typedef struct {
 #define ROW_BOTH(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, HALF_TYPES},
 #define ROW_F16(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, F16_ONLY},
 #define ROW_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) ROW_BOTH(dp, w, mt, bc, st)
-#define ROW_DECODE(dp, st, bps) {{dp, 4, 1, 64, st}, HALF_TYPES}, /* 4 warps, 16 rows, 64-key tiles */
-static const v2_row v2_rows[V2_NAOT] = {V2_TABLE(ROW_BOTH, ROW_F16, ROW_RULE, ROW_DECODE)};
+static const v2_row v2_rows[V2_NAOT] = {V2_TABLE(ROW_BOTH, ROW_F16, ROW_RULE)};
 #undef ROW_BOTH
 #undef ROW_F16
 #undef ROW_RULE
-#undef ROW_DECODE
-
-/* The decode kernels' occupancy (their __launch_bounds__), which the split planner counts on. */
-#define DECODE_BLOCKS(dp, st, bps) bps,
-static const int v2_decode_blocks_per_sm[] = {V2_DECODE_CONFIGS(DECODE_BLOCKS)};
-#undef DECODE_BLOCKS
-static int is_decode(int index) { return index >= V2_FIRST_DECODE && index < V2_NAOT; }
-
-/* Whether the decode kernel takes p (after GQA packing): at most 16 query rows per head, every row sees every key of
- * its sequence (no window; causal only for one bottom-right row, which sees them all), no softcap / ALiBi, no packed
- * queries. */
-static int v2_decode_fits(const attn_params *p) {
-    const int all_keys = p->mask.left < 0 && ((p->mask.right < 0 && !p->mask.causal) || (p->sq == 1 && p->mask.bottom_right));
-    return p->sq <= 16 && all_keys && !fattn_score_mods(p) && !p->cu_seqlens_q;
-}
 
 typedef struct {
     int dp, causal;
@@ -73,7 +57,7 @@ int fattn_configs_v2(int i, fattn_config_info *out) {
         c = v2_rows[i].cfg;
         out->dtypes = v2_rows[i].dtypes;
         out->role = i < V2_FIRST_SMALL_GRID ? "default" : i < V2_FIRST_RULE ? "small_grid"
-                  : i < V2_FIRST_RULE + V2_NRULES ? "rule" : is_decode(i) ? "decode" : "sweep";
+                  : i < V2_FIRST_RULE + V2_NRULES ? "rule" : "sweep";
     } else {
         const fattn_rtc_entry *e = fattn_rtc_entry_at(i - V2_NAOT);
         if (!e) return 0;
@@ -92,7 +76,7 @@ int fattn_configs_v2(int i, fattn_config_info *out) {
         out->names[k] = names[k];
         out->values[k] = values[k];
     }
-    out->smem = is_decode(i) ? V2_DECODE_SMEM_BYTES(c.dp, c.stages) : V2_SMEM_BYTES(c.dp, c.warps, c.mt, c.bc, c.stages);
+    out->smem = V2_SMEM_BYTES(c.dp, c.warps, c.mt, c.bc, c.stages);
     return 1;
 }
 
@@ -145,11 +129,6 @@ static fattn_status v2_choose(const attn_params *p, const fattn_tuned *tuned, co
             return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d has no softcap / ALiBi kernel (configs 0-%d do)",
                               ov->config, V2_FIRST_RULE - 1);
         if (cfg->dp < p->d) return FATTN_FAIL(FATTN_ERR_INVALID, "v2 config %d is for head dims <= %d", ov->config, cfg->dp);
-        if (is_decode(ov->config) && !v2_decode_fits(p))
-            return FATTN_FAIL(FATTN_ERR_INVALID,
-                              "v2 config %d is the decode kernel: at most 16 query rows per head (a kv head's group of "
-                              "query heads when Sq = 1), every key visible, no softcap / ALiBi, no cu_seqlens_q",
-                              ov->config);
         *index = ov->config;
         return FATTN_OK;
     }
@@ -163,9 +142,7 @@ static fattn_status v2_choose(const attn_params *p, const fattn_tuned *tuned, co
     const v2_config *c = &v2_rows[bucket].cfg;
     const int64_t br = 16 * c->mt * c->warps;
     int idx = bucket;
-    if (v2_decode_fits(p)) {
-        idx = V2_FIRST_DECODE + bucket;
-    } else if ((p->sq + br - 1) / br * p->b * p->h < plan->dev.sm_count || p->sq <= 64) {
+    if ((p->sq + br - 1) / br * p->b * p->h < plan->dev.sm_count || p->sq <= 64) {
         idx = V2_FIRST_SMALL_GRID + bucket;
     } else if (!mods) {
         for (int r = 0; r < V2_NRULES; r++)
@@ -197,15 +174,16 @@ static int v2_order(const attn_params *p) {
  * split is slower than none. */
 #define SPLIT_CTAS_PER_SM 2
 #define SPLIT_MIN_KEY_BLOCKS 4
-static int v2_splits(const fattn_overrides *ov, int sm_count, int ctas_per_sm, int64_t blocks, int64_t nkb) {
+#define SPLIT_MAX 128
+static int v2_splits(const fattn_overrides *ov, int sm_count, int64_t blocks, int64_t nkb) {
     int64_t n = ov->splits;
     if (n == 0) {
         if (blocks >= sm_count) return 1;
-        n = sm_count * ctas_per_sm / blocks; /* rounded down: a partial extra wave costs more than it gives */
+        n = sm_count * SPLIT_CTAS_PER_SM / blocks; /* rounded down: a partial extra wave costs more than it gives */
         if (n > nkb / SPLIT_MIN_KEY_BLOCKS) n = nkb / SPLIT_MIN_KEY_BLOCKS;
     }
     if (n > nkb) n = nkb;
-    if (n > V2_SPLIT_MAX) n = V2_SPLIT_MAX;
+    if (n > SPLIT_MAX) n = SPLIT_MAX;
     return n < 1 ? 1 : (int)n;
 }
 
@@ -226,8 +204,7 @@ fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, co
     if (st || (st = v2_choose(p, tuned, ov, plan, &idx, &c))) return st;
     if (p->block_table && idx >= V2_NAOT) /* a tuned run-time config: paged kernels are compiled ahead only */
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 reads a paged cache with its compiled configs only");
-    const int decode = is_decode(idx);
-    const int64_t br = decode ? 16 : 16 * c.mt * c.warps, nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
+    const int64_t br = 16 * c.mt * c.warps, nqb = (p->sq + br - 1) / br, blocks = nqb * p->b * p->h;
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: grid of %lld blocks is too large", (long long)blocks);
     /* the most key blocks a query block visits: the first or the last one's (spans are monotone in the row) */
     const fattn_span first = fattn_key_span(&p->mask, p->sq, p->sk, 0, br, c.bc);
@@ -239,10 +216,9 @@ fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, co
     plan->config = idx;
     plan->grid_x = (unsigned)blocks;
     plan->threads = (unsigned)(32 * c.warps);
-    plan->smem = decode ? V2_DECODE_SMEM_BYTES(c.dp, c.stages) : V2_SMEM_BYTES(c.dp, c.warps, c.mt, c.bc, c.stages);
+    plan->smem = V2_SMEM_BYTES(c.dp, c.warps, c.mt, c.bc, c.stages);
     plan->order = ov->order ? ov->order : v2_order(p);
-    plan->splits = v2_splits(ov, plan->dev.sm_count,
-                             decode ? v2_decode_blocks_per_sm[idx - V2_FIRST_DECODE] : SPLIT_CTAS_PER_SM, blocks, nkb);
+    plan->splits = v2_splits(ov, plan->dev.sm_count, blocks, nkb);
     plan->split_blocks = plan->splits > 1 ? (nkb + plan->splits - 1) / plan->splits : nkb;
     if (plan->splits > 1) plan->splits = (int)((nkb + plan->split_blocks - 1) / plan->split_blocks); /* none empty */
     plan->grid_y = (unsigned)plan->splits;
