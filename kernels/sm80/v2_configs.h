@@ -51,10 +51,16 @@ typedef struct {
     X(256, 8, 1, 64, 2)     \
     X(256, 4, 1, 64, 2)
 
+/* The blocks per multiprocessor the small-grid kernels (without softcap / ALiBi) are built for (__launch_bounds__):
+ * four at D <= 128 -- 128 registers a thread, Q's fragments read from shared memory each k-step -- so that a decode
+ * batch of 512 blocks (B=64, 8 kv heads) runs in one wave; one at D=256 (two fit by shared memory). */
+#define V2_SMALL_GRID_MIN_BLOCKS(DP) ((DP) <= 128 ? 4 : 1)
+
 /* The table compiled ahead of time, in index order: defaults (index = bucket), small-grid configs (3 + bucket), the
- * rules' configs, the sweep candidates.  BOTH(...) rows are built for fp16 and bf16, F16(...) rows for fp16 only,
- * RULE(...) rows take a rule's arguments.  The kernel file and the planner expand this one list. */
-#define V2_TABLE(BOTH, F16, RULE) V2_DEFAULT_CONFIGS(BOTH) V2_SMALL_GRID_CONFIGS(BOTH) V2_RULES(RULE) V2_SWEEP_CONFIGS(F16)
+ * rules' configs, the sweep candidates.  BOTH(...) rows are built for fp16 and bf16, SMALL(...) the small-grid rows
+ * (fp16 and bf16), F16(...) rows for fp16 only, RULE(...) rows take a rule's arguments.  The kernel file and the planner expand this one list. */
+#define V2_TABLE(BOTH, SMALL, F16, RULE) \
+    V2_DEFAULT_CONFIGS(BOTH) V2_SMALL_GRID_CONFIGS(SMALL) V2_RULES(RULE) V2_SWEEP_CONFIGS(F16)
 #define V2_COUNT(...) +1
 enum {
     V2_FIRST_SMALL_GRID = 0 V2_DEFAULT_CONFIGS(V2_COUNT),

@@ -155,14 +155,14 @@ typedef struct {
 
 /* The forward pass of one block; v2_fwd (compiled ahead of time) and fattn_v2_rtc (compiled at run time by NVRTC
  * with the configuration as macros) are both this body. */
-template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED, bool MODS>
+template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED, bool MODS, int MINB>
 DEV void v2_body(const attn_params all, const v2_split sp) {
     constexpr int THREADS = WARPS * 32, BR = 16 * MT * WARPS;
     constexpr int KSTEPS = DP / 16; /* k-steps of S = Q K^T */
     constexpr int NT = BC / 8;      /* n8 tiles of S */
     constexpr int DT = DP / 8;      /* n8 tiles of O */
     /* Q's fragments stay in registers when they and the S and O accumulators fit (else ldmatrix per k-step) */
-    constexpr bool Q_IN_REGS = V2_Q_IN_REGS(DP, MT, BC);
+    constexpr bool Q_IN_REGS = V2_Q_IN_REGS(DP, MT, BC) && MINB == 1; /* MINB > 1: 128 registers or fewer */
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T *sQ = (T *)smem_raw, *sK = sQ + BR * DP, *sV = sK + STAGES * BC * DP;
 
@@ -453,15 +453,16 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
 
 /* PAGED: K and V read through a paged cache's block table (a kernel of its own: the per-row addressing costs the
  * contiguous loads' registers when both are compiled into one).  MODS: a softcap or ALiBi (fattn_score_mods), also
- * a kernel of its own, compiled for the default and small-grid configs only. */
-template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED, bool MODS>
-__global__ void __launch_bounds__(WARPS * 32) v2_fwd(const attn_params p, const v2_split sp) {
-    v2_body<T, DP, WARPS, MT, BC, STAGES, PAGED, MODS>(p, sp);
+ * a kernel of its own, compiled for the default and small-grid configs only.  MINB: the blocks per multiprocessor
+ * it is built for (V2_SMALL_GRID_MIN_BLOCKS; 1 elsewhere). */
+template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED, bool MODS, int MINB = 1>
+__global__ void __launch_bounds__(WARPS * 32, MINB) v2_fwd(const attn_params p, const v2_split sp) {
+    v2_body<T, DP, WARPS, MT, BC, STAGES, PAGED, MODS, MINB>(p, sp);
 }
 
 #ifdef FATTN_V2_RTC /* one configuration compiled by NVRTC (fattn/_rtc.py): V2_T, V2_DP, ... given as macros */
 extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const attn_params p, const v2_split sp) {
-    v2_body<V2_T, V2_DP, V2_WARPS, V2_MT, V2_BC, V2_STAGES, false, false>(p, sp);
+    v2_body<V2_T, V2_DP, V2_WARPS, V2_MT, V2_BC, V2_STAGES, false, false, 1>(p, sp);
 }
 #endif
 
@@ -536,14 +537,17 @@ typedef void (*v2_kernel)(const attn_params, const v2_split);
 #define KERN_BOTH(dp, w, mt, bc, st)                                                                              \
     {v2_fwd<__half, dp, w, mt, bc, st, PG, MD>, v2_fwd<__nv_bfloat16, dp, w, mt, bc, st, PG, MD>},
 #define KERN_F16(dp, w, mt, bc, st) {v2_fwd<__half, dp, w, mt, bc, st, PG, MD>, NULL},
+#define KERN_SMALL(dp, w, mt, bc, st)                                                                            \
+    {v2_fwd<__half, dp, w, mt, bc, st, PG, MD, V2_SMALL_GRID_MIN_BLOCKS(dp)>,                                     \
+     v2_fwd<__nv_bfloat16, dp, w, mt, bc, st, PG, MD, V2_SMALL_GRID_MIN_BLOCKS(dp)>},
 #define KERN_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) KERN_BOTH(dp, w, mt, bc, st)
 #define KERN_MODS V2_DEFAULT_CONFIGS(KERN_BOTH) V2_SMALL_GRID_CONFIGS(KERN_BOTH)
 #define MD false
 #define PG false
-static const v2_kernel v2_kernels_contiguous[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
+static const v2_kernel v2_kernels_contiguous[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_SMALL, KERN_F16, KERN_RULE)};
 #undef PG
 #define PG true
-static const v2_kernel v2_kernels_paged[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_F16, KERN_RULE)};
+static const v2_kernel v2_kernels_paged[V2_NAOT][2] = {V2_TABLE(KERN_BOTH, KERN_SMALL, KERN_F16, KERN_RULE)};
 #undef PG
 #undef MD
 #define MD true
@@ -559,7 +563,7 @@ static const v2_kernel (*const v2_mods_kernels[2])[2] = {v2_mods_contiguous, v2_
 static const size_t v2_smem[V2_NAOT] = {
 #define SMEM_ROW(dp, w, mt, bc, st) V2_SMEM_BYTES(dp, w, mt, bc, st),
 #define SMEM_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) SMEM_ROW(dp, w, mt, bc, st)
-    V2_TABLE(SMEM_ROW, SMEM_ROW, SMEM_RULE)};
+    V2_TABLE(SMEM_ROW, SMEM_ROW, SMEM_ROW, SMEM_RULE)};
 static const void *v2_combine_kernel[2] = {(const void *)v2_combine<__half>, (const void *)v2_combine<__nv_bfloat16>};
 
 /* Every kernel compiled ahead of time may use the shared memory its config needs. */

@@ -18,7 +18,7 @@ typedef struct {
 #define ROW_BOTH(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, HALF_TYPES},
 #define ROW_F16(dp, w, mt, bc, st) {{dp, w, mt, bc, st}, F16_ONLY},
 #define ROW_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) ROW_BOTH(dp, w, mt, bc, st)
-static const v2_row v2_rows[V2_NAOT] = {V2_TABLE(ROW_BOTH, ROW_F16, ROW_RULE)};
+static const v2_row v2_rows[V2_NAOT] = {V2_TABLE(ROW_BOTH, ROW_BOTH, ROW_F16, ROW_RULE)};
 #undef ROW_BOTH
 #undef ROW_F16
 #undef ROW_RULE
