@@ -163,7 +163,7 @@ def main(argv=None):
                 "cudnn": torch.backends.cudnn.version(), "fattn": fattn.__version__,
                 "git_sha": os.environ.get("FATTN_GIT_SHA", "unknown"),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "args": vars(args)}
+                "flush": timer.flush_mode(), "args": vars(args)}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
         print(f"wrote {args.json} ({len(rows)} rows)")
