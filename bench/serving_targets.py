@@ -167,7 +167,8 @@ def main():
         print(f"{r['target']:>13} {r['impl']:>9} {r['p50_us']:10.1f} us  {extra}")
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "git_sha": os.environ.get("FATTN_GIT_SHA", "unknown"), "ragged_lengths": ragged}
+                "git_sha": os.environ.get("FATTN_GIT_SHA", "unknown"), "flush": timer.flush_mode(),
+                "ragged_lengths": ragged}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0
