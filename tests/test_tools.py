@@ -227,3 +227,17 @@ def test_bench_own_runner_grids():
     assert own_runner_args(["--json", "x.json", "--grid=paged"]) == ("paged", ["--json", "x.json"])
     assert own_runner_args(["--grid", "fa3"]) is None
     assert own_runner_args(["--grid"]) is None
+
+
+def test_timer_flush_mode(monkeypatch):
+    """FATTN_FLUSH picks how the GPU timer evicts the L2 (zeroing by default, or reading); anything else is refused
+    by name before a timing runs."""
+    from fattn.testing import timer
+
+    monkeypatch.delenv("FATTN_FLUSH", raising=False)
+    assert timer.flush_mode() == "write"
+    monkeypatch.setenv("FATTN_FLUSH", "read")
+    assert timer.flush_mode() == "read"
+    monkeypatch.setenv("FATTN_FLUSH", "clean")
+    with pytest.raises(ValueError, match="FATTN_FLUSH: 'clean' is neither"):
+        timer.flush_mode()
