@@ -184,7 +184,7 @@ def main():
         del q, k, v, dout, ref, outs
         torch.cuda.empty_cache()
     if args.json:
-        meta = suite.collect_meta("cuda", "events", " ".join(sys.argv))
+        meta = suite.collect_meta("cuda", args.timer, " ".join(sys.argv))
         meta.update(rounds=args.rounds, reps=args.reps, old=getattr(old, "__file__", None))
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)

@@ -195,7 +195,7 @@ def collect_meta(device, timer_name="events", command=None):
             "torch": torch.__version__, "cudnn": cudnn, "git_sha": sha,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "fattn": fattn.__version__, "command": command or " ".join(sys.argv),
-            "device": device, "timer": timer_name, "flush": timer.flush_mode() if device == "cuda" else None,
+            "device": device, "timer": timer_name, "flush": timer.flush_mode() if device == "cuda" and timer_name == "events" else None,
             "cpu_threads": torch.get_num_threads(), "notes": []}
 
 

@@ -26,7 +26,9 @@ typedef struct {
 
 /* Used instead of the default when the default's grid would leave multiprocessors idle, or when Sq <= 64 (decode:
  * the default's taller tiles would compute rows that do not exist).  Same bucket order, fp16 and bf16.  D=128:
- * Bc = 32 double-buffered keeps the most K/V bytes in flight per multiprocessor (decode 1.00-1.01x cudnn). */
+ * Bc = 32 double-buffered keeps the most K/V bytes in flight per multiprocessor (decode, B=8 H=32: 0.99-1.01x
+ * cudnn; B=1 with 8 kv heads 0.91-0.97x, where cudnn's kernel takes the same time and the rest is the split-KV
+ * combine; evidence/serving/README.md). */
 #define V2_SMALL_GRID_CONFIGS(X) \
     X(64, 4, 1, 64, 1)           \
     X(128, 4, 1, 32, 2)          \
@@ -53,12 +55,20 @@ typedef struct {
 
 /* The blocks per multiprocessor the small-grid kernels (without softcap / ALiBi) are built for (__launch_bounds__):
  * four at D <= 128 -- 128 registers a thread, Q's fragments read from shared memory each k-step -- so that a decode
- * batch of 512 blocks (B=64, 8 kv heads) runs in one wave; one at D=256 (two fit by shared memory). */
+ * batch of 512 blocks (B=64, 8 kv heads) runs in one wave; one at D=256 (two fit by shared memory).  From sm_90 on
+ * only (V2_ARCH_MIN_BLOCKS), where it was measured (evidence/serving/h100_ab_small_grid_four_blocks_*): sm_80's
+ * 164 KB of shared memory holds three of D=128's 48 KB blocks, so there the 128-register cap would buy nothing. */
 #define V2_SMALL_GRID_MIN_BLOCKS(DP) ((DP) <= 128 ? 4 : 1)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define V2_ARCH_MIN_BLOCKS(MINB) 1
+#else
+#define V2_ARCH_MIN_BLOCKS(MINB) (MINB)
+#endif
 
 /* The table compiled ahead of time, in index order: defaults (index = bucket), small-grid configs (3 + bucket), the
  * rules' configs, the sweep candidates.  BOTH(...) rows are built for fp16 and bf16, SMALL(...) the small-grid rows
- * (fp16 and bf16), F16(...) rows for fp16 only, RULE(...) rows take a rule's arguments.  The kernel file and the planner expand this one list. */
+ * (fp16 and bf16), F16(...) rows for fp16 only, RULE(...) rows take a rule's arguments.  The kernel file and the
+ * planner expand this one list. */
 #define V2_TABLE(BOTH, SMALL, F16, RULE) \
     V2_DEFAULT_CONFIGS(BOTH) V2_SMALL_GRID_CONFIGS(SMALL) V2_RULES(RULE) V2_SWEEP_CONFIGS(F16)
 #define V2_COUNT(...) +1
@@ -69,11 +79,13 @@ enum {
     V2_NAOT = V2_FIRST_RULE + V2_NRULES V2_SWEEP_CONFIGS(V2_COUNT) /* table indices >= V2_NAOT: run-time compiled */
 };
 
-/* Q's fragments stay in registers when they and the S and O accumulators fit (else ldmatrix per k-step). */
-#define V2_Q_IN_REGS(DP, MT, BC) ((MT) * (DP) <= 128 && (MT) * ((DP) / 8 + (BC) / 8 + (DP) / 16) * 4 <= 200)
+/* Q's fragments stay in registers when they and the S and O accumulators fit and the kernel is built for one block
+ * per multiprocessor (MINB > 1 caps the registers: ldmatrix per k-step instead). */
+#define V2_Q_IN_REGS(DP, MT, BC, MINB) \
+    ((MINB) == 1 && (MT) * (DP) <= 128 && (MT) * ((DP) / 8 + (BC) / 8 + (DP) / 16) * 4 <= 200)
 /* Accumulator registers per thread: S (MT x BC/8 n8 tiles) and O (MT x DP/8), plus Q's fragments when kept. */
-#define V2_ACC_REGS(DP, MT, BC) \
-    ((MT) * ((DP) / 8 * 4 + (BC) / 8 * 4) + (V2_Q_IN_REGS(DP, MT, BC) ? (MT) * (DP) / 16 * 4 : 0))
+#define V2_ACC_REGS(DP, MT, BC, MINB) \
+    ((MT) * ((DP) / 8 * 4 + (BC) / 8 * 4) + (V2_Q_IN_REGS(DP, MT, BC, MINB) ? (MT) * (DP) / 16 * 4 : 0))
 /* Above this ptxas spills in the main loop (-Xptxas -v on sm_90: 192 keeps at most 16 bytes of stack). */
 #define V2_ACC_LIMIT 192
 #define V2_SMEM_BYTES(DP, WARPS, MT, BC, STAGES) ((size_t)(16 * (MT) * (WARPS) + 2 * (STAGES) * (BC)) * (DP) * 2)

@@ -3,9 +3,10 @@
  * A block of WARPS warps owns Br = 16 * MT * WARPS query rows of one (b, h); each warp owns MT row tiles of 16,
  * so the online softmax never leaves the warp and every K/V fragment read from shared memory feeds MT MMAs.
  * Per key block K_j, V_j (Bc keys):
- *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit beside S and O, else re-read by
- *                       ldmatrix; K fragments by ldmatrix from XOR-swizzled (bank-conflict-free) shared memory,
- *                       addressed as one base per operand XOR a compile-time step (swz_addr / swz_step)
+ *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit beside S and O (and the kernel is built
+ *                       for one block per SM), else re-read by ldmatrix; K fragments by ldmatrix from XOR-swizzled
+ *                       (bank-conflict-free) shared memory, addressed as one base per operand XOR a compile-time step
+ *                       (swz_addr / swz_step)
  *   MODS (a kernel of its own): S2 = S * scale log2 e, then the softcap c: S2 -> c2 tanh(S2 / c2) (c2 = c log2 e),
  *                       then ALiBi's -slope2 |pos - j| (fattn_alibi_bias2); the softmax then runs on S2 (c = 1)
  *   masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
@@ -31,7 +32,8 @@
  * as the plan says.
  * Speed (H100 80GB HBM3, evidence/bench/h100_v2_ratios_ad311e5.md): fa3 grid fp16 176-371 TFLOP/s, 0.94-1.33x torch's
  * FlashAttention-2 (>= 1.0 at 29 of 36 points; bf16 0.95-1.26x) and 0.47-0.72x torch cudnn; decode 2.60-3.11 TB/s of
- * K+V, 1.00-1.01x cudnn (h100_v2_decode_ad311e5.json).  Before the address and order work (e64432d): 0.79-1.07x.
+ * K+V, 1.00-1.01x cudnn (h100_v2_decode_ad311e5.json; 0.99-1.01x at 5504930, evidence/serving/README.md).  Before the
+ * address and order work (e64432d): 0.79-1.07x.
  * Run: python -m fattn.bench --grid fa3.
  */
 #include "../mma.cuh"
@@ -162,7 +164,7 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
     constexpr int NT = BC / 8;      /* n8 tiles of S */
     constexpr int DT = DP / 8;      /* n8 tiles of O */
     /* Q's fragments stay in registers when they and the S and O accumulators fit (else ldmatrix per k-step) */
-    constexpr bool Q_IN_REGS = V2_Q_IN_REGS(DP, MT, BC) && MINB == 1; /* MINB > 1: 128 registers or fewer */
+    constexpr bool Q_IN_REGS = V2_Q_IN_REGS(DP, MT, BC, V2_ARCH_MIN_BLOCKS(MINB));
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T *sQ = (T *)smem_raw, *sK = sQ + BR * DP, *sV = sK + STAGES * BC * DP;
 
@@ -456,7 +458,7 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
  * a kernel of its own, compiled for the default and small-grid configs only.  MINB: the blocks per multiprocessor
  * it is built for (V2_SMALL_GRID_MIN_BLOCKS; 1 elsewhere). */
 template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED, bool MODS, int MINB = 1>
-__global__ void __launch_bounds__(WARPS * 32, MINB) v2_fwd(const attn_params p, const v2_split sp) {
+__global__ void __launch_bounds__(WARPS * 32, V2_ARCH_MIN_BLOCKS(MINB)) v2_fwd(const attn_params p, const v2_split sp) {
     v2_body<T, DP, WARPS, MT, BC, STAGES, PAGED, MODS, MINB>(p, sp);
 }
 
@@ -473,10 +475,12 @@ extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const a
  * four warps' results are merged in warp order: a fixed order, bitwise repeatable.  LSE = m + log l over the splits;
  * splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf. */
 #define COMBINE_CHUNK 8
+#define COMBINE_WARPS 4 /* the block: 128 threads */
 template <typename T>
-__global__ void __launch_bounds__(128) v2_combine(const attn_params all, const v2_split sp, int splits) {
-    constexpr int NC = 256 / 32; /* columns per lane: head dims to 256 */
-    __shared__ float part[4][256], wm[4], wl[4];
+__global__ void __launch_bounds__(COMBINE_WARPS * 32) v2_combine(const attn_params all, const v2_split sp, int splits) {
+    constexpr int NC = FATTN_MAX_HEADDIM / 32; /* columns per lane */
+    static_assert(32 * NC >= FATTN_MAX_HEADDIM, "every column has a lane");
+    __shared__ float part[COMBINE_WARPS][FATTN_MAX_HEADDIM], wm[COMBINE_WARPS], wl[COMBINE_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t nrows = all.b * all.h * all.sq, row = blockIdx.x;
     const int64_t bh = row / all.sq, i = row % all.sq, h = bh % all.h;
@@ -486,11 +490,11 @@ __global__ void __launch_bounds__(128) v2_combine(const attn_params all, const v
     float m = -INFINITY, l = 0.f, acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; c++) acc[c] = 0.f;
-    for (int s0 = warp; s0 < splits; s0 += 4 * COMBINE_CHUNK) {
+    for (int s0 = warp; s0 < splits; s0 += COMBINE_WARPS * COMBINE_CHUNK) {
         float ls[COMBINE_CHUNK], x[COMBINE_CHUNK][NC];
 #pragma unroll
         for (int u = 0; u < COMBINE_CHUNK; u++) {
-            const int64_t s = s0 + 4 * u, at = (s * nrows + row) * d;
+            const int64_t s = s0 + COMBINE_WARPS * u, at = (s * nrows + row) * d;
             ls[u] = s < splits ? sp.lse_part[s * nrows + row] : -INFINITY;
 #pragma unroll
             for (int c = 0; c < NC; c++)
@@ -514,19 +518,21 @@ __global__ void __launch_bounds__(128) v2_combine(const attn_params all, const v
     for (int c = 0; c < NC; c++)
         if (lane + 32 * c < d) part[warp][lane + 32 * c] = acc[c];
     __syncthreads();
+    static_assert(COMBINE_WARPS == 4, "the merge below is written out for four warps (a fixed order)");
     const float mx = fmaxf(fmaxf(wm[0], wm[1]), fmaxf(wm[2], wm[3])), m_use = mx == -INFINITY ? 0.f : mx;
-    float f[4], sum = 0.f;
+    float f[COMBINE_WARPS], sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < 4; w++) {
+    for (int w = 0; w < COMBINE_WARPS; w++) {
         f[w] = __expf(wm[w] - m_use);
         sum += wl[w] * f[w];
     }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     T *out = (T *)seq.o + h * all.o_stride_h + i * all.o_stride_s;
-    for (int col = tid; col < d; col += 128)
+    for (int col = tid; col < d; col += COMBINE_WARPS * 32)
         from_f32(out + col, ((part[0][col] * f[0] + part[1][col] * f[1]) + (part[2][col] * f[2] + part[3][col] * f[3])) * inv);
     if (seq.lse && tid == 0) seq.lse[h * all.lse_stride_h + i] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
 }
+#undef COMBINE_CHUNK
 
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
 
@@ -592,6 +598,9 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *call, const fattn_pla
         sp.lse_part = sp.o_part + (size_t)plan->splits * (size_t)(p->b * p->h * p->sq) * (size_t)p->d;
     }
     void *args[] = {(void *)p, (void *)&sp};
+    const int64_t rows = p->b * p->h * p->sq; /* the combine's blocks: checked before anything is launched */
+    if (plan->splits > 1 && rows > 0x7fffffff)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: %lld rows are too many to split", (long long)rows);
     const int mods = fattn_score_mods(p);
     if (mods && plan->config >= V2_FIRST_RULE) /* the planner never picks one */
         return FATTN_FAIL(FATTN_ERR_INVALID, "v2: config %d has no softcap / ALiBi kernel", plan->config);
@@ -611,9 +620,7 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *call, const fattn_pla
     if (plan->splits > 1) {
         int nsplit = plan->splits;
         void *cargs[] = {(void *)p, (void *)&sp, (void *)&nsplit};
-        const int64_t rows = p->b * p->h * p->sq;
-        if (rows > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: %lld rows are too many to split", (long long)rows);
-        FATTN_CUDA_CHECK(cudaLaunchKernel(v2_combine_kernel[ti], dim3((unsigned)rows), dim3(128), cargs, 0,
+        FATTN_CUDA_CHECK(cudaLaunchKernel(v2_combine_kernel[ti], dim3((unsigned)rows), dim3(COMBINE_WARPS * 32), cargs, 0,
                                           (cudaStream_t)stream));
     }
     return FATTN_OK;

@@ -94,9 +94,9 @@ fattn_status fattn_check_config_v2(const int64_t *v, int n, int d, int dtype, si
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "tile rows do not split evenly over the threads");
     const size_t smem = V2_SMEM_BYTES(dp, warps, mt, bc, stages);
     if (smem > smem_limit) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "shared memory %zu B > %zu B", smem, smem_limit);
-    if (V2_ACC_REGS(dp, mt, bc) > V2_ACC_LIMIT)
+    if (V2_ACC_REGS(dp, mt, bc, 1) > V2_ACC_LIMIT)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%d accumulator registers per thread would spill (> %d)",
-                          V2_ACC_REGS(dp, mt, bc), V2_ACC_LIMIT);
+                          V2_ACC_REGS(dp, mt, bc, 1), V2_ACC_LIMIT);
     return FATTN_OK;
 }
 
