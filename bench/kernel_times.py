@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab  # noqa: E402
-from fattn.testing import grids, suite, timer  # noqa: E402
+from fattn.testing import grids, paged, suite, timer  # noqa: E402
 
 FLUSH_MIN_US = 40.0  # the 256 MB flush takes ~80 us on an H100; the flush's own kernels at least this long
 
@@ -77,14 +77,7 @@ def kv_fn(text, q, k, v):
     lens = torch.full((b,), sk, dtype=torch.int32, device=q.device)
     if text == "kv:contiguous":
         return lambda: fattn.attention_with_kvcache(qc, kc, vc, cache_seqlens=lens, check_indices=False)
-    ps = int(text.removeprefix("kv:page"))
-    n = sk // ps
-    perm = torch.randperm(b * n, generator=torch.Generator().manual_seed(ps)).to(q.device)
-    table = perm.reshape(b, n).to(torch.int32)
-    pk = torch.empty((b * n, ps) + kc.shape[2:], dtype=kc.dtype, device=q.device)
-    pv = torch.empty_like(pk)
-    pk[perm] = kc.reshape((b * n, ps) + kc.shape[2:])
-    pv[perm] = vc.reshape((b * n, ps) + kc.shape[2:])
+    pk, pv, table = paged.page_cache(kc, vc, int(text.removeprefix("kv:page")))
     return lambda: fattn.attention_with_kvcache(qc, pk, pv, cache_seqlens=lens, block_table=table,
                                                 check_indices=False)
 

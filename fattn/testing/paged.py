@@ -54,17 +54,23 @@ def make_point(b, sk, pages, seed=0):
     k = torch.randn((b, sk, H_KV, D), generator=g, device=dev).half()
     v = torch.randn((b, sk, H_KV, D), generator=g, device=dev).half()
     lens = torch.full((b,), sk, dtype=torch.int32, device=dev)
-    paged = {}
-    for ps in pages:
-        n = sk // ps
-        perm = torch.randperm(b * n, generator=torch.Generator().manual_seed(ps)).to(dev)
-        table = perm.reshape(b, n).to(torch.int32)
-        pool_k = torch.empty((b * n, ps, H_KV, D), dtype=k.dtype, device=dev)
-        pool_v = torch.empty_like(pool_k)
-        pool_k[perm] = k.reshape(b * n, ps, H_KV, D)
-        pool_v[perm] = v.reshape(b * n, ps, H_KV, D)
-        paged[ps] = (pool_k, pool_v, table)
-    return q, k, v, lens, paged
+    return q, k, v, lens, {ps: page_cache(k, v, ps) for ps in pages}
+
+
+def page_cache(k, v, ps):
+    """(pool_k, pool_v, block_table): the contiguous cache k, v (B, S, H_kv, D), S a multiple of ps, copied into pages
+    of ps keys in a shuffled pool (the permutation seeded by ps)."""
+    import torch
+
+    b, sk, tail = k.shape[0], k.shape[1], k.shape[2:]
+    n = sk // ps
+    perm = torch.randperm(b * n, generator=torch.Generator().manual_seed(ps)).to(k.device)
+    table = perm.reshape(b, n).to(torch.int32)
+    pool_k = torch.empty((b * n, ps) + tail, dtype=k.dtype, device=k.device)
+    pool_v = torch.empty_like(pool_k)
+    pool_k[perm] = k.reshape((b * n, ps) + tail)
+    pool_v[perm] = v.reshape((b * n, ps) + tail)
+    return pool_k, pool_v, table
 
 
 def torch_call(backend, q, k, v):

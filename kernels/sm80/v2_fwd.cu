@@ -6,7 +6,7 @@
  *   S = Q K_j^T         mma.m16n8k16; Q fragments in registers when they fit beside S and O (and the kernel is built
  *                       for one block per SM), else re-read by ldmatrix; K fragments by ldmatrix from XOR-swizzled
  *                       (bank-conflict-free) shared memory, addressed as one base per operand XOR a compile-time step
- *                       (swz_addr / swz_step)
+ *                       (swz_addr / swz_step; the tile helpers are v2_tiles.cuh)
  *   MODS (a kernel of its own): S2 = S * scale log2 e, then the softcap c: S2 -> c2 tanh(S2 / c2) (c2 = c log2 e),
  *                       then ALiBi's -slope2 |pos - j| (fattn_alibi_bias2); the softmax then runs on S2 (c = 1)
  *   masked -> -inf (only in diagonal / tail blocks: unmasked blocks skip the test)
@@ -25,8 +25,8 @@
  * configuration as macros) for fattn.tune and the tuned-config cache.  v2_plan.c chooses the config, the grid, the
  * key splits and the block order of a call; this file holds the kernels and their launcher.
  * Split-KV (flash-decoding): when the grid has fewer blocks than SMs (decode with a small batch), blockIdx.y splits
- * each query block's key blocks, each split writes an fp32 partial O and its LSE, and v2_combine merges them; at
- * (B, H) = (1, 32), Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without
+ * each query block's key blocks, each split writes an fp32 partial O and its LSE, and v2_combine (v2_combine.cuh)
+ * merges them; at (B, H) = (1, 32), Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without
  * (evidence/bench/h100_split_sweep_fd91998.json).
  * Blocks go head by head (K/V shared in L2 by the blocks in flight) or heads fastest (longest first over all heads),
  * as the plan says.
@@ -44,105 +44,7 @@
 #include "../../csrc/variants.h"
 #endif
 
-/* Element offset of 16-byte chunk c of row r in a [rows][DP] tile, XOR-swizzled by the row's low 3 bits. */
-template <int DP> DEV int swz(int r, int c) { return r * DP + ((c ^ (r & 7)) << 3); }
-
-/* ldmatrix addressing without per-load arithmetic.  A lane reads 16-byte chunk 2 * step + half of row `row` of a
- * swizzled [rows][DP] tile (tile 128-byte aligned).  Since 2 * step + half = 8 * (step / 4) + (2 * (step % 4) | half),
- * its swizzled chunk is 8 * (step / 4) + ((2 * (step % 4)) ^ (half ^ (row & 7))): from the address a of step 0
- * (swz_addr), step is an XOR of address bits 5-6 by step % 4 and a compile-time 128 bytes per 4 steps (swz_step).
- * Row tiles, key tiles and stages are multiples of 128 bytes, added as immediates or once per key block. */
-template <int DP> DEV unsigned swz_addr(unsigned tile, int row, int half) {
-    return tile + row * DP * 2 + ((half ^ (row & 7)) << 4);
-}
-DEV unsigned swz_step(unsigned a, int step) { return (a ^ ((step & 3) << 5)) + (step >> 2) * 128; }
-
-/* Rows [0, ROWS) of a ROWS x DP tile from global memory into swizzled shared memory; rows >= valid and columns >= d
- * are zero-filled without reading.  Thread tid always copies chunk c = tid % CHUNKS of rows r0 + RSTEP * it
- * (r0 = tid / CHUNKS); `src` is that thread's first element, tile + r0 * stride + 8 * c (load_origin), so the copy
- * loop needs no per-tile setup.  Row r0 + RSTEP * it has the swizzle of row r0 + RSTEP * (it % P) (P * RSTEP is a
- * multiple of 8): P offsets per thread and compile-time row steps address every copy.  A tile wholly inside the
- * sequence (every tile but the last) copies with no bounds test: one 64-bit pointer add and one cp.async per copy. */
-template <int DP> DEV int64_t load_origin(int64_t stride, int tid) {
-    return (int64_t)(tid / (DP / 8)) * stride + tid % (DP / 8) * 8;
-}
-template <typename T, int DP, int ROWS, int THREADS>
-DEV void load_tile(T *smem, const T *src, int64_t stride, int64_t valid, int d, int tid) {
-    constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
-    constexpr int P = RSTEP % 8 == 0 ? 1 : 8 / RSTEP;
-    static_assert(THREADS % CHUNKS == 0 && (ROWS * CHUNKS) % THREADS == 0, "tile must split evenly over threads");
-    static_assert(8 % RSTEP == 0 || RSTEP % 8 == 0, "row step must divide or be a multiple of the swizzle period");
-    const int c = tid % CHUNKS, r0 = tid / CHUNKS;
-    int soff[P];
-#pragma unroll
-    for (int k = 0; k < P; k++) soff[k] = swz<DP>(r0 + k * RSTEP, c);
-    auto dst = [&](int it) { return smem + soff[it % P] + (it / P) * P * RSTEP * DP; };
-    const bool col_in = c * 8 < d;
-    if (valid >= ROWS && col_in) {
-#pragma unroll
-        for (int it = 0; it < ITERS; it++, src += RSTEP * stride) cp_async_16(dst(it), src, 16);
-    } else {
-        const T *first = src;
-        const int rows = valid <= 0 ? 0 : (int)valid; /* < ROWS here unless col_in is false */
-#pragma unroll
-        for (int it = 0; it < ITERS; it++, src += RSTEP * stride) {
-            const bool in = col_in && r0 + it * RSTEP < rows;
-            cp_async_16(dst(it), in ? src : first, in ? 16 : 0);
-        }
-    }
-}
-
-/* The same tile of a paged cache: key row j0 + r is row (j0 + r) % ps of page table[(j0 + r) / ps], each row its own
- * address; rows >= valid and columns >= d zero-filled.  `head` is the pool plus the kv head's offset.  Kept out of
- * line with 32-bit row arithmetic: inlined, the per-row addressing spilled up to 250 bytes in the paged kernels. */
-template <typename T, int DP, int ROWS, int THREADS>
-__device__ __noinline__ void load_tile_paged(T *smem, const T *head, const int32_t *table, int ps, int64_t stride_b,
-                                             int64_t stride_s, int j0, int valid, int d, int tid) {
-    constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
-    const int c = tid % CHUNKS, r0 = tid / CHUNKS;
-    const bool col_in = c * 8 < d;
-    head += c * 8;
-#pragma unroll
-    for (int it = 0; it < ITERS; it++) {
-        const int r = r0 + it * RSTEP, j = j0 + r;
-        const bool in = col_in && r < valid;
-        const int page = in ? __ldg(table + j / ps) : 0;
-        const T *src = head + (int64_t)page * stride_b + (int64_t)(j % ps) * stride_s;
-        cp_async_16(smem + swz<DP>(r, c), in ? src : head, in ? 16 : 0);
-    }
-}
-
-/* The same tile of a paged cache whose pages are a whole fraction of a tile (ROWS a multiple of the page size
- * 1 << shift, so the tile starts a page): row r is row r & (ps - 1) of page table[j0 / ps + r / ps] -- shifts and
- * masks where load_tile_paged divides.  Rows >= valid and columns >= d zero-filled (and no table read past them).
- * Out of line as load_tile_paged: inlined, it spilled up to 272 bytes in the paged kernels of Bc >= 64. */
-template <typename T, int DP, int ROWS, int THREADS>
-__device__ __noinline__ void load_tile_pages(T *smem, const T *head, const int32_t *table, int shift, int64_t stride_b, int64_t stride_s,
-                         int j0, int valid, int d, int tid) {
-    constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
-    const int c = tid % CHUNKS, r0 = tid / CHUNKS, in_page = (1 << shift) - 1;
-    const bool col_in = c * 8 < d;
-    const int32_t *tab = table + (j0 >> shift);
-    head += c * 8;
-#pragma unroll
-    for (int it = 0; it < ITERS; it++) {
-        const int r = r0 + it * RSTEP;
-        const bool in = col_in && r < valid;
-        const int page = in ? __ldg(tab + (r >> shift)) : 0;
-        const T *src = head + (int64_t)page * stride_b + (int64_t)(r & in_page) * stride_s;
-        cp_async_16(smem + swz<DP>(r, c), in ? src : head, in ? 16 : 0);
-    }
-}
-
-/* Flips the sign bit of every fp16/bf16 element of a ROWS x DP tile in shared memory (16 bytes per thread-step). */
-template <int DP, int ROWS, int THREADS> DEV void flip_sign_bits(void *smem, int tid) {
-    uint4 *t = (uint4 *)smem;
-    for (int i = tid; i < ROWS * DP / 8; i += THREADS) {
-        uint4 x = t[i];
-        x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
-        t[i] = x;
-    }
-}
+#include "v2_tiles.cuh"
 
 /* Split-KV (flash-decoding): with o_part set, split y = blockIdx.y covers the query block's key blocks n_min + [y bps,
  * (y + 1) bps) (bps = blocks_per_split) and writes its normalised partial output (fp32) and its LSE instead of O;
@@ -468,71 +370,7 @@ extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const a
 }
 #endif
 
-/* Merges the splits of v2_fwd: a block of 128 threads per query row, warp w taking the splits w,
- * w + 4, ...  A warp loads the LSEs and partial outputs of COMBINE_CHUNK of its splits at once (lane: columns lane +
- * 32 c), then folds them in split order into a running (m, l, acc) -- acc = sum_s e^(LSE_s - m) O_s, l the same sum of
- * weights -- so a row costs one round trip to memory per COMBINE_CHUNK splits of a warp, not one per split.  The
- * four warps' results are merged in warp order: a fixed order, bitwise repeatable.  LSE = m + log l over the splits;
- * splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf. */
-#define COMBINE_CHUNK 8
-#define COMBINE_WARPS 4 /* the block: 128 threads */
-template <typename T>
-__global__ void __launch_bounds__(COMBINE_WARPS * 32) v2_combine(const attn_params all, const v2_split sp, int splits) {
-    constexpr int NC = FATTN_MAX_HEADDIM / 32; /* columns per lane */
-    static_assert(32 * NC >= FATTN_MAX_HEADDIM, "every column has a lane");
-    __shared__ float part[COMBINE_WARPS][FATTN_MAX_HEADDIM], wm[COMBINE_WARPS], wl[COMBINE_WARPS];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t nrows = all.b * all.h * all.sq, row = blockIdx.x;
-    const int64_t bh = row / all.sq, i = row % all.sq, h = bh % all.h;
-    const fattn_seq seq = fattn_seq_of(&all, bh / all.h); /* the row's sequence */
-    if (i >= seq.sq) return;
-    const int d = (int)all.d;
-    float m = -INFINITY, l = 0.f, acc[NC];
-#pragma unroll
-    for (int c = 0; c < NC; c++) acc[c] = 0.f;
-    for (int s0 = warp; s0 < splits; s0 += COMBINE_WARPS * COMBINE_CHUNK) {
-        float ls[COMBINE_CHUNK], x[COMBINE_CHUNK][NC];
-#pragma unroll
-        for (int u = 0; u < COMBINE_CHUNK; u++) {
-            const int64_t s = s0 + COMBINE_WARPS * u, at = (s * nrows + row) * d;
-            ls[u] = s < splits ? sp.lse_part[s * nrows + row] : -INFINITY;
-#pragma unroll
-            for (int c = 0; c < NC; c++)
-                x[u][c] = s < splits && lane + 32 * c < d ? sp.o_part[at + lane + 32 * c] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < COMBINE_CHUNK; u++) {
-            if (ls[u] == -INFINITY) continue;
-            const float m_new = fmaxf(m, ls[u]), a = __expf(m - m_new), w = __expf(ls[u] - m_new);
-            l = l * a + w;
-#pragma unroll
-            for (int c = 0; c < NC; c++) acc[c] = acc[c] * a + w * x[u][c];
-            m = m_new;
-        }
-    }
-    if (lane == 0) {
-        wm[warp] = m;
-        wl[warp] = l;
-    }
-#pragma unroll
-    for (int c = 0; c < NC; c++)
-        if (lane + 32 * c < d) part[warp][lane + 32 * c] = acc[c];
-    __syncthreads();
-    static_assert(COMBINE_WARPS == 4, "the merge below is written out for four warps (a fixed order)");
-    const float mx = fmaxf(fmaxf(wm[0], wm[1]), fmaxf(wm[2], wm[3])), m_use = mx == -INFINITY ? 0.f : mx;
-    float f[COMBINE_WARPS], sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; w++) {
-        f[w] = __expf(wm[w] - m_use);
-        sum += wl[w] * f[w];
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    T *out = (T *)seq.o + h * all.o_stride_h + i * all.o_stride_s;
-    for (int col = tid; col < d; col += COMBINE_WARPS * 32)
-        from_f32(out + col, ((part[0][col] * f[0] + part[1][col] * f[1]) + (part[2][col] * f[2] + part[3][col] * f[3])) * inv);
-    if (seq.lse && tid == 0) seq.lse[h * all.lse_stride_h + i] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
-}
-#undef COMBINE_CHUNK
+#include "v2_combine.cuh"
 
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
 

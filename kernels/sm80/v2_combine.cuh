@@ -1,0 +1,72 @@
+/* v2_combine.cuh -- the merge of v2's split-KV partial results (v2_split, defined by v2_fwd.cu before it includes
+ * this file): one kernel, launched by fattn_launch_v2 after v2_fwd when the plan splits the keys. */
+#ifndef FATTN_V2_COMBINE_CUH
+#define FATTN_V2_COMBINE_CUH
+
+/* Merges the splits of v2_fwd: a block of 128 threads per query row, warp w taking the splits w,
+ * w + 4, ...  A warp loads the LSEs and partial outputs of COMBINE_CHUNK of its splits at once (lane: columns lane +
+ * 32 c), then folds them in split order into a running (m, l, acc) -- acc = sum_s e^(LSE_s - m) O_s, l the same sum of
+ * weights -- so a row costs one round trip to memory per COMBINE_CHUNK splits of a warp, not one per split.  The
+ * four warps' results are merged in warp order: a fixed order, bitwise repeatable.  LSE = m + log l over the splits;
+ * splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf. */
+#define COMBINE_CHUNK 8
+#define COMBINE_WARPS 4 /* the block: 128 threads */
+template <typename T>
+__global__ void __launch_bounds__(COMBINE_WARPS * 32) v2_combine(const attn_params all, const v2_split sp, int splits) {
+    constexpr int NC = FATTN_MAX_HEADDIM / 32; /* columns per lane */
+    static_assert(32 * NC >= FATTN_MAX_HEADDIM, "every column has a lane");
+    __shared__ float part[COMBINE_WARPS][FATTN_MAX_HEADDIM], wm[COMBINE_WARPS], wl[COMBINE_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t nrows = all.b * all.h * all.sq, row = blockIdx.x;
+    const int64_t bh = row / all.sq, i = row % all.sq, h = bh % all.h;
+    const fattn_seq seq = fattn_seq_of(&all, bh / all.h); /* the row's sequence */
+    if (i >= seq.sq) return;
+    const int d = (int)all.d;
+    float m = -INFINITY, l = 0.f, acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) acc[c] = 0.f;
+    for (int s0 = warp; s0 < splits; s0 += COMBINE_WARPS * COMBINE_CHUNK) {
+        float ls[COMBINE_CHUNK], x[COMBINE_CHUNK][NC];
+#pragma unroll
+        for (int u = 0; u < COMBINE_CHUNK; u++) {
+            const int64_t s = s0 + COMBINE_WARPS * u, at = (s * nrows + row) * d;
+            ls[u] = s < splits ? sp.lse_part[s * nrows + row] : -INFINITY;
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                x[u][c] = s < splits && lane + 32 * c < d ? sp.o_part[at + lane + 32 * c] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < COMBINE_CHUNK; u++) {
+            if (ls[u] == -INFINITY) continue;
+            const float m_new = fmaxf(m, ls[u]), a = __expf(m - m_new), w = __expf(ls[u] - m_new);
+            l = l * a + w;
+#pragma unroll
+            for (int c = 0; c < NC; c++) acc[c] = acc[c] * a + w * x[u][c];
+            m = m_new;
+        }
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int c = 0; c < NC; c++)
+        if (lane + 32 * c < d) part[warp][lane + 32 * c] = acc[c];
+    __syncthreads();
+    static_assert(COMBINE_WARPS == 4, "the merge below is written out for four warps (a fixed order)");
+    const float mx = fmaxf(fmaxf(wm[0], wm[1]), fmaxf(wm[2], wm[3])), m_use = mx == -INFINITY ? 0.f : mx;
+    float f[COMBINE_WARPS], sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; w++) {
+        f[w] = __expf(wm[w] - m_use);
+        sum += wl[w] * f[w];
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    T *out = (T *)seq.o + h * all.o_stride_h + i * all.o_stride_s;
+    for (int col = tid; col < d; col += COMBINE_WARPS * 32)
+        from_f32(out + col, ((part[0][col] * f[0] + part[1][col] * f[1]) + (part[2][col] * f[2] + part[3][col] * f[3])) * inv);
+    if (seq.lse && tid == 0) seq.lse[h * all.lse_stride_h + i] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
+}
+#undef COMBINE_CHUNK
+
+#endif
