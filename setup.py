@@ -84,6 +84,10 @@ class BuildExt(build_ext):
         headers = sorted(f for pat in ("kernels/*.cuh", "kernels/*/*.cuh", "kernels/*/*.h", "csrc/*.h")
                          for f in glob.glob(os.path.join(ROOT, pat)))
         header_bytes = b"".join(open(h, "rb").read() for h in headers)
+        # The compiler enters the rebuild key by its release, not its path: the same nvcc reached through another path
+        # (a wrapper script, /usr/local/cuda-13.0/bin) makes the same objects, so objects built on one machine are
+        # reused on another with the same release.
+        release = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-2:]
         done = []
 
         def gencodes(src):
@@ -99,7 +103,7 @@ class BuildExt(build_ext):
             # Rebuild unless the source, every header and the command are byte-identical to the last build's
             # (contents, not mtimes: trees copied between machines keep stale mtimes).
             # The key names paths relative to the tree, so objects carried to another checkout are reused.
-            flags = [c.replace(ROOT, ".") for c in cmd if c not in (obj, "-o")]
+            flags = release + [c.replace(ROOT, ".") for c in cmd[1:] if c not in (obj, "-o")]
             key = hashlib.sha256(open(src, "rb").read() + header_bytes + " ".join(flags).encode()).hexdigest()
             stamp = obj + ".sha256"
             if not (os.path.exists(obj) and os.path.exists(stamp) and open(stamp).read() == key):

@@ -16,10 +16,10 @@
  *     S^T  = K_w Q_i^T     wgmma m64nBRk16, both operands K-major in 128-byte-swizzled shared memory
  *     dP^T = V_w dO_i^T    the same, issued right behind S^T
  *     P^T  = exp2(S^T scale log2 e - LSE2_col)     (masked -> 0 on the mask's edge blocks only)
- *     dV  += P^T dO_i      wgmma RS: A (P^T packed to fp16 / bf16) from registers, dO N-major (transposed by the
- *                          descriptor, no copy); at D=128 issued here, while dP^T finishes (else with dK)
  *     dS^T = P^T (dP^T - D_col)                    packed likewise, and to shared memory (double-buffered,
  *                                                  swizzled as TMA would: rows keys, 64-query panels)
+ *     dV  += P^T dO_i      wgmma RS: A (P^T packed to fp16 / bf16) from registers, dO N-major (transposed by the
+ *                          descriptor, no copy), issued once dP^T is done and dS^T stored
  *     (named barrier: both consumers' dS^T in shared memory)
  *     dQ_i = dS K          wgmma SS with both operands transposed by their descriptors (dS^T M-major, K N-major):
  *                          a 64 x 64 tile per consumer -- BR = 128: its 64 query rows; BR = 64: its 64 columns
@@ -82,9 +82,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     constexpr int KS = BR / 16; /* k-steps of dV += P^T dO and dK += dS^T Q: A fragments of P^T, dS^T */
     constexpr int NA = DP / 2;  /* dK and dV accumulators per thread (64 keys x DP) */
     constexpr bool DQ_ROWS = BR == 128; /* dQ split between the consumers by rows, else by columns */
-    /* dV's GEMM issued before dS is computed (its A fragments then live beside S^T, dP^T and dS^T's: at BR = 128
-     * that exceeds 240 registers) */
-    constexpr bool DV_EARLY = BR == 64;
     /* LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128, 64
      * would spill) */
     constexpr bool PRELOAD = BR == 64 && !MODS;
@@ -230,9 +227,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             for (int i = 0; i < NS; i++)
                 if (!visible(i)) st[i] = -INFINITY;
         }
-        /* P^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1); dV += P^T dO (BR / 16 k-steps of 16 query
-         * rows, 2048 bytes each; dO's panels BR * 128 bytes apart) issued at once while dP^T finishes (DV_EARLY), or
-         * with dK.  MODS: the score in log2 units, then the softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key|
+        /* P^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1) for dV += P^T dO (BR / 16 k-steps of 16 query
+         * rows, 2048 bytes each; dO's panels BR * 128 bytes apart), issued once dS^T is out (below).  MODS: the score in log2 units, then the softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key|
          * as the forward, the mask, P packed, and st = P (1 - tanh^2) from then on (dS's chain rule). */
         const float slope2 = MODS ? fattn_alibi_slope2(&f, b, h0 + it / nm) : 0.f;
         /* ALiBi's distance pos - key of element i: base + its column - its key row's offset */
@@ -263,18 +259,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                 }
             }
         const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
-        auto issue_dv = [&]() {
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dv, pp[kk], dot_lo + ((kk * 2048) >> 4), 1);
-        };
-        if constexpr (DV_EARLY) {
-            wgmma_fence();
-            issue_dv();
-            wgmma_commit();
-            wgmma_wait<1>(); /* dP^T done; dV may still run */
-        } else {
-            wgmma_wait<0>();
-        }
+        wgmma_wait<0>(); /* dP^T done */
         reg_fence(dpt);
         /* dS^T = P^T (dP^T - D): A fragments, and to shared memory for dQ (rows keys, 64-query panels, swizzled) */
 #pragma unroll
@@ -288,11 +273,13 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                 *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
             }
         fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
-        if constexpr (!DV_EARLY) {
-            wgmma_fence();
-            issue_dv();
-            wgmma_commit();
-        }
+        /* dV += P^T dO, on the tensor cores while the consumers meet.  Issued here rather than while dP^T finishes (as
+         * D=128 did before): 1.01-1.05x faster at D=128 (evidence/backward/h100_v3_bwd_step_order_*.md), where
+         * dV's reads of dO would overlap dP^T's 64-wide products, both operands from shared memory. */
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dv, pp[kk], dot_lo + ((kk * 2048) >> 4), 1);
+        wgmma_commit();
         named_barrier_sync(V3B_BAR_DS, 256);
 
         /* dQ_i = dS K (BC / 16 k-steps of 16 keys; dS^T's panel of this consumer's rows (BR = 128) or the whole dS^T
