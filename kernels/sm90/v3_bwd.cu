@@ -46,9 +46,10 @@
  * v2.  Head dim 256 runs its own dK/dV kernel (v3_bwd_wide.cu: the consumers split the head dim)
  * between this file's prep and convert passes; the block placement and the producer are shared (v3_bwd_ring.cuh).
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
- * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run, evidence/backward/
- * h100_v3_bwd_a213fcc.md): 0.84-0.995x cudnn at D=64 / 128 (D=128 S=16k 490 TFLOP/s causal), S=512 0.86-0.93x;
- * deterministic mode 0.96-1.30x the default's time.  This kernel's first version ran at 0.99-1.35x the speed of
+ * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): D=128 0.86-0.98x cudnn (494 TFLOP/s
+ * at S=16k), 1.01-1.07x the speed of b90005c's step order (dV while dP^T finished), deterministic mode 1.04-1.26x
+ * the default's time (evidence/backward/h100_v3_bwd_step_order_a65f84f.md); D=64 0.84-0.97x (h100_v3_bwd_a213fcc.md,
+ * its code unchanged since).  Where a step's time goes: the same file, sections 1-4.  This kernel's first version ran at 0.99-1.35x the speed of
  * v2's backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
