@@ -56,11 +56,23 @@ DEV void rows_seeing(const fattn_mask *m, int64_t sq, int64_t sk, int64_t j0, in
 
 /* ---- preprocess and convert: one group of DP / 8 lanes per row, 16 bytes per lane -------------------------------- */
 
+/* bwd_prep's flags: zero dq_accum (its first add is an add); LSE2 and D in v3's order (below). */
+enum { BWD_PREP_ZERO_DQ = 1, BWD_PREP_V3_ORDER = 2 };
+
+/* v3's order of LSE2 and D inside each 64-row block of the workspace: the rows a consumer thread reads together side
+ * by side.  A thread of lane quad position t reads rows 8 j + 2 t + y (j = 0..7, y = 0, 1: wgmma's accumulator
+ * columns); they sit at 16 t + 2 j + y, so its 16 floats of a block are four float4s (kernels/sm90/v3_bwd.cu). */
+DEV int64_t bwd_v3_row_pos(int64_t i) {
+    const int r = (int)(i & 63);
+    return (i - r) + 16 * ((r & 7) >> 1) + 2 * (r >> 3) + (r & 1);
+}
+
+
 /* D_i = rowsum(dO_i * O_i) and LSE_i in base 2 for the b * h * ws_rows workspace rows (0 and +inf for rows past Sq,
- * so nothing there is ever uninitialised); dq_accum zeroed when the first add to it is an add (zero_dq); dq_sem
+ * so nothing there is ever uninitialised); dq_accum zeroed when the first add to it is an add (BWD_PREP_ZERO_DQ); dq_sem
  * zeroed (v3's deterministic mode counts the adds to each dQ tile there). */
 template <typename T, int DP>
-__global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int zero_dq) {
+__global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int flags) {
     constexpr int G = DP / 8, RPB = 256 / G;
     const attn_params &f = p.fwd;
     const int c = threadIdx.x % G;
@@ -85,11 +97,12 @@ __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const i
     for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (!live) return;
     if (c == 0) {
-        p.dpsum[row] = acc;
-        p.lse2[row] = i < x_.sq ? lse2_of(f.lse + b * f.lse_stride_b + h * f.lse_stride_h + x_.q0, i, x_.sq) : INFINITY;
+        const int64_t at = flags & BWD_PREP_V3_ORDER ? bwd_v3_row_pos(row) : row; /* ws_rows: a multiple of 64 */
+        p.dpsum[at] = acc;
+        p.lse2[at] = i < x_.sq ? lse2_of(f.lse + b * f.lse_stride_b + h * f.lse_stride_h + x_.q0, i, x_.sq) : INFINITY;
         if (p.dq_sem) p.dq_sem[row] = 0;
     }
-    if (zero_dq) {
+    if (flags & BWD_PREP_ZERO_DQ) {
         float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);
         z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
         z[1] = make_float4(0.f, 0.f, 0.f, 0.f);

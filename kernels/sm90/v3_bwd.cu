@@ -86,6 +86,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     /* LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128, 64
      * would spill) */
     constexpr bool PRELOAD = BR == 64 && !MODS;
+    /* LSE2 and D in the workspace's v3 order (v3_bwd_configs.h), and read a float4 per k-step (QUADS; the score-mod
+     * and packed kernels read a float2 at a time: a float4's registers spill 8 bytes there) */
+    constexpr bool V3_ORDER = V3_BWD_LSE_V3_ORDER(DP), QUADS = V3_ORDER && !MODS && !SEQ;
     static_assert(DQ_ROWS ? DP == 64 : DP == 128, "a consumer's dQ tile is 64 x 64");
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)smem_align1024(smem_raw);
@@ -199,14 +202,17 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         wgmma_kmajor_tiles<BR, T, DP, BC, BR>(dpt, v_lo, do_lo);
         wgmma_commit();
         /* LSE and D of this thread's columns: element i is key krow + 8 ((i >> 1) & 1), query column 8 (i / 4) +
-         * 2 t + (i & 1) of the step, so columns come in pairs, one float2 per n8 tile.  PRELOAD: read into registers
-         * while the GEMMs run (else each exponential waits on its shared-memory load). */
+         * 2 t + (i & 1) of the step, so columns come in pairs, one float2 per n8 tile (pair j = i / 4).  PRELOAD:
+         * read into registers while the GEMMs run (else each exponential waits on its shared-memory load).  In v3's
+         * order (V3_ORDER) k-step kk's two pairs, j = 2 kk and 2 kk + 1, are one float4 (QUADS reads it so). */
         const float *lse_s = sLse + s * BR, *d_s = sD + s * BR;
         float2 lse2[PRELOAD ? NS / 4 : 1], dsum[PRELOAD ? NS / 4 : 1];
+        auto pair_at = [&](int j) { return V3_ORDER ? 64 * (j / 8) + 16 * t + 2 * (j % 8) : 8 * j + 2 * t; };
         auto pick = [&](const float2 *regs, const float *smem, int j) {
             if constexpr (PRELOAD) return regs[j];
-            else return *(const float2 *)(smem + 8 * j + 2 * t);
+            else return *(const float2 *)(smem + pair_at(j));
         };
+        auto half = [](const float4 &q, int e) { return e < 2 ? make_float2(q.x, q.y) : make_float2(q.z, q.w); };
         if constexpr (PRELOAD) {
 #pragma unroll
             for (int j = 0; j < NS / 4; j++) lse2[j] = *(const float2 *)(lse_s + 8 * j + 2 * t);
@@ -235,12 +241,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         /* ALiBi's distance pos - key of element i: base + its column - its key row's offset */
         const float base = MODS ? (float)(i0 + f.sk - f.sq - j0 - krow) : 0.f;
         unsigned pp[KS][4], pd[KS][4];
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
+        /* element pair e of k-step kk: P, packed (l2: the two columns' LSE2) */
+        auto exp_pair = [&](int kk, int e, float2 l2) {
                 const int i = 8 * kk + 2 * e;
-                const float2 l2 = pick(lse2, lse_s, i / 4);
                 if constexpr (MODS) {
                     float pv[2];
 #pragma unroll
@@ -258,21 +261,43 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
                     pp[kk][e] = pack2(st[i], st[i + 1], T());
                 }
+        };
+        if constexpr (QUADS) {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                const float4 l4 = *(const float4 *)(lse_s + pair_at(2 * kk));
+#pragma unroll
+                for (int e = 0; e < 4; e++) exp_pair(kk, e, half(l4, e));
             }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) exp_pair(kk, e, pick(lse2, lse_s, 2 * kk + (e >> 1)));
+        }
         const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
         wgmma_wait<0>(); /* dP^T done */
         reg_fence(dpt);
         /* dS^T = P^T (dP^T - D): A fragments, and to shared memory for dQ (rows keys, 64-query panels, swizzled) */
+        auto ds_pair = [&](int kk, int e, float2 dd) { /* dd: the two columns' D */
+            const int i = 8 * kk + 2 * e, col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1);
+            pd[kk][e] = pack2(st[i] * (dpt[i] - dd.x), st[i + 1] * (dpt[i + 1] - dd.y), T());
+            const int chunk = (col % 64) / 8;
+            *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
+        };
+        if constexpr (QUADS) {
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++)
+            for (int kk = 0; kk < KS; kk++) {
+                const float4 d4 = *(const float4 *)(d_s + pair_at(2 * kk));
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = 8 * kk + 2 * e, col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1);
-                const float2 dd = pick(dsum, d_s, i / 4);
-                pd[kk][e] = pack2(st[i] * (dpt[i] - dd.x), st[i + 1] * (dpt[i + 1] - dd.y), T());
-                const int chunk = (col % 64) / 8;
-                *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
+                for (int e = 0; e < 4; e++) ds_pair(kk, e, half(d4, e));
             }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ds_pair(kk, e, pick(dsum, d_s, 2 * kk + (e >> 1)));
+        }
         fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
         /* dV += P^T dO, on the tensor cores while the consumers meet.  Issued here rather than while dP^T finishes (as
          * D=128 did before): 1.01-1.05x faster at D=128 (evidence/backward/h100_v3_bwd_step_order_*.md), where
@@ -466,8 +491,9 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const void *dkdv = v3_bwd_dkdv_kernel(r, kind, p->deterministic != 0, ti);
     if (!dkdv) /* (the planner sends such calls to v2) */
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no kernel for this call", plan->config);
-    int zero_dq = !p->deterministic; /* deterministic: each tile's first add is a store */
-    void *pargs[] = {(void *)p, (void *)&zero_dq};
+    /* deterministic: each tile's first add is a store, dq_accum not zeroed */
+    int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) | (V3_BWD_LSE_V3_ORDER(r->dp) ? BWD_PREP_V3_ORDER : 0);
+    void *pargs[] = {(void *)p, (void *)&prep_flags};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
