@@ -48,8 +48,9 @@
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
  * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): D=128 0.86-0.98x cudnn (494 TFLOP/s
  * at S=16k), 1.01-1.07x the speed of b90005c's step order (dV while dP^T finished), deterministic mode 1.04-1.26x
- * the default's time (evidence/backward/h100_v3_bwd_step_order_a65f84f.md); D=64 0.84-0.97x (h100_v3_bwd_a213fcc.md,
- * its code unchanged since).  Where a step's time goes: the same file, sections 1-4.  This kernel's first version ran at 0.99-1.35x the speed of
+ * the default's time (evidence/backward/h100_v3_bwd_step_order_a65f84f.md); D=64 0.84-0.97x at a213fcc
+ * (h100_v3_bwd_a213fcc.md), then 1.03-1.08x faster with LSE2 and D read as float4s (34b28d2, the same file's
+ * section 7: 0.87-0.99x cudnn on an H200).  Where a step's time goes: sections 1-4 there.  This kernel's first version ran at 0.99-1.35x the speed of
  * v2's backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
