@@ -67,10 +67,9 @@ DEV int64_t bwd_v3_row_pos(int64_t i) {
     return (i - r) + 16 * ((r & 7) >> 1) + 2 * (r >> 3) + (r & 1);
 }
 
-
 /* D_i = rowsum(dO_i * O_i) and LSE_i in base 2 for the b * h * ws_rows workspace rows (0 and +inf for rows past Sq,
- * so nothing there is ever uninitialised); dq_accum zeroed when the first add to it is an add (BWD_PREP_ZERO_DQ); dq_sem
- * zeroed (v3's deterministic mode counts the adds to each dQ tile there). */
+ * so nothing there is ever uninitialised), in row order or v3's (BWD_PREP_V3_ORDER); dq_accum zeroed when the first
+ * add to it is an add (BWD_PREP_ZERO_DQ); dq_sem zeroed (v3's deterministic mode counts the adds to each dQ tile). */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int flags) {
     constexpr int G = DP / 8, RPB = 256 / G;

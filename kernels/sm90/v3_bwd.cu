@@ -50,8 +50,8 @@
  * at S=16k), 1.01-1.07x the speed of b90005c's step order (dV while dP^T finished), deterministic mode 1.04-1.26x
  * the default's time (evidence/backward/h100_v3_bwd_step_order_a65f84f.md); D=64 0.84-0.97x at a213fcc
  * (h100_v3_bwd_a213fcc.md), then 1.03-1.08x faster with LSE2 and D read as float4s (34b28d2, the same file's
- * section 7: 0.87-0.99x cudnn on an H200).  Where a step's time goes: sections 1-4 there.  This kernel's first version ran at 0.99-1.35x the speed of
- * v2's backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
+ * section 7: 0.87-0.99x cudnn on an H200).  Where a step's time goes: sections 1-4 there.  This kernel's first
+ * version ran at 0.99-1.35x the speed of v2's backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
@@ -213,7 +213,22 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             if constexpr (PRELOAD) return regs[j];
             else return *(const float2 *)(smem + pair_at(j));
         };
-        auto half = [](const float4 &q, int e) { return e < 2 ? make_float2(q.x, q.y) : make_float2(q.z, q.w); };
+        /* body(kk, e, the two floats of element pair e of k-step kk) for every pair, from regs (PRELOAD) or smem */
+        auto each_pair = [&](const float2 *regs, const float *smem, auto &&body) {
+            if constexpr (QUADS) {
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++) {
+                    const float4 q = *(const float4 *)(smem + pair_at(2 * kk));
+#pragma unroll
+                    for (int e = 0; e < 4; e++) body(kk, e, e < 2 ? make_float2(q.x, q.y) : make_float2(q.z, q.w));
+                }
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) body(kk, e, pick(regs, smem, 2 * kk + (e >> 1)));
+            }
+        };
         if constexpr (PRELOAD) {
 #pragma unroll
             for (int j = 0; j < NS / 4; j++) lse2[j] = *(const float2 *)(lse_s + 8 * j + 2 * t);
@@ -236,46 +251,35 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                 if (!visible(i)) st[i] = -INFINITY;
         }
         /* P^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1) for dV += P^T dO (BR / 16 k-steps of 16 query
-         * rows, 2048 bytes each; dO's panels BR * 128 bytes apart), issued once dS^T is out (below).  MODS: the score in log2 units, then the softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key|
-         * as the forward, the mask, P packed, and st = P (1 - tanh^2) from then on (dS's chain rule). */
+         * rows, 2048 bytes each; dO's panels BR * 128 bytes apart), issued once dS^T is out (below).  MODS: the score
+         * in log2 units, then the softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key| as the forward, the mask,
+         * P packed, and st = P (1 - tanh^2) from then on (dS's chain rule). */
         const float slope2 = MODS ? fattn_alibi_slope2(&f, b, h0 + it / nm) : 0.f;
         /* ALiBi's distance pos - key of element i: base + its column - its key row's offset */
         const float base = MODS ? (float)(i0 + f.sk - f.sq - j0 - krow) : 0.f;
         unsigned pp[KS][4], pd[KS][4];
         /* element pair e of k-step kk: P, packed (l2: the two columns' LSE2) */
         auto exp_pair = [&](int kk, int e, float2 l2) {
-                const int i = 8 * kk + 2 * e;
-                if constexpr (MODS) {
-                    float pv[2];
+            const int i = 8 * kk + 2 * e;
+            if constexpr (MODS) {
+                float pv[2];
 #pragma unroll
-                    for (int y = 0; y < 2; y++) {
-                        float dcap, x = v3b_mods_score(st[i + y], c, cap2, inv_cap2, slope2,
-                                                       base + (float)(8 * (i / 4) + 2 * t + y - 8 * ((i >> 1) & 1)),
-                                                       &dcap);
-                        if (masked && !visible(i + y)) x = -INFINITY;
-                        pv[y] = fast_exp2(x - (y ? l2.y : l2.x));
-                        st[i + y] = pv[y] * dcap;
-                    }
-                    pp[kk][e] = pack2(pv[0], pv[1], T());
-                } else {
-                    st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
-                    st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
-                    pp[kk][e] = pack2(st[i], st[i + 1], T());
+                for (int y = 0; y < 2; y++) {
+                    float dcap, x = v3b_mods_score(st[i + y], c, cap2, inv_cap2, slope2,
+                                                   base + (float)(8 * (i / 4) + 2 * t + y - 8 * ((i >> 1) & 1)),
+                                                   &dcap);
+                    if (masked && !visible(i + y)) x = -INFINITY;
+                    pv[y] = fast_exp2(x - (y ? l2.y : l2.x));
+                    st[i + y] = pv[y] * dcap;
                 }
-        };
-        if constexpr (QUADS) {
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const float4 l4 = *(const float4 *)(lse_s + pair_at(2 * kk));
-#pragma unroll
-                for (int e = 0; e < 4; e++) exp_pair(kk, e, half(l4, e));
+                pp[kk][e] = pack2(pv[0], pv[1], T());
+            } else {
+                st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
+                st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
+                pp[kk][e] = pack2(st[i], st[i + 1], T());
             }
-        } else {
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) exp_pair(kk, e, pick(lse2, lse_s, 2 * kk + (e >> 1)));
-        }
+        };
+        each_pair(lse2, lse_s, exp_pair);
         const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
         wgmma_wait<0>(); /* dP^T done */
         reg_fence(dpt);
@@ -286,22 +290,10 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             const int chunk = (col % 64) / 8;
             *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
         };
-        if constexpr (QUADS) {
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const float4 d4 = *(const float4 *)(d_s + pair_at(2 * kk));
-#pragma unroll
-                for (int e = 0; e < 4; e++) ds_pair(kk, e, half(d4, e));
-            }
-        } else {
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) ds_pair(kk, e, pick(dsum, d_s, 2 * kk + (e >> 1)));
-        }
+        each_pair(dsum, d_s, ds_pair);
         fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
         /* dV += P^T dO, on the tensor cores while the consumers meet.  Issued here rather than while dP^T finishes (as
-         * D=128 did before): 1.01-1.05x faster at D=128 (evidence/backward/h100_v3_bwd_step_order_*.md), where
+         * D=128 did before): 1.01-1.07x faster at D=128 (evidence/backward/h100_v3_bwd_step_order_a65f84f.md), where
          * dV's reads of dO would overlap dP^T's 64-wide products, both operands from shared memory. */
         wgmma_fence();
 #pragma unroll

@@ -29,8 +29,8 @@ typedef struct {
 #define V3_BWD_CONFIGS(X) V3_BWD_NARROW_CONFIGS(X) V3_BWD_WIDE_CONFIGS(X)
 
 /* LSE2 and D in the workspace in v3's order (bwd_common.cuh: bwd_v3_row_pos), which the D=64 kernels read a float4
- * per k-step (1.04-1.09x at D=64 on an H200); elsewhere in row order (D=128's float4 reads measured 0.90-0.97x:
- * evidence/backward/h100_v3_bwd_step_order_a65f84f.md).  The launcher tells bwd_prep, the kernel reads. */
+ * per k-step (1.03-1.08x at D=64 on an H200); elsewhere in row order (D=128's float4 reads measured 0.90-0.97x):
+ * evidence/backward/h100_v3_bwd_step_order_a65f84f.md, section 7.  The launcher tells bwd_prep, the kernels read. */
 #define V3_BWD_LSE_V3_ORDER(dp) ((dp) == 64)
 
 #define V3_BWD_COUNT(...) +1
