@@ -133,8 +133,9 @@ def main():
         if not ncu:
             sys.exit("ncu_source: ncu (Nsight Compute) not found: put it on PATH or set FATTN_NCU")
         profile(args, ncu)
-    read = lambda name: open(os.path.join(args.out, name)).read() if os.path.exists(os.path.join(args.out, name)) \
-        else ""  # noqa: E731
+    def read(name):
+        path = os.path.join(args.out, name)
+        return open(path).read() if os.path.exists(path) else ""
     span = tuple(int(x) for x in args.range.split(",")) if args.range else None
     lines = details_summary(read("details.csv")) + source_summary(read("source.csv"), args.top, span)
     text = "\n".join(lines)

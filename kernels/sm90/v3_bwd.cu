@@ -208,6 +208,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
          * order (V3_ORDER) k-step kk's two pairs, j = 2 kk and 2 kk + 1, are one float4 (QUADS reads it so). */
         const float *lse_s = sLse + s * BR, *d_s = sD + s * BR;
         float2 lse2[PRELOAD ? NS / 4 : 1], dsum[PRELOAD ? NS / 4 : 1];
+        /* where pair j (rows 8 j + 2 t, + 1) sits: V3_ORDER, bwd_v3_row_pos(8 j + 2 t) in 32-bit arithmetic (its
+         * 64-bit form changed the D=64 kernels' SASS; the gradient tests check that both agree) */
         auto pair_at = [&](int j) { return V3_ORDER ? 64 * (j / 8) + 16 * t + 2 * (j % 8) : 8 * j + 2 * t; };
         auto pick = [&](const float2 *regs, const float *smem, int j) {
             if constexpr (PRELOAD) return regs[j];
