@@ -9,8 +9,9 @@ bf16; modes fwd and fwdbwd.
 
 For each point (tokens, kv heads, mode) it times, with the same inputs (batch --batch, layout bshd):
 
-- single: fattn on rank 0 alone over the whole sequence (the other ranks wait), when it fits in memory; and torch's
-  scaled_dot_product_attention likewise (impl torch-sdpa), for reference;
+- single: fattn alone on rank 0's GPU over the whole sequence, when it fits in memory; and torch's
+  scaled_dot_product_attention likewise (impl torch-sdpa) on rank 1's GPU at the same time (on rank 0 after fattn
+  when there is one rank): each single run has a GPU to itself, and the two overlap to save the session's time;
 - fattn.distributed.attention with each --strategies (ring, allgather) over all ranks;
 - torch's context parallelism (torch.distributed.tensor.experimental.context_parallel around
   F.scaled_dot_product_attention) with each --torch-rotate K/V rotation (allgather, torch's default; alltoall),
@@ -21,7 +22,8 @@ after a device sync and a barrier, is timed on every rank (CUDA events; the mono
 as the slowest rank's time; p50 over --reps after --warmup.  efficiency = T_1 / (gpus * T), T_1 the same library's
 single-GPU p50 (fattn's for fattn rows, torch SDPA's for torch's; 1.0 for those rows; empty when it did not fit).
 max_abs_err: the distributed output, unsharded, against fattn's single-GPU output.  Rank 0 prints a table and writes --json: {"meta": {...}, "rows": [...]}, meta
-stamped with the device, torch version, FATTN_GIT_SHA (from the environment) and the date.
+stamped with the device, torch version, FATTN_GIT_SHA (from the environment) and the date.  With --plot-from
+a.json b.json --plot p.png it runs nothing (no torchrun) and plots the files' rows together: one line per GPU count.
 """
 import argparse
 import datetime
@@ -61,6 +63,8 @@ def parse_args(argv=None):
                     help="K/V rotations of torch's context parallelism to time (allgather is its default)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", help="PNG: efficiency against tokens (needs matplotlib)")
+    ap.add_argument("--plot-from", metavar="JSON", nargs="+",
+                    help="no run: plot the rows of these --json files (several GPU counts in one plot) to --plot")
     args = ap.parse_args(argv)
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.kv_heads = ([int(x) for x in args.kv_heads.split(",")] if args.kv_heads else
@@ -177,28 +181,34 @@ def call(fn_forward, inputs, dout, mode):
 
 
 def single_runs(args, mode, causal, q, k, v, dout, device):
-    """Rank 0 alone: [(impl, p50 or None, note)], and fattn's output (None if it did not fit)."""
-    rows, out = [], None
+    """The single-GPU runs, job j on rank j % world (each on its own GPU, at the same time): on every rank
+    [(impl, p50 or None, note)] of every job; and fattn's output on rank 0 (None elsewhere, or if it did not fit)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
     impls = [("fattn", lambda a, b, c: fattn.attention(a, b, c, causal=causal, layout="bshd"))]
     if not args.no_torch:
         gqa = k.shape[2] != q.shape[2]
         impls.append(("torch-sdpa", lambda a, b, c: F.scaled_dot_product_attention(
             a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2), is_causal=causal,
             enable_gqa=gqa).transpose(1, 2)))
-    for impl, fwd in impls:
+    mine, out = [], None
+    for j, (impl, fwd) in enumerate(impls):
+        if j % world != rank:
+            continue
         try:
             run = call(fwd, (q, k, v), dout, mode)
             if impl == "fattn":
                 with torch.no_grad():
                     out = fwd(q, k, v)
-            rows.append((impl, time_local(run, device, args), ""))
+            mine.append((j, impl, time_local(run, device, args), ""))
         except torch.OutOfMemoryError:
-            rows.append((impl, None, "out of memory on one GPU"))
+            mine.append((j, impl, None, "out of memory on one GPU"))
         except Exception as e:  # noqa: BLE001  torch's SDPA may refuse a shape; fattn's failures show here too
-            rows.append((impl, None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+            mine.append((j, impl, None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return rows, out
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return [row[1:] for row in sorted(r for part in every for r in part)], out
 
 
 def fattn_distributed(args, mode, causal, strategy, local, dout_local, device):
@@ -261,9 +271,9 @@ def run_point(args, tokens, kv_heads, mode, device):
     rows = []
     single_out, t1 = None, {}
     if not args.no_single:
+        singles, single_out = single_runs(args, mode, causal, q, k, v, dout, device)
+        t1 = {impl: us for impl, us, _ in singles}
         if rank == 0:
-            singles, single_out = single_runs(args, mode, causal, q, k, v, dout, device)
-            t1 = {impl: us for impl, us, _ in singles}
             for impl, us, note in singles:
                 rows.append(dict(base, gpus=1, strategy="single", impl=impl, p50_us=us, note=note))
         barrier(device)
@@ -324,36 +334,74 @@ def print_table(rows, header=True):
               f"{r['impl']:>10} {ms} {eff} {e}  {r.get('note', '')}", flush=True)
 
 
+def with_own_efficiency(rows):
+    """rows with efficiency recomputed against the same library's single-GPU row of the same point (fattn's T_1 for
+    fattn, torch SDPA's for torch): files written before run_point did so carry fattn's T_1 on torch's rows."""
+    def point(r):
+        return r["tokens"], r["kv_heads"], r["mode"], r["causal"]
+
+    t1 = {(point(r), r["impl"]): r["p50_us"] for r in rows if r["gpus"] == 1 and r["p50_us"]}
+    out = []
+    for r in rows:
+        own = t1.get((point(r), "torch-sdpa" if r["impl"].startswith("torch") else "fattn"))
+        out.append(dict(r, efficiency=own / (r["gpus"] * r["p50_us"]) if own and r["p50_us"] else None))
+    return out
+
+
 def plot_efficiency(rows, meta_, path):
-    """PNG: efficiency T_1 / (gpus * T) against tokens, a panel per mode, a line per (impl, strategy, kv heads)."""
+    """PNG: efficiency T_1 / (gpus * T) against tokens, a panel per mode, a line per (gpus, impl, strategy, kv
+    heads): solid for fattn, dashed for torch; a point measured more than once shows the last row's value."""
     from fattn.plot import _plt
 
     plt = _plt()
     modes = sorted({r["mode"] for r in rows})
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    counts = sorted({r["gpus"] for r in rows if r["gpus"] > 1})
+    markers = dict(zip(counts, "os^Dv"))
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 5), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         lines = {}
         for r in rows:
             if r["mode"] == mode and r["gpus"] > 1 and r["efficiency"]:
-                lines.setdefault((r["impl"], r["strategy"], r["kv_heads"]), []).append((r["tokens"], r["efficiency"]))
-        for (impl, strategy, kv), pts in sorted(lines.items()):
-            pts.sort()
-            ax.plot([t for t, _ in pts], [e for _, e in pts], "-o" if impl == "fattn" else "--s",
-                    label=f"{impl} {strategy} H_kv={kv}")
+                lines.setdefault((r["gpus"], r["impl"], r["strategy"], r["kv_heads"]), {})[r["tokens"]] = \
+                    r["efficiency"]
+        for (gpus, impl, strategy, kv), pts in sorted(lines.items()):
+            xs = sorted(pts)
+            ax.plot(xs, [pts[x] for x in xs], ("-" if impl == "fattn" else "--") + markers[gpus],
+                    label=f"{gpus} GPUs {impl} {strategy} H_kv={kv}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens")
         ax.set_ylabel("efficiency T_1 / (gpus T)")
-        ax.set_ylim(0, 1.1)
-        ax.set_title(f"{mode}, {meta_['gpus']} x {meta_['device']}")
+        ax.set_ylim(0, 1.15)
+        ax.set_title(f"{mode}, {' and '.join(map(str, counts))} x {meta_['device']}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"context parallelism, torch {meta_['torch']}, git {str(meta_['fattn_git_sha'])[:7]}")
+        ax.legend(fontsize=6, ncol=2)
+    shas = sorted({str(m)[:7] for m in meta_.get("shas", [meta_.get("fattn_git_sha")])})
+    fig.suptitle(f"context parallelism, torch {meta_['torch']}, git {', '.join(shas)}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
+def plot_from(paths, out):
+    """One efficiency plot of the rows of several --json files (say, a 2-GPU and a 4-GPU run)."""
+    rows, metas = [], []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        metas.append(data["meta"])
+        rows += with_own_efficiency(data["rows"])
+    devices = sorted({m["device"] for m in metas})
+    plot_efficiency(rows, {"device": " / ".join(devices), "torch": metas[0]["torch"],
+                           "shas": [m["fattn_git_sha"] for m in metas]}, out)
+    print(f"wrote {out} ({len(rows)} rows from {len(paths)} files)", flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.plot_from:
+        if not args.plot:
+            raise SystemExit("--plot-from needs --plot PATH")
+        plot_from(args.plot_from, args.plot)
+        return 0
     device = init(args)
     rows = []
     try:
