@@ -46,8 +46,9 @@ Strategies:
   bytes as the ring but does not overlap them with compute; it pays off when K/V are small next to Q (grouped-query
   attention) and it makes fewer, larger kernel calls.
 
-- ``"auto"``: ``"allgather"`` when the group has one rank or K/V have at most a quarter of q's heads
-  (``H_kv * 4 <= H``: K/V are at most a quarter of Q's size), else ``"ring"``.
+- ``"auto"``: :func:`choose_strategy`: ``"allgather"`` on groups of up to four ranks (measured faster there) or
+  when K/V have at most a quarter of q's heads (``H_kv * 4 <= H``: K/V are at most a quarter of Q's size), else
+  ``"ring"``.
 
 No step materialises the S x S scores or the whole sequence's Q; allgather holds the whole sequence's K/V.
 """
@@ -86,8 +87,8 @@ def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", s
         softcap: ``c > 0`` caps the scores at ``c * tanh(s / c)`` (as :func:`fattn.attention`); the merge by LSE
             and the backward are exact for it too.
         layout: ``"bshd"`` (default) or ``"bhsd"``.
-        strategy: ``"ring"``, ``"allgather"`` or ``"auto"`` (allgather when the group has one rank or
-            ``H_kv * 4 <= H``, else ring); see the module's docstring.
+        strategy: ``"ring"``, ``"allgather"`` or ``"auto"`` (:func:`choose_strategy`: allgather on up to four
+            ranks or when ``H_kv * 4 <= H``, else ring); see the module's docstring.
         check: all-gather the shards' shapes first and raise the same ValueError on every rank if they differ (one
             small collective; on a GPU it waits for the device).  With False, unequal shards are undefined behaviour.
 
@@ -114,12 +115,14 @@ def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", s
 
 
 def choose_strategy(heads, kv_heads, world_size):
-    """What ``strategy="auto"`` runs: ``"allgather"`` on one or two ranks, or with small K/V (``kv_heads * 4 <=
-    heads``); else ``"ring"``.  On two ranks both move one shard and hold two, so the ring's only gain is overlap,
-    and on 2 H200s (evidence/cp/, causal, H_kv = H = 16) allgather's fwd+bwd efficiency was 0.98-0.99 at 256k and
-    512k tokens against the ring's 0.94-0.95 (at 128k 0.94 against 0.97; the forward alone mixed, 0.77-1.03 for the
-    ring, 0.83-1.00 for allgather).  With more ranks the ring holds two shards where allgather holds them all."""
-    return "allgather" if world_size <= 2 or kv_heads * 4 <= heads else "ring"
+    """What ``strategy="auto"`` runs: ``"allgather"`` on up to four ranks, or with small K/V (``kv_heads * 4 <=
+    heads``); else ``"ring"``.  Measured (evidence/cp/; causal, B=1, H=16, D=128, bf16, H_kv 16 and 4):
+    on 2 H200s at 128k-512k tokens allgather's fwd+bwd efficiency was 0.94-1.00 against the ring's 0.94-1.00, its
+    forward 0.83-1.00 against 0.77-1.06; on 4 H200s at 256k-1M allgather led at every point, fwd+bwd 0.93-1.00
+    against 0.92-0.95 and forward 0.95-1.04 against 0.82-0.93.  The ring's forward loses more than its transfers
+    take (the persistent forward kernel shares SMs with NCCL's; see evidence/cp/README.md).  Beyond four ranks,
+    unmeasured, the ring keeps its memory advantage: it holds two K/V shards where allgather holds them all."""
+    return "allgather" if world_size <= 4 or kv_heads * 4 <= heads else "ring"
 
 
 def shard(x, group=None, dim=1, causal=False):

@@ -364,7 +364,9 @@ def test_lse_merge_is_exact(layout):
 
 def test_auto_rule():
     assert fd.choose_strategy(16, 16, 2) == "allgather"
-    assert fd.choose_strategy(16, 16, 3) == "ring"
+    assert fd.choose_strategy(16, 16, 3) == "allgather"
+    assert fd.choose_strategy(16, 16, 4) == "allgather"
+    assert fd.choose_strategy(16, 16, 5) == "ring"
     assert fd.choose_strategy(16, 8, 8) == "ring"
     assert fd.choose_strategy(16, 4, 2) == "allgather"
     assert fd.choose_strategy(16, 1, 4) == "allgather"

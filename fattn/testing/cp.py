@@ -350,13 +350,16 @@ def with_own_efficiency(rows):
 
 def plot_efficiency(rows, meta_, path):
     """PNG: efficiency T_1 / (gpus * T) against tokens, a panel per mode, a line per (gpus, impl, strategy, kv
-    heads): solid for fattn, dashed for torch; a point measured more than once shows the last row's value."""
+    heads): a colour per (impl, strategy, kv heads), circles for fattn and squares for torch, a line style per GPU
+    count; a point measured more than once shows the last row's value."""
     from fattn.plot import _plt
 
     plt = _plt()
     modes = sorted({r["mode"] for r in rows})
     counts = sorted({r["gpus"] for r in rows if r["gpus"] > 1})
-    markers = dict(zip(counts, "os^Dv"))
+    styles = dict(zip(counts, ["-", "--", ":", "-."] * 4))
+    series = sorted({(r["impl"], r["strategy"], r["kv_heads"]) for r in rows if r["gpus"] > 1})
+    colours = {key: plt.get_cmap("tab10")(i % 10) for i, key in enumerate(series)}
     fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 5), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         lines = {}
@@ -366,8 +369,8 @@ def plot_efficiency(rows, meta_, path):
                     r["efficiency"]
         for (gpus, impl, strategy, kv), pts in sorted(lines.items()):
             xs = sorted(pts)
-            ax.plot(xs, [pts[x] for x in xs], ("-" if impl == "fattn" else "--") + markers[gpus],
-                    label=f"{gpus} GPUs {impl} {strategy} H_kv={kv}")
+            ax.plot(xs, [pts[x] for x in xs], styles[gpus], marker="o" if impl == "fattn" else "s",
+                    color=colours[(impl, strategy, kv)], label=f"{gpus} GPUs {impl} {strategy} H_kv={kv}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens")
         ax.set_ylabel("efficiency T_1 / (gpus T)")
