@@ -3,6 +3,7 @@ SASS) on one launch of a fattn call -- the stall reasons over the whole kernel, 
 samples with their main reasons -- and the kernel's throughput rows (issue, shared memory, tensor pipe) beside them.
 
     python3 bench/ncu_source.py --shape 4,16,4096,128 --mode bwd --kernel _dkdv --out DIR [--causal] [--top 40]
+        [--deterministic]
     python3 bench/ncu_source.py --from DIR [--range 560,1205]    # again from DIR/source.csv, no GPU needed
 
 The profiled calls are fattn.profile's child (--mode fwd / bwd).  Writes DIR/source.csv (every SASS instruction's
@@ -96,6 +97,7 @@ def profile(args, ncu):
     rep = os.path.join(args.out, "prof")
     child = [sys.executable, "-m", "fattn.profile", "--child", "--mode", args.mode, "--shape", args.shape]
     child += (["--causal"] if args.causal else []) + (["--variant", args.variant] if args.variant else [])
+    child += ["--deterministic"] if args.deterministic else []
     cmd = [ncu, "--clock-control", "none", "--kernel-name-base", "function", "--kernel-name", "regex:" + args.kernel,
            "--launch-skip", "2", "--launch-count", "1", "-f", "-o", rep]
     for s in SECTIONS:
@@ -119,6 +121,7 @@ def main():
     ap.add_argument("--kernel", default="_dkdv", help="regex on the kernel's function name")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--variant")
+    ap.add_argument("--deterministic", action="store_true", help="--mode bwd: the deterministic backward")
     ap.add_argument("--out", help="folder for the CSV files and the summary")
     ap.add_argument("--from", dest="src", help="summarise DIR/source.csv (and details.csv) of an earlier run")
     ap.add_argument("--top", type=int, default=40)

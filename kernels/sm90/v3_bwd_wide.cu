@@ -20,7 +20,8 @@
  * dQ is issued first, so its adds go out while dV and dK run.
  * Deterministic mode: each consumer adds its two tiles in key-block order -- one thread waits on both tiles' counters
  * for its block's turn, the warpgroup stores (the first add: the accumulator is not zeroed) or adds, and once every
- * thread's adds are fenced (at the next step, behind its S and dP GEMMs) one thread counts them (red.release).
+ * thread's adds are behind a barrier (at the next step, behind its dQ, dV and dK GEMMs) one thread counts them
+ * (red.release).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd.cu's kernels.
  * fp16 / bf16, positive scale (v3_bwd_plan.c).
@@ -94,13 +95,16 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     const unsigned k_lo = desc_lo(sK + cw * 32 * 64, 0), v_lo = desc_lo(sV + cw * 32 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + cw * 2 * BC * 64, BC * 128);
     /* Deterministic mode: the tile pair whose adds this consumer made last step and has not counted yet (-1: none).
-     * Counting them waits for the adds to land (a fence), so it is done one step later, behind that step's GEMMs;
-     * the next key block's turn comes that much later, but no consumer idles on the fence. */
+     * One thread counts them (red.release: a gpu-scope fence, then the add) once every thread of the consumer has
+     * passed a barrier behind its adds: the barrier makes their adds precede the count (PTX memory model: bar.sync
+     * orders at CTA scope, the release is cumulative), so no thread fences its own.  Inside the loop that barrier
+     * is the step's V3W_BAR_PDS, and the count goes out once the step's dQ, dV and dK GEMMs are issued: the adds
+     * are most of a step old by then and the fence overlaps the wait for dQ's GEMM.  `synced`: a barrier since the
+     * adds has been passed already. */
     int64_t pending = -1;
-    auto count_pending = [&]() {
+    auto count_pending = [&](bool synced) {
         if (pending < 0) return;
-        __threadfence();
-        named_barrier_sync(V3W_BAR_TURN + cw, 128);
+        if (!synced) named_barrier_sync(V3W_BAR_TURN + cw, 128);
         if (tid == 0) {
             red_release_add(p.dq_sem + pending, 1);
             red_release_add(p.dq_sem + pending + 1, 1);
@@ -124,7 +128,6 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         wgmma_commit();
         wgmma_kmajor_tiles<32, T, DP, BR, BC>(dpt, desc_lo(do_s, 0), v_lo);
         wgmma_commit();
-        if (DET) count_pending(); /* the last step's adds, while these GEMMs run */
         const float lse[2] = {sLse[s * BR + qrow], sLse[s * BR + qrow + 8]};
         const float dsum[2] = {sD[s * BR + qrow], sD[s * BR + qrow + 8]};
         wgmma_wait<1>();
@@ -197,6 +200,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         for (int kk = 0; kk < BR / 16; kk++)
             wgmma_sstt<128, T>(dk, dst_lo + ((kk * 2048) >> 4), qt_lo + ((kk * 2048) >> 4), 1);
         wgmma_commit();
+        if (DET) count_pending(true); /* the last step's adds (behind this step's V3W_BAR_PDS), while dQ's GEMM runs */
         wgmma_wait<1>(); /* dQ done; dV and dK may still run while it is added */
         reg_fence(dq);
 
@@ -227,7 +231,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         reg_fence(dv);
         mbar_arrive(&ring.q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
-    if (DET) count_pending();
+    if (DET) count_pending(false);
 
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
     T *dkp = (T *)p.dk + blk.b * p.dk_stride_b + blk.hk * p.dk_stride_h;
