@@ -44,7 +44,7 @@
 #define V3W_BAR_PDS 1
 #define V3W_BAR_TURN 2
 /* Deterministic mode's grid order: chunks of this many key blocks, every head's (v3b_place) */
-#define V3W_DET_CHUNK 16
+#define V3W_DET_CHUNK 8
 
 template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(384, 1)
