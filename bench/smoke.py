@@ -4,6 +4,7 @@ rule), then one timing per fa3 head dim.
 
     timeout 120 python3 bench/smoke.py --variant v3
     timeout 120 python3 bench/smoke.py --variant v3 --mode bwd    # the variant's backward
+    timeout 120 python3 bench/smoke.py --variant v3 --mode bwd --deterministic   # its deterministic mode
 
 Exit status 1 when any shape fails, so a caller can stop before spending minutes on tests and grids.  It is a
 quick look only: the parity suite (tests/) is what says a variant is correct.
@@ -34,6 +35,7 @@ def main():
     ap.add_argument("--variant", default="v3")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--mode", default="fwd", choices=["fwd", "bwd"])
+    ap.add_argument("--deterministic", action="store_true", help="--mode bwd: the deterministic backward")
     args = ap.parse_args()
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     torch.manual_seed(0)
@@ -45,7 +47,8 @@ def main():
         o, lse = fattn.attention(q, k, v, causal=causal, variant=args.variant, return_lse=True)
         if args.mode == "bwd":
             dout = torch.randn_like(o)
-            g = fattn.attention_backward(dout, q, k, v, o, lse, causal=causal, variant=args.variant)
+            g = fattn.attention_backward(dout, q, k, v, o, lse, causal=causal, variant=args.variant,
+                                         deterministic=args.deterministic)
             why, stats = accuracy.check_gradients(g, q, k, v, dout, causal, None, None)
             err = err_low = max(e for e, _ in stats) if stats else float("nan")
         else:
@@ -61,7 +64,9 @@ def main():
         q = torch.randn(16384 // S, 2048 // D, S, D, device="cuda", dtype=dt)
         if args.mode == "bwd":  # 2.5x the forward's FLOPs
             o, lse = fattn.attention(q, q, q, variant=args.variant, return_lse=True)
-            run, flops = lambda: fattn.attention_backward(o, q, q, q, o, lse, variant=args.variant), 10 * q.numel() * S
+            run = lambda: fattn.attention_backward(o, q, q, q, o, lse, variant=args.variant,  # noqa: E731
+                                                   deterministic=args.deterministic)
+            flops = 10 * q.numel() * S
         else:
             run, flops = lambda: fattn.attention(q, q, q, variant=args.variant), 4 * q.numel() * S
         us = timer.percentile(timer.cuda_batch(run, 20, 3, 10), 0.5)

@@ -18,10 +18,10 @@
  *                        dq_accum's 64 x 64 tiles, added from registers by 16-byte reds (no shared-memory tile: the
  *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
  * dQ is issued first, so its adds go out while dV and dK run.
- * Deterministic mode: each consumer adds its two tiles in key-block order -- one thread waits on both tiles' counters
- * for its block's turn, the warpgroup stores (the first add: the accumulator is not zeroed) or adds, and once every
- * thread's adds are behind a barrier (at the next step, behind its dQ, dV and dK GEMMs) one thread counts them
- * (red.release).
+ * Deterministic mode: each consumer adds its two tiles in key-block order.  A warp of the producer's warpgroup keeps
+ * the turns (v3w_keep_turns): it waits on both tiles' counters for the block's turn and lets the consumer add
+ * (a named barrier), the warpgroup stores (the first add: the accumulator is not zeroed) or adds and signals, and the
+ * turn keeper counts the adds (red.release).  The consumers never wait on global memory themselves.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd.cu's kernels.
  * fp16 / bf16, positive scale (v3_bwd_plan.c).
@@ -39,12 +39,44 @@
 #include "../../csrc/variants.h"
 #include "v3_bwd_configs.h"
 
-/* Named barriers (0 is __syncthreads): 1 both consumers' P and dS of the step are in shared memory; 2 + cw
- * consumer cw's threads (deterministic mode's turn). */
+/* Named barriers (0 is __syncthreads): 1 both consumers' P and dS of the step are in shared memory; deterministic
+ * mode, between consumer cw and the turn keeper: 2 + cw its turn has come, 4 + cw its adds are issued. */
 #define V3W_BAR_PDS 1
 #define V3W_BAR_TURN 2
+#define V3W_BAR_ADDED 4
+#define V3W_KEEPER_THREADS (128 + 32) /* a consumer and the turn keeper's warp */
 /* Deterministic mode's grid order: chunks of this many key blocks, every head's (v3b_place) */
 #define V3W_DET_CHUNK 8
+
+/* Deterministic mode's turns, kept by one warp so that the consumers never wait on global memory: for each step and
+ * each consumer cw, lane 0 waits (ld.acquire) until both of cw's dQ tiles have had the adds of the key blocks before
+ * this one, the warp lets cw add (V3W_BAR_TURN + cw), waits until cw's adds are issued (V3W_BAR_ADDED + cw) and lane 0
+ * counts them (red.release: the barrier orders cw's adds before it, as the PTX memory model's barriers do).  All of
+ * a step's turns are let go before its adds are counted, and a count never waits on another block: the turns chain
+ * key block to key block and cannot close a cycle. */
+template <int DP, int BR, int BC>
+DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int lane) {
+    const attn_params &f = p.fwd;
+    for (int it = 0; it < blk.n_it; it++) {
+        const int i0 = v3b_row0<BR, true>(blk, it);
+        const int turn = blk.kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC).n_min;
+        int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
+        for (int cw = 0; cw < 2; cw++) { /* consumer cw adds tiles 2 cw, 2 cw + 1 of the step's rows */
+            if (lane == 0)
+                while (ld_acquire(sem + 2 * cw) != turn || ld_acquire(sem + 2 * cw + 1) != turn) {
+                }
+            __syncwarp();
+            named_barrier_arrive(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS);
+        }
+        for (int cw = 0; cw < 2; cw++) {
+            named_barrier_sync(V3W_BAR_ADDED + cw, V3W_KEEPER_THREADS);
+            if (lane == 0) {
+                red_release_add(sem + 2 * cw, 1);
+                red_release_add(sem + 2 * cw + 1, 1);
+            }
+        }
+    }
+}
 
 template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(384, 1)
@@ -73,11 +105,12 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
 
-    if (wg == 0) { /* ---- producer: one thread ---- */
+    if (wg == 0) { /* ---- producer: one thread; deterministic mode's turn keeper: warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (threadIdx.x == 0 && blk.n_it > 0)
             v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
                                                     bp.tma_b);
+        if (DET && warp == 1 && blk.n_it > 0) v3w_keep_turns<DP, BR, BC>(p, blk, lane);
         return;
     }
 
@@ -94,23 +127,6 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
      * as the B operand of dQ = dS K (N-major, panels BC * 128 bytes apart) */
     const unsigned k_lo = desc_lo(sK + cw * 32 * 64, 0), v_lo = desc_lo(sV + cw * 32 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + cw * 2 * BC * 64, BC * 128);
-    /* Deterministic mode: the tile pair whose adds this consumer made last step and has not counted yet (-1: none).
-     * One thread counts them (red.release: a gpu-scope fence, then the add) once every thread of the consumer has
-     * passed a barrier behind its adds: the barrier makes their adds precede the count (PTX memory model: bar.sync
-     * orders at CTA scope, the release is cumulative), so no thread fences its own.  Inside the loop that barrier
-     * is the step's V3W_BAR_PDS, and the count goes out once the step's dQ, dV and dK GEMMs are issued: the adds
-     * are most of a step old by then and the fence overlaps the wait for dQ's GEMM.  `synced`: a barrier since the
-     * adds has been passed already. */
-    int64_t pending = -1;
-    auto count_pending = [&](bool synced) {
-        if (pending < 0) return;
-        if (!synced) named_barrier_sync(V3W_BAR_TURN + cw, 128);
-        if (tid == 0) {
-            red_release_add(p.dq_sem + pending, 1);
-            red_release_add(p.dq_sem + pending + 1, 1);
-        }
-        pending = -1;
-    };
     if (blk.n_it > 0) mbar_wait(ring.kv_full, 0);
     for (int it = 0; it < blk.n_it; it++) {
         const int s = it % STAGES, i0 = v3b_row0<BR, DET>(blk, it);
@@ -200,7 +216,6 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         for (int kk = 0; kk < BR / 16; kk++)
             wgmma_sstt<128, T>(dk, dst_lo + ((kk * 2048) >> 4), qt_lo + ((kk * 2048) >> 4), 1);
         wgmma_commit();
-        if (DET) count_pending(true); /* the last step's adds (behind this step's V3W_BAR_PDS), while dQ's GEMM runs */
         wgmma_wait<1>(); /* dQ done; dV and dK may still run while it is added */
         reg_fence(dq);
 
@@ -208,18 +223,15 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
         float *acc = p.dq_accum + 4096 * tile;
         if constexpr (DET) {
-            const int turn = blk.kb - (int)sp.n_min;
-            if (tid == 0)
-                while (ld_acquire(p.dq_sem + tile) != turn || ld_acquire(p.dq_sem + tile + 1) != turn) {
-                }
-            named_barrier_sync(V3W_BAR_TURN + cw, 128);
+            const bool first = blk.kb == (int)sp.n_min; /* the tile's first add */
+            named_barrier_sync(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++) { /* the tile's first add is a store: the accumulator is not zeroed */
                 float *a = acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8));
-                if (turn == 0) *(float4 *)a = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+                if (first) *(float4 *)a = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
                 else red_add_v4(a, dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
             }
-            pending = tile; /* counted once the adds have landed: at the next step, behind its GEMMs */
+            named_barrier_arrive(V3W_BAR_ADDED + cw, V3W_KEEPER_THREADS); /* the turn keeper counts them */
         } else {
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++)
@@ -231,7 +243,6 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         reg_fence(dv);
         mbar_arrive(&ring.q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
-    if (DET) count_pending(false);
 
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
     T *dkp = (T *)p.dk + blk.b * p.dk_stride_b + blk.hk * p.dk_stride_h;
