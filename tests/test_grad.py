@@ -119,7 +119,7 @@ def gpu_tensor_core_targets():
 
 
 WIDE_WINDOWS = [(16, -1), (-1, 8), (70, 3)]
-WIDE_PAIRS = [(1, 1), (17, 17), (113, 113), (1025, 1025), (17, 113), (113, 17), (127, 1023), (300, 64)]
+WIDE_PAIRS = [(1, 1), (17, 17), (113, 113), (1025, 1025), (17, 113), (113, 17), (127, 1023), (300, 64), (1100, 600)]
 
 
 @pytest.mark.parametrize("device,variant", gpu_tensor_core_targets())
@@ -247,6 +247,26 @@ def test_grad_is_bitwise_repeatable(device, variant, d, seed):
         again = grads(q, k, v, dout, variant, True)[2]
         for a, b_ in zip(first, again):
             assert torch.equal(a, b_), f"run {i} differs"
+
+
+STAGGER_SHAPES = [(2, 4, 2, 1100, 1100), (1, 4, 2, 1500, 600), (1, 2, 1, 600, 1500), (3, 2, 2, 300, 300),
+                  (1, 2, 1, 300, 1500)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,h,hk,sq,sk", STAGGER_SHAPES, ids=["x".join(map(str, s)) for s in STAGGER_SHAPES])
+def test_grad_wide_deterministic_stagger(b, h, hk, sq, sk, seed, request):
+    """v3's deterministic mode at head dim 256 without a mask staggers each chunk's key blocks (v3_bwd_wide.cu:
+    v3w_turn): several chunks of 8 key blocks, Sq != Sk both ways (and fewer query blocks than a chunk's key blocks,
+    where it does not stagger), GQA: the gradients by the 3x rule, and bitwise the same over 20 runs."""
+    require_variant("cuda", "v3")
+    q, k, v, dout = inputs(b, h, hk, sq, sk, 256, torch.float16, "cuda", seed)
+    first = grads(q, k, v, dout, "v3" + DET)[2]
+    check(first, q, k, v, dout, request=request)
+    for i in range(20):
+        again = grads(q, k, v, dout, "v3" + DET)[2]
+        for name, a, b_ in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b_), f"run {i}: {name} differs"
 
 
 def test_reference_gradients_match_float64_autograd(seed):

@@ -53,6 +53,8 @@ DEV float v3b_mods_score(float s, float c, float cap2, float inv_cap2, float slo
  * never waits on one not yet scheduled). */
 typedef struct {
     int kb, j0, i_begin, nm, n_it;
+    int rot; /* deterministic mode: the walk of each head's query blocks rotated by rot steps (v3b_row0); 0 unless
+              * the wide kernel staggers its blocks (v3_bwd_wide.cu: v3w_stagger) */
     int64_t b, hk, h0;
 } v3b_block;
 
@@ -92,6 +94,7 @@ template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f, int k
     k.i_begin = (int)(i_lo / BR) * BR;
     k.nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - k.i_begin / BR : 0;
     k.n_it = k.nm * (int)f.h_per_kv;
+    k.rot = 0;
     return k;
 }
 
@@ -121,9 +124,10 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
 
 /* Step it's first query row.  Deterministic mode walks the query blocks last first: the last blocks are the ones
  * every key block sees under a causal mask, so each block's first add waits about one step per lower key block, not
- * for those blocks to walk down from the top. */
+ * for those blocks to walk down from the top.  With k.rot, that walk starts k.rot blocks further on (cyclically). */
 template <int BR, bool DET> DEV int v3b_row0(const v3b_block &k, int it) {
-    return k.i_begin + (DET ? k.nm - 1 - it % k.nm : it % k.nm) * BR;
+    const int u = it % k.nm;
+    return k.i_begin + (DET ? k.nm - 1 - (k.rot ? (u + k.rot) % k.nm : u) : u) * BR;
 }
 
 /* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2

@@ -48,6 +48,29 @@
 /* Deterministic mode's grid order: chunks of this many key blocks, every head's (v3b_place) */
 #define V3W_DET_CHUNK 8
 
+/* Deterministic mode's stagger.  Unstaggered, every block of a chunk walks the query blocks in the same order, so the
+ * chunk's l-th block reaches each dQ tile right behind the (l-1)-th and waits for its add: a chain of turns, with l
+ * steps of fill and the chunk's blocks in lock step after.  Staggered, block kb = c G + l (the l-th of a chunk of w)
+ * starts its walk l query blocks further on (v3b_row0's rot): at any step the chunk's blocks are at w different tiles,
+ * and a tile's adds come in the order its blocks reach it, a step apart.  The tile the unrotated walk visits u-th is
+ * reached first by block min(u, w - 1), then by the blocks below it, then by those above, so block l's turn there is
+ * c G (the earlier chunks' adds) + min(u, w - 1) - l when l <= u, else + u + w - l.  A turn waits only on an add of
+ * an earlier step or an earlier chunk: no cycle.  It needs every key block to see every query block (no causal mask,
+ * no window, a dense batch) and at least w query blocks.  nkb: key blocks per head. */
+template <bool SEQ> DEV bool v3w_staggers(const attn_params &f, const v3b_block &blk, int nkb) {
+    return !SEQ && f.mask.left < 0 && f.mask.right < 0 && blk.nm >= (nkb < V3W_DET_CHUNK ? nkb : V3W_DET_CHUNK);
+}
+
+/* Block blk's turn on step it's dQ tiles: the adds that come before its own (the first is a store).  Unstaggered,
+ * key-block order: kb - n_min (n_min: the first key block the tile's rows see). */
+DEV int v3w_turn(const v3b_block &blk, int it, int64_t n_min, bool stagger, int nkb) {
+    if (!stagger) return blk.kb - (int)n_min;
+    const int c = blk.kb / V3W_DET_CHUNK, l = blk.kb % V3W_DET_CHUNK;
+    const int w = nkb - c * V3W_DET_CHUNK < V3W_DET_CHUNK ? nkb - c * V3W_DET_CHUNK : V3W_DET_CHUNK;
+    const int u = (it % blk.nm + l) % blk.nm;
+    return c * V3W_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
+}
+
 /* Deterministic mode's turns, kept by one warp so that the consumers never wait on global memory: for each step and
  * each consumer cw, lane 0 waits (ld.acquire) until both of cw's dQ tiles have had the adds of the key blocks before
  * this one, the warp lets cw add (V3W_BAR_TURN + cw), waits until cw's adds are issued (V3W_BAR_ADDED + cw) and lane 0
@@ -55,11 +78,12 @@
  * a step's turns are let go before its adds are counted, and a count never waits on another block: the turns chain
  * key block to key block and cannot close a cycle. */
 template <int DP, int BR, int BC>
-DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int lane) {
+DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, bool stagger, int nkb, int lane) {
     const attn_params &f = p.fwd;
     for (int it = 0; it < blk.n_it; it++) {
         const int i0 = v3b_row0<BR, true>(blk, it);
-        const int turn = blk.kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC).n_min;
+        const int turn = v3w_turn(blk, it, stagger ? 0 : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC).n_min,
+                                  stagger, nkb);
         int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
         for (int cw = 0; cw < 2; cw++) { /* consumer cw adds tiles 2 cw, 2 cw + 1 of the step's rows */
             if (lane == 0)
@@ -100,7 +124,10 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     if (!bp.init(all)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
-    const v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
+    v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
+    const int nkb = (int)((f.sk + BC - 1) / BC);
+    const bool stagger = DET && v3w_staggers<SEQ>(f, blk, nkb);
+    if (stagger) blk.rot = blk.kb % V3W_DET_CHUNK;
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
@@ -110,7 +137,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         if (threadIdx.x == 0 && blk.n_it > 0)
             v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
                                                     bp.tma_b);
-        if (DET && warp == 1 && blk.n_it > 0) v3w_keep_turns<DP, BR, BC>(p, blk, lane);
+        if (DET && warp == 1 && blk.n_it > 0) v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, lane);
         return;
     }
 
@@ -223,7 +250,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
         float *acc = p.dq_accum + 4096 * tile;
         if constexpr (DET) {
-            const bool first = blk.kb == (int)sp.n_min; /* the tile's first add */
+            const bool first = v3w_turn(blk, it, sp.n_min, stagger, nkb) == 0; /* the tile's first add */
             named_barrier_sync(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++) { /* the tile's first add is a store: the accumulator is not zeroed */
