@@ -50,13 +50,17 @@
 
 /* Deterministic mode's stagger.  Unstaggered, every block of a chunk walks the query blocks in the same order, so the
  * chunk's l-th block reaches each dQ tile right behind the (l-1)-th and waits for its add: a chain of turns, with l
- * steps of fill and the chunk's blocks in lock step after.  Staggered, block kb = c G + l (the l-th of a chunk of w)
- * starts its walk l query blocks further on (v3b_row0's rot): at any step the chunk's blocks are at w different tiles,
- * and a tile's adds come in the order its blocks reach it, a step apart.  The tile the unrotated walk visits u-th is
- * reached first by block min(u, w - 1), then by the blocks below it, then by those above, so block l's turn there is
- * c G (the earlier chunks' adds) + min(u, w - 1) - l when l <= u, else + u + w - l.  A turn waits only on an add of
- * an earlier step or an earlier chunk: no cycle.  It needs every key block to see every query block (no causal mask,
- * no window, a dense batch) and at least w query blocks.  nkb: key blocks per head. */
+ * steps of fill and the chunk's blocks in lock step after.  Staggered, key block kb starts its walk kb query blocks
+ * further on (v3b_row0's rot = kb mod nm): at any step a chunk's w blocks are at w different tiles, and a tile's adds
+ * come chunk by chunk, within a chunk in the order its blocks reach the tile, a step apart.  For block kb = c G + l
+ * and the tile the unrotated walk visits u-th, with u' = (u - c G) mod nm: the chunk reaches it first by block
+ * min(u', w - 1), then by those below, then by those above, so the turn is c G (the earlier chunks' adds) +
+ * min(u', w - 1) - l when l <= u', else + u' + w - l.  A turn waits only on an add of an earlier step of the chunk or
+ * on an earlier chunk: no cycle.  Rotating by kb, not by l, keeps a chunk's blocks behind the chunk before it on
+ * every tile when the two run at once (long sequences, few heads): rotated by l, the next chunk's first block would
+ * reach tile 0 at its first step and wait for the whole walk of the chunk before.  It needs every key block to see
+ * every query block (no causal mask, no window, a dense batch) and at least w query blocks.  nkb: key blocks per
+ * head. */
 template <bool SEQ> DEV bool v3w_staggers(const attn_params &f, const v3b_block &blk, int nkb) {
     return !SEQ && f.mask.left < 0 && f.mask.right < 0 && blk.nm >= (nkb < V3W_DET_CHUNK ? nkb : V3W_DET_CHUNK);
 }
@@ -67,7 +71,7 @@ DEV int v3w_turn(const v3b_block &blk, int it, int64_t n_min, bool stagger, int 
     if (!stagger) return blk.kb - (int)n_min;
     const int c = blk.kb / V3W_DET_CHUNK, l = blk.kb % V3W_DET_CHUNK;
     const int w = nkb - c * V3W_DET_CHUNK < V3W_DET_CHUNK ? nkb - c * V3W_DET_CHUNK : V3W_DET_CHUNK;
-    const int u = (it % blk.nm + l) % blk.nm;
+    const int u = ((it % blk.nm + blk.rot) % blk.nm - c * V3W_DET_CHUNK % blk.nm + blk.nm) % blk.nm; /* u' */
     return c * V3W_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
 }
 
@@ -127,7 +131,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int nkb = (int)((f.sk + BC - 1) / BC);
     const bool stagger = DET && v3w_staggers<SEQ>(f, blk, nkb);
-    if (stagger) blk.rot = blk.kb % V3W_DET_CHUNK;
+    if (stagger) blk.rot = blk.kb % blk.nm;
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
