@@ -28,8 +28,8 @@
  * Built for sm_90a only (kernels/sm90/gencode).
  * Speed (NVIDIA H100, fa3 grid at D=256 fp16, torch cudnn's backward in the same run,
  * evidence/backward/h100_v3_bwd_wide_85959aa.md): 0.944-1.164x cudnn (v2's kernel, which ran these calls before:
- * 0.57-0.73x); bf16 0.931-1.147x; deterministic mode 0.43-0.69x cudnn, 1.47-2.32x the default's time (its chunked
- * order, 3c1c4a8: causal S >= 2k 1.10-1.20x faster than head by head).
+ * 0.57-0.73x); bf16 0.931-1.147x.  Deterministic mode (a3d77f8, evidence/backward/h100_v3_bwd_wide_det_a3d77f8.md):
+ * 0.63-0.88x cudnn, 1.15-1.55x the default's time (1.49-1.86x before the turn keeper and the stagger).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only */
 
