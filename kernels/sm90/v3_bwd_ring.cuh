@@ -54,7 +54,7 @@ DEV float v3b_mods_score(float s, float c, float cap2, float inv_cap2, float slo
 typedef struct {
     int kb, j0, i_begin, nm, n_it;
     int rot; /* deterministic mode: the walk of each head's query blocks rotated by rot steps (v3b_row0); 0 unless
-              * the wide kernel staggers its blocks (v3_bwd_wide.cu: v3w_stagger) */
+              * the wide kernel staggers its blocks (v3_bwd_wide.cu: v3w_turn) */
     int64_t b, hk, h0;
 } v3b_block;
 
