@@ -18,10 +18,11 @@
  *                        dq_accum's 64 x 64 tiles, added from registers by 16-byte reds (no shared-memory tile: the
  *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
  * dQ is issued first, so its adds go out while dV and dK run.
- * Deterministic mode: each consumer adds its two tiles in key-block order.  A warp of the producer's warpgroup keeps
- * the turns (v3w_keep_turns): it waits on both tiles' counters for the block's turn and lets the consumer add
- * (a named barrier), the warpgroup stores (the first add: the accumulator is not zeroed) or adds and signals, and the
- * turn keeper counts the adds (red.release).  The consumers never wait on global memory themselves.
+ * Deterministic mode: each consumer adds its two tiles in a fixed order per tile (key-block order, or without a mask
+ * the stagger's: v3w_turn).  A warp of the producer's warpgroup keeps the turns (v3w_keep_turns): it waits on both
+ * tiles' counters for the block's turn and lets the consumer add (a named barrier), the warpgroup stores (the first
+ * add: the accumulator is not zeroed) or adds and signals, and the turn keeper counts the adds (red.release).  The
+ * consumers never wait on global memory themselves.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd.cu's kernels.
  * fp16 / bf16, positive scale (v3_bwd_plan.c).
@@ -79,8 +80,8 @@ DEV int v3w_turn(const v3b_block &blk, int it, int64_t n_min, bool stagger, int 
  * each consumer cw, lane 0 waits (ld.acquire) until both of cw's dQ tiles have had the adds of the key blocks before
  * this one, the warp lets cw add (V3W_BAR_TURN + cw), waits until cw's adds are issued (V3W_BAR_ADDED + cw) and lane 0
  * counts them (red.release: the barrier orders cw's adds before it, as the PTX memory model's barriers do).  All of
- * a step's turns are let go before its adds are counted, and a count never waits on another block: the turns chain
- * key block to key block and cannot close a cycle. */
+ * a step's turns are let go before its adds are counted, and a count never waits on another block; a turn waits
+ * only on adds that come earlier in v3w_turn's order, so the waits cannot close a cycle. */
 template <int DP, int BR, int BC>
 DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, bool stagger, int nkb, int lane) {
     const attn_params &f = p.fwd;
