@@ -229,6 +229,38 @@ def test_bench_own_runner_grids():
     assert own_runner_args(["--grid"]) is None
 
 
+def _cp_row(gpus, impl, strategy, p50_us, tokens=1024, kv=4, mode="fwd"):
+    return {"grid": "cp", "tokens": tokens, "heads": 4, "kv_heads": kv, "dim": 32, "batch": 1, "dtype": "fp32",
+            "causal": True, "mode": mode, "gpus": gpus, "strategy": strategy, "impl": impl, "p50_us": p50_us,
+            "efficiency": 0.5, "max_abs_err": None, "note": ""}
+
+
+def test_cp_efficiency_against_each_librarys_own_single_run(tmp_path):
+    """The cp grid's efficiency: T_1 / (gpus T) with T_1 the same library's single-GPU row of the same point (fattn's
+    for fattn, torch SDPA's for torch CP), none where that row is missing; --plot-from draws several runs' files
+    together (older files' efficiencies recomputed the same way)."""
+    pytest.importorskip("torch")
+    from fattn.testing import cp
+
+    rows = [_cp_row(1, "fattn", "single", 400.0), _cp_row(1, "torch-sdpa", "single", 600.0),
+            _cp_row(2, "fattn", "ring", 250.0), _cp_row(2, "torch-cp", "allgather", 200.0),
+            _cp_row(2, "fattn", "ring", 100.0, tokens=2048)]  # no single row at 2048 tokens
+    eff = [r["efficiency"] for r in cp.with_own_efficiency(rows)]
+    assert eff[:4] == [1.0, 1.0, 400.0 / 500.0, 600.0 / 400.0] and eff[4] is None
+    pytest.importorskip("matplotlib")
+    paths = []
+    for gpus in (2, 4):
+        path = tmp_path / f"cp{gpus}.json"
+        meta = {"device": "cpu", "gpus": gpus, "torch": "x", "fattn_git_sha": f"sha{gpus}"}
+        path.write_text(json.dumps({"meta": meta, "rows": rows[:2] + [dict(r, gpus=gpus) for r in rows[2:]]}))
+        paths.append(str(path))
+    out = tmp_path / "cp.png"
+    assert cp.main(["--plot-from", *paths, "--plot", str(out)]) == 0
+    assert out.stat().st_size > 1000
+    with pytest.raises(SystemExit, match="--plot"):
+        cp.main(["--plot-from", *paths])
+
+
 def test_timer_flush_mode(monkeypatch):
     """FATTN_FLUSH picks how the GPU timer evicts the L2 (zeroing by default, or reading); anything else is refused
     by name before a timing runs."""

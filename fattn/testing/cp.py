@@ -269,10 +269,9 @@ def run_point(args, tokens, kv_heads, mode, device):
                      note=f"tokens do not divide into {pieces} chunks")]
     q, k, v, dout = make_inputs(args, tokens, kv_heads, device)
     rows = []
-    single_out, t1 = None, {}
+    single_out = None
     if not args.no_single:
         singles, single_out = single_runs(args, mode, causal, q, k, v, dout, device)
-        t1 = {impl: us for impl, us, _ in singles}
         if rank == 0:
             for impl, us, note in singles:
                 rows.append(dict(base, gpus=1, strategy="single", impl=impl, p50_us=us, note=note))
@@ -306,10 +305,7 @@ def run_point(args, tokens, kv_heads, mode, device):
         del full
     for row in rows:
         row.setdefault("max_abs_err", None)
-        us = row["p50_us"]
-        own = t1.get("torch-sdpa" if row["impl"].startswith("torch") else "fattn")
-        row["efficiency"] = own / (row["gpus"] * us) if own and us else None
-    return rows
+    return with_own_efficiency(rows)  # rank 0's rows hold the single runs
 
 
 def meta(args, device):
