@@ -5,7 +5,7 @@
 
 Sequence-length grids (fa3, cpu): TFLOP/s against sequence length, one panel per (head dim, causal), one line per
 implementation -- the layout of the FlashAttention-3 paper's figures.  Other grids (seeds, decode): p50 latency as
-grouped bars per point.
+grouped bars per point.  The cp grid (fattn.testing.cp): scaling efficiency against tokens (plot_cp_efficiency).
 """
 import argparse
 import json
@@ -94,6 +94,41 @@ def plot(rows, meta, path, impls=None):
         raise ValueError("no rows to plot")
     (plot_seqlen if is_seqlen_grid(rows) else plot_latency)(rows, meta, path)
     return path
+
+
+def plot_cp_efficiency(rows, meta_, path):
+    """PNG: efficiency T_1 / (gpus * T) against tokens, a panel per mode, a line per (gpus, impl, strategy, kv
+    heads): a colour per (impl, strategy, kv heads), circles for fattn and squares for torch, a line style per GPU
+    count; a point measured more than once shows the last row's value."""
+    plt = _plt()
+    modes = sorted({r["mode"] for r in rows})
+    counts = sorted({r["gpus"] for r in rows if r["gpus"] > 1})
+    styles = dict(zip(counts, ["-", "--", ":", "-."] * 4))
+    series = sorted({(r["impl"], r["strategy"], r["kv_heads"]) for r in rows if r["gpus"] > 1})
+    colours = {key: plt.get_cmap("tab10")(i % 10) for i, key in enumerate(series)}
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        lines = {}
+        for r in rows:
+            if r["mode"] == mode and r["gpus"] > 1 and r["efficiency"]:
+                lines.setdefault((r["gpus"], r["impl"], r["strategy"], r["kv_heads"]), {})[r["tokens"]] = \
+                    r["efficiency"]
+        for (gpus, impl, strategy, kv), pts in sorted(lines.items()):
+            xs = sorted(pts)
+            ax.plot(xs, [pts[x] for x in xs], styles[gpus], marker="o" if impl == "fattn" else "s",
+                    color=colours[(impl, strategy, kv)], label=f"{gpus} GPUs {impl} {strategy} H_kv={kv}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("efficiency T_1 / (gpus T)")
+        ax.set_ylim(0, 1.15)
+        ax.set_title(f"{mode}, {' and '.join(map(str, counts))} x {meta_['device']}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    shas = sorted({str(m)[:7] for m in meta_.get("shas", [meta_.get("fattn_git_sha")])})
+    fig.suptitle(f"context parallelism, torch {meta_['torch']}, git {', '.join(shas)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):

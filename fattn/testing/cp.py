@@ -21,9 +21,10 @@ Mode fwd times the forward; fwdbwd the forward and the backward (torch autograd)
 after a device sync and a barrier, is timed on every rank (CUDA events; the monotonic clock on the CPU) and counts
 as the slowest rank's time; p50 over --reps after --warmup.  efficiency = T_1 / (gpus * T), T_1 the same library's
 single-GPU p50 (fattn's for fattn rows, torch SDPA's for torch's; 1.0 for those rows; empty when it did not fit).
-max_abs_err: the distributed output, unsharded, against fattn's single-GPU output.  Rank 0 prints a table and writes --json: {"meta": {...}, "rows": [...]}, meta
-stamped with the device, torch version, FATTN_GIT_SHA (from the environment) and the date.  With --plot-from
-a.json b.json --plot p.png it runs nothing (no torchrun) and plots the files' rows together: one line per GPU count.
+max_abs_err: the distributed output, unsharded, against fattn's single-GPU output.  Rank 0 prints a table and
+writes --json: {"meta": {...}, "rows": [...]}, meta stamped with the device, torch version, FATTN_GIT_SHA (from the
+environment) and the date.  With --plot-from a.json b.json --plot p.png it runs nothing (no torchrun) and plots the
+files' rows together: one line per GPU count (fattn.plot.plot_cp_efficiency).
 """
 import argparse
 import datetime
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 
 import fattn
 import fattn.distributed as fd
+from fattn.plot import plot_cp_efficiency
 from fattn.testing import timer
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -344,42 +346,6 @@ def with_own_efficiency(rows):
     return out
 
 
-def plot_efficiency(rows, meta_, path):
-    """PNG: efficiency T_1 / (gpus * T) against tokens, a panel per mode, a line per (gpus, impl, strategy, kv
-    heads): a colour per (impl, strategy, kv heads), circles for fattn and squares for torch, a line style per GPU
-    count; a point measured more than once shows the last row's value."""
-    from fattn.plot import _plt
-
-    plt = _plt()
-    modes = sorted({r["mode"] for r in rows})
-    counts = sorted({r["gpus"] for r in rows if r["gpus"] > 1})
-    styles = dict(zip(counts, ["-", "--", ":", "-."] * 4))
-    series = sorted({(r["impl"], r["strategy"], r["kv_heads"]) for r in rows if r["gpus"] > 1})
-    colours = {key: plt.get_cmap("tab10")(i % 10) for i, key in enumerate(series)}
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 5), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        lines = {}
-        for r in rows:
-            if r["mode"] == mode and r["gpus"] > 1 and r["efficiency"]:
-                lines.setdefault((r["gpus"], r["impl"], r["strategy"], r["kv_heads"]), {})[r["tokens"]] = \
-                    r["efficiency"]
-        for (gpus, impl, strategy, kv), pts in sorted(lines.items()):
-            xs = sorted(pts)
-            ax.plot(xs, [pts[x] for x in xs], styles[gpus], marker="o" if impl == "fattn" else "s",
-                    color=colours[(impl, strategy, kv)], label=f"{gpus} GPUs {impl} {strategy} H_kv={kv}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("efficiency T_1 / (gpus T)")
-        ax.set_ylim(0, 1.15)
-        ax.set_title(f"{mode}, {' and '.join(map(str, counts))} x {meta_['device']}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
-    shas = sorted({str(m)[:7] for m in meta_.get("shas", [meta_.get("fattn_git_sha")])})
-    fig.suptitle(f"context parallelism, torch {meta_['torch']}, git {', '.join(shas)}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def plot_from(paths, out):
     """One efficiency plot of the rows of several --json files (say, a 2-GPU and a 4-GPU run)."""
     rows, metas = [], []
@@ -389,8 +355,8 @@ def plot_from(paths, out):
         metas.append(data["meta"])
         rows += with_own_efficiency(data["rows"])
     devices = sorted({m["device"] for m in metas})
-    plot_efficiency(rows, {"device": " / ".join(devices), "torch": metas[0]["torch"],
-                           "shas": [m["fattn_git_sha"] for m in metas]}, out)
+    plot_cp_efficiency(rows, {"device": " / ".join(devices), "torch": metas[0]["torch"],
+                              "shas": [m["fattn_git_sha"] for m in metas]}, out)
     print(f"wrote {out} ({len(rows)} rows from {len(paths)} files)", flush=True)
 
 
@@ -416,7 +382,7 @@ def main(argv=None):
                 json.dump({"meta": meta(args, device), "rows": rows}, f, indent=1)
             print(f"wrote {args.json} ({len(rows)} rows)", flush=True)
         if dist.get_rank() == 0 and args.plot:
-            plot_efficiency(rows, meta(args, device), args.plot)
+            plot_cp_efficiency(rows, meta(args, device), args.plot)
             print(f"wrote {args.plot}", flush=True)
     finally:
         dist.destroy_process_group()
