@@ -7,6 +7,8 @@ scalar variants); and each variant's backward (FATTN_SANITIZE_BACKWARD=0 skips i
     FATTN_SANITIZE_QUICK=1 ...       # fp16, head dims 64 / 128, two odd cases, no causal top-left, one window
                                      # (racecheck on the Hopper kernels is slow: the quick sweep fits a GPU call)
     FATTN_SANITIZE_DIMS=256 ...      # only these head dims (comma-separated), quick or not
+    FATTN_SANITIZE_CASES=600x1100 ...  # these (Sq, Sk) instead (comma-separated): 600 x 1100 at D=256 runs the
+                                     # deterministic backward's chunks of key blocks, staggered
 A last forward per head dim has more query tiles (2 x 80 heads x 300 rows) than an H100 has multiprocessors, so a
 persistent kernel's blocks walk several tiles each.  Exits non-zero if any result is NaN where it must not be (the
 sanitizer's own report is what this is for)."""
@@ -40,11 +42,13 @@ def main():
     quick = os.environ.get("FATTN_SANITIZE_QUICK") == "1"
     dims = os.environ.get("FATTN_SANITIZE_DIMS")
     dims = [int(x) for x in dims.split(",")] if dims else [64, 128] if quick else [64, 128, 136, 256]
+    cases = os.environ.get("FATTN_SANITIZE_CASES")
+    cases = [tuple(int(n) for n in c.split("x")) for c in cases.split(",")] if cases else CASES[1:3] if quick else CASES
     for variant in chosen.split(",") if chosen else fattn.variants("cuda"):
         dtypes = [torch.float16, torch.bfloat16] + ([torch.float32] if variant in ("v0", "v1") else [])
         for dt in dtypes[:1] if quick else dtypes:
             for d in dims:
-                for sq, sk in CASES[1:3] if quick else CASES:
+                for sq, sk in cases:
                     for causal in (False, "bottom_right") if quick else (False, "top_left", "bottom_right"):
                         q = torch.randn(1, 4, sq, d, device="cuda", dtype=dt)
                         k = torch.randn(1, 2, sk, d, device="cuda", dtype=dt)
