@@ -269,6 +269,30 @@ def test_grad_wide_deterministic_stagger(b, h, hk, sq, sk, seed, request):
             assert torch.equal(a, b_), f"run {i}: {name} differs"
 
 
+DESC_CASES = [(1, 4, 2, 1100, 1100, "top_left", None), (1, 2, 1, 1500, 600, "bottom_right", None),
+              (1, 2, 2, 600, 1500, "bottom_right", None), (2, 2, 1, 700, 700, "top_left", (300, 0)),
+              (1, 2, 1, 900, 900, False, (200, 64))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("b,h,hk,sq,sk,causal,window", DESC_CASES,
+                         ids=["x".join(map(str, c[:5])) + f"-{c[5]}-{c[6]}" for c in DESC_CASES])
+def test_grad_deterministic_descending_order(b, h, hk, sq, sk, causal, window, d, seed, request):
+    """v3's deterministic mode under a mask with a right edge (causal of both alignments, windows bounded on the
+    right) adds to each dQ tile in descending key-block order, its grid placing key blocks last first
+    (v3_bwd_ring.cuh: v3b_descends): several of the wide kernel's chunks of 8 key blocks, Sq != Sk both ways, GQA,
+    every head-dim bucket: the gradients by the 3x rule, and bitwise the same over 20 runs."""
+    require_variant("cuda", "v3")
+    q, k, v, dout = inputs(b, h, hk, sq, sk, d, torch.float16, "cuda", seed)
+    first = grads(q, k, v, dout, "v3" + DET, causal=causal, window=window)[2]
+    check(first, q, k, v, dout, causal=causal, window=window, request=request)
+    for i in range(20):
+        again = grads(q, k, v, dout, "v3" + DET, causal=causal, window=window)[2]
+        for name, a, b_ in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b_), f"run {i}: {name} differs"
+
+
 def test_reference_gradients_match_float64_autograd(seed):
     """The formula reference against torch autograd in float64 (explicit mask, GQA, a fully masked row)."""
     q, k, v, dout = inputs(1, 4, 2, 40, 30, 16, torch.float64, "cpu", seed)

@@ -30,8 +30,10 @@
  *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
  *     the workspace (dq_sem) for its turn and counts its add once it has landed; the first is a plain store, so the
  *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in
- *     key-block order, so a wait is always on a block already running, and walk their query blocks last first (under
- *     a causal mask every key block sees the last ones).
+ *     key-block order, so a wait is always on a block already running, and walk their query blocks last first.
+ *     Under a mask with a right edge (causal) all of that is mirrored (v3_bwd_ring.cuh: v3b_descends): adds in
+ *     descending key-block order, key blocks placed last first, query blocks walked first first, so that a tile's
+ *     key blocks reach it in the order of their adds.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.
  * MODS (kernels of their own): a softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key| on the score in log2
@@ -70,9 +72,10 @@
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
-/* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order.
- * The writer of key block kb waits until the tile has had kb - n_min adds (n_min: the first key block its rows see;
- * ld.acquire), and after its own reduce has landed counts one more (red.release). */
+/* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order
+ * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
+ * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
+ * its own reduce has landed counts one more (red.release). */
 template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -101,10 +104,12 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     uint64_t *q_full = ring.q_full, *q_empty = ring.q_empty;
 
     v3b_params<BC, SEQ> bp;
-    if (!bp.init(all)) return; /* past its sequence's keys: no rows of dK, dV here */
+    const bool desc = DET && v3b_descends<SEQ>(all.fwd);
+    if (!bp.init(all, desc)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
-    const v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
+    v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
+    blk.desc = desc;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
     auto row0_of = [&](int it) { return v3b_row0<BR, DET>(blk, it); };
@@ -129,7 +134,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
                 if constexpr (DET) {
-                    const int turn = kb - (int)fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC).n_min;
+                    const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC);
+                    const int turn = v3b_turn(blk, sp.n_min, sp.n_max);
                     named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {

@@ -55,8 +55,23 @@ typedef struct {
     int kb, j0, i_begin, nm, n_it;
     int rot; /* deterministic mode: the walk of each head's query blocks rotated by rot steps (v3b_row0); 0 unless
               * the wide kernel staggers its blocks (v3_bwd_wide.cu: v3w_turn) */
+    int desc; /* deterministic mode under a mask with a right edge (v3b_descends): adds in descending key-block order,
+               * query blocks walked first first, the grid's key blocks last first */
     int64_t b, hk, h0;
 } v3b_block;
+
+/* Deterministic mode's order of adds to a dQ tile.  Under a mask with a right edge (causal, or a window bounded on
+ * the right) the key blocks that see a tile start their walks at different query blocks -- higher key blocks at
+ * higher ones -- so walked first first, all starting together, a tile is reached by its key blocks in descending
+ * order, one step apart: adds in that order wait on nothing that has not already come.  The grid then places a
+ * head's key blocks last first, so that a block waits only on blocks placed before it (v3b_place).  Elsewhere
+ * (no right edge, packed batches) key-block order, the grid in key-block order, and the walk last first. */
+template <bool SEQ> DEV bool v3b_descends(const attn_params &f) { return !SEQ && f.mask.right >= 0; }
+
+/* A block's turn on a tile whose rows see key blocks [n_min, n_max): the adds that come before its own. */
+DEV int v3b_turn(const v3b_block &k, int64_t n_min, int64_t n_max) {
+    return k.desc ? (int)(n_max - 1) - k.kb : k.kb - (int)n_min;
+}
 
 /* The block's grid place: key block kb of batch (packed: sequence) b, kv head hk.  nkb key blocks per (b, kv head),
  * of the longest sequence's keys in a packed batch.  G = 0: head by head, key blocks in order.  G > 0: in chunks of
@@ -64,8 +79,9 @@ typedef struct {
  * span several heads and deterministic mode's turns on a dQ tile chain G blocks a wave, not a wave's worth (the wide
  * kernel's deterministic mode, G = 16, against head by head: causal 1.10-1.20x faster at S >= 2k, non-causal
  * 0.95-1.06x, S <= 1k unchanged: evidence/backward/h100_ab_bwd_wide_det_chunks_3c1c4a8.json).  Either way a block's
- * lower key blocks of its head come earlier in the grid. */
-template <int BC, int G> DEV void v3b_place(const attn_params &all, int *kb, int64_t *b, int64_t *hk) {
+ * lower key blocks of its head come earlier in the grid -- or, desc (v3b_descends), its higher ones: key block
+ * nkb - 1 - k takes k's place. */
+template <int BC, int G> DEV void v3b_place(const attn_params &all, bool desc, int *kb, int64_t *b, int64_t *hk) {
     const int nkb = (int)((all.sk + BC - 1) / BC);
     int64_t bhk;
     if constexpr (G == 0) {
@@ -77,6 +93,7 @@ template <int BC, int G> DEV void v3b_place(const attn_params &all, int *kb, int
         bhk = r / w;
         *kb = (int)(c * G + r % w);
     }
+    if (desc) *kb = nkb - 1 - *kb; /* key blocks last first (v3b_descends) */
     *b = bhk / all.h_kv;
     *hk = bhk % all.h_kv;
 }
@@ -95,6 +112,7 @@ template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f, int k
     k.nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - k.i_begin / BR : 0;
     k.n_it = k.nm * (int)f.h_per_kv;
     k.rot = 0;
+    k.desc = 0;
     return k;
 }
 
@@ -105,8 +123,8 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
     attn_bwd_params seq;
     int64_t b, hk;
     int kb, q0, k0, tma_b; /* TMA row offsets and batch coordinate */
-    __device__ __forceinline__ bool init(const attn_bwd_params &all) {
-        v3b_place<BC, G>(all.fwd, &kb, &b, &hk);
+    __device__ __forceinline__ bool init(const attn_bwd_params &all, bool desc = false) {
+        v3b_place<BC, G>(all.fwd, desc, &kb, &b, &hk);
         q0 = k0 = 0;
         tma_b = (int)b;
         if constexpr (SEQ) {
@@ -122,12 +140,11 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
     }
 };
 
-/* Step it's first query row.  Deterministic mode walks the query blocks last first: the last blocks are the ones
- * every key block sees under a causal mask, so each block's first add waits about one step per lower key block, not
- * for those blocks to walk down from the top.  With k.rot, that walk starts k.rot blocks further on (cyclically). */
+/* Step it's first query row.  Deterministic mode walks the query blocks last first (with k.rot, starting k.rot
+ * blocks further on, cyclically), or first first where its adds descend (k.desc, v3b_descends). */
 template <int BR, bool DET> DEV int v3b_row0(const v3b_block &k, int it) {
     const int u = it % k.nm;
-    return k.i_begin + (DET ? k.nm - 1 - (k.rot ? (u + k.rot) % k.nm : u) : u) * BR;
+    return k.i_begin + (DET && !k.desc ? k.nm - 1 - (k.rot ? (u + k.rot) % k.nm : u) : u) * BR;
 }
 
 /* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2

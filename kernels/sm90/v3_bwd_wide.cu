@@ -18,8 +18,8 @@
  *                        dq_accum's 64 x 64 tiles, added from registers by 16-byte reds (no shared-memory tile: the
  *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
  * dQ is issued first, so its adds go out while dV and dK run.
- * Deterministic mode: each consumer adds its two tiles in a fixed order per tile (key-block order, or without a mask
- * the stagger's: v3w_turn).  A warp of the producer's warpgroup keeps the turns (v3w_keep_turns): it waits on both
+ * Deterministic mode: each consumer adds its two tiles in a fixed order per tile (key-block order; descending under
+ * a mask with a right edge, v3b_descends; without a mask the stagger's: v3w_turn).  A warp of the producer's warpgroup keeps the turns (v3w_keep_turns): it waits on both
  * tiles' counters for the block's turn and lets the consumer add (a named barrier), the warpgroup stores (the first
  * add: the accumulator is not zeroed) or adds and signals, and the turn keeper counts the adds (red.release).  The
  * consumers never wait on global memory themselves.
@@ -67,9 +67,10 @@ template <bool SEQ> DEV bool v3w_staggers(const attn_params &f, const v3b_block 
 }
 
 /* Block blk's turn on step it's dQ tiles: the adds that come before its own (the first is a store).  Unstaggered,
- * key-block order: kb - n_min (n_min: the first key block the tile's rows see). */
-DEV int v3w_turn(const v3b_block &blk, int it, int64_t n_min, bool stagger, int nkb) {
-    if (!stagger) return blk.kb - (int)n_min;
+ * key-block order, or descending under a mask with a right edge (v3b_turn; sp: the key blocks the tile's rows
+ * see). */
+DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, bool stagger, int nkb) {
+    if (!stagger) return v3b_turn(blk, sp.n_min, sp.n_max);
     const int c = blk.kb / V3W_DET_CHUNK, l = blk.kb % V3W_DET_CHUNK;
     const int w = nkb - c * V3W_DET_CHUNK < V3W_DET_CHUNK ? nkb - c * V3W_DET_CHUNK : V3W_DET_CHUNK;
     const int u = ((it % blk.nm + blk.rot) % blk.nm - c * V3W_DET_CHUNK % blk.nm + blk.nm) % blk.nm; /* u' */
@@ -87,8 +88,8 @@ DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, bool sta
     const attn_params &f = p.fwd;
     for (int it = 0; it < blk.n_it; it++) {
         const int i0 = v3b_row0<BR, true>(blk, it);
-        const int turn = v3w_turn(blk, it, stagger ? 0 : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC).n_min,
-                                  stagger, nkb);
+        const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
+        const int turn = v3w_turn(blk, it, sp, stagger, nkb);
         int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
         for (int cw = 0; cw < 2; cw++) { /* consumer cw adds tiles 2 cw, 2 cw + 1 of the step's rows */
             if (lane == 0)
@@ -126,13 +127,15 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
 
     v3b_params<BC, SEQ, DET ? V3W_DET_CHUNK : 0> bp;
-    if (!bp.init(all)) return; /* past its sequence's keys: no rows of dK, dV here */
+    const bool desc = DET && v3b_descends<SEQ>(all.fwd);
+    if (!bp.init(all, desc)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int nkb = (int)((f.sk + BC - 1) / BC);
     const bool stagger = DET && v3w_staggers<SEQ>(f, blk, nkb);
     if (stagger) blk.rot = blk.kb % blk.nm;
+    blk.desc = desc;
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
@@ -255,7 +258,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
         float *acc = p.dq_accum + 4096 * tile;
         if constexpr (DET) {
-            const bool first = v3w_turn(blk, it, sp.n_min, stagger, nkb) == 0; /* the tile's first add */
+            const bool first = v3w_turn(blk, it, sp, stagger, nkb) == 0; /* the tile's first add */
             named_barrier_sync(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++) { /* the tile's first add is a store: the accumulator is not zeroed */
