@@ -84,7 +84,7 @@ DEV int v3b_turn(const v3b_block &k, int64_t n_min, int64_t n_max) {
 template <int BC, int G> DEV void v3b_place(const attn_params &all, bool desc, int *kb, int64_t *b, int64_t *hk) {
     const int nkb = (int)((all.sk + BC - 1) / BC);
     int64_t bhk;
-    if constexpr (G == 0) {
+    if (G == 0 || desc) { /* desc: no turn waits on another block's walk to chain, so head by head */
         bhk = blockIdx.x / nkb;
         *kb = (int)(blockIdx.x % nkb);
     } else {
