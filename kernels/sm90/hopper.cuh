@@ -95,6 +95,18 @@ DEV int ld_acquire(const int *a) {
 DEV void red_release_add(int *a, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
 }
+/* The same in parts, for several counters at once: relaxed loads polled until they show the count, then one fence
+ * (the acquire pattern); one fence, then relaxed adds (the release pattern).  An ld.acquire invalidates the SM's L1
+ * and waits each time, and each red.release fences: one fence for four counters instead of four. */
+DEV int ld_relaxed(const int *a) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+    return v;
+}
+DEV void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+DEV void red_relaxed_add(int *a, int v) {
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
 /* a[0..3] += (x, y, z, w): one 16-byte reduction in L2 (sm_90's vector red), no value returned. */
 DEV void red_add_v4(float *a, float x, float y, float z, float w) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");

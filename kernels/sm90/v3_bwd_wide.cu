@@ -77,12 +77,14 @@ DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, bool stagge
     return c * V3W_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
 }
 
-/* Deterministic mode's turns, kept by one warp so that the consumers never wait on global memory: for each step and
- * each consumer cw, lane 0 waits (ld.acquire) until both of cw's dQ tiles have had the adds of the key blocks before
- * this one, the warp lets cw add (V3W_BAR_TURN + cw), waits until cw's adds are issued (V3W_BAR_ADDED + cw) and lane 0
- * counts them (red.release: the barrier orders cw's adds before it, as the PTX memory model's barriers do).  All of
- * a step's turns are let go before its adds are counted, and a count never waits on another block; a turn waits
- * only on adds that come earlier in v3w_turn's order, so the waits cannot close a cycle. */
+/* Deterministic mode's turns, kept by one warp so that the consumers never wait on global memory: for each step,
+ * lane 0 polls the four dQ tiles' counters of the step's rows (relaxed loads, all four at once) until each shows the
+ * adds of the key blocks before this one, then one fence (the acquire pattern), and the warp lets both consumers add
+ * (V3W_BAR_TURN + cw); once both have issued their adds (V3W_BAR_ADDED + cw) lane 0 fences once and counts one add
+ * on each counter (the release pattern: the barrier orders the consumers' adds before the fence, as the PTX memory
+ * model's barriers do).  Every block adds to all four tiles of a step and counts them together, so the four
+ * counters move as one.  A count never waits on another block, and a turn waits only on adds that come earlier in
+ * v3w_turn's order, so the waits cannot close a cycle. */
 template <int DP, int BR, int BC>
 DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, bool stagger, int nkb, int lane) {
     const attn_params &f = p.fwd;
@@ -91,19 +93,23 @@ DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, bool sta
         const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
         const int turn = v3w_turn(blk, it, sp, stagger, nkb);
         int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
-        for (int cw = 0; cw < 2; cw++) { /* consumer cw adds tiles 2 cw, 2 cw + 1 of the step's rows */
-            if (lane == 0)
-                while (ld_acquire(sem + 2 * cw) != turn || ld_acquire(sem + 2 * cw + 1) != turn) {
-                }
-            __syncwarp();
-            named_barrier_arrive(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS);
-        }
-        for (int cw = 0; cw < 2; cw++) {
-            named_barrier_sync(V3W_BAR_ADDED + cw, V3W_KEEPER_THREADS);
-            if (lane == 0) {
-                red_release_add(sem + 2 * cw, 1);
-                red_release_add(sem + 2 * cw + 1, 1);
+        if (lane == 0) {
+            for (;;) {
+                const int c0 = ld_relaxed(sem), c1 = ld_relaxed(sem + 1), c2 = ld_relaxed(sem + 2),
+                          c3 = ld_relaxed(sem + 3);
+                if (c0 == turn && c1 == turn && c2 == turn && c3 == turn) break;
             }
+            fence_acq_rel_gpu();
+        }
+        __syncwarp();
+        named_barrier_arrive(V3W_BAR_TURN, V3W_KEEPER_THREADS); /* consumer 0 adds tiles 0, 1; consumer 1 tiles 2, 3 */
+        named_barrier_arrive(V3W_BAR_TURN + 1, V3W_KEEPER_THREADS);
+        named_barrier_sync(V3W_BAR_ADDED, V3W_KEEPER_THREADS);
+        named_barrier_sync(V3W_BAR_ADDED + 1, V3W_KEEPER_THREADS);
+        if (lane == 0) {
+            fence_acq_rel_gpu();
+#pragma unroll
+            for (int t = 0; t < 4; t++) red_relaxed_add(sem + t, 1);
         }
     }
 }
