@@ -86,10 +86,18 @@ DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\
 DEV void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
 
-/* Counters between blocks, several at once: relaxed loads polled until they show the count, then one fence (the
- * acquire pattern); one fence, then relaxed adds (the release pattern).  An ld.acquire per counter invalidates the
- * SM's L1 and waits each time, and a red.release per counter fences each time: one fence for all of a step's
- * counters instead (v3_bwd.cu, v3_bwd_wide.cu). */
+/* Counters between blocks: acquire load, release add. */
+DEV int ld_acquire(const int *a) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+    return v;
+}
+DEV void red_release_add(int *a, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
+/* The same in parts, for several counters at once: relaxed loads polled until they show the count, then one fence
+ * (the acquire pattern); one fence, then relaxed adds (the release pattern).  An ld.acquire invalidates the SM's L1
+ * and waits each time, and each red.release fences: one fence for four counters instead of four. */
 DEV int ld_relaxed(const int *a) {
     int v;
     asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");

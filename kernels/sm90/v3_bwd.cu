@@ -128,9 +128,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (warp == 1 && n_it > 0) {
             /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
-             * handed back.  Deterministic mode: in its turn's order -- both tiles of the step once it is their turn,
-             * the slots handed back once read, then one wait for both adds to land before they are counted (a round
-             * trip per step, not per tile). */
+             * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
+             * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
             named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
@@ -139,33 +138,25 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     const int turn = v3b_turn(blk, sp.n_min, sp.n_max);
                     named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
-                    int *sem0 = p.dq_sem + dq_tile(it, 0), *sem1 = p.dq_sem + dq_tile(it, 1);
-                    if (lane == 0) { /* both counters polled at once (relaxed), one fence: the acquire pattern */
-                        for (;;) {
-                            const int c0 = ld_relaxed(sem0), c1 = ld_relaxed(sem1);
-                            if (c0 == turn && c1 == turn) break;
-                        }
-                        fence_acq_rel_gpu();
-                        fence_proxy_async_global();
+                    if (lane == 0) {
                         for (int w = 0; w < 2; w++) {
+                            while (ld_acquire(p.dq_sem + dq_tile(it, w)) != turn) {
+                            }
+                            fence_proxy_async_global();
                             if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
                                 bulk_store(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                             else
                                 bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         }
                         tma_store_commit();
-                        tma_store_wait_read();
-                    }
-                    __syncwarp(); /* the slots are read: the consumers may fill them while the adds land */
-                    named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
-                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
-                    if (lane == 0) { /* the adds landed, one fence, then the counts: the release pattern */
                         tma_store_wait_all();
                         fence_proxy_async_global();
-                        fence_acq_rel_gpu();
-                        red_relaxed_add(sem0, 1);
-                        red_relaxed_add(sem1, 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 0), 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 1), 1);
                     }
+                    __syncwarp();
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
                 } else {
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
