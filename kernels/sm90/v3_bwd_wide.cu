@@ -19,9 +19,10 @@
  *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
  * dQ is issued first, so its adds go out while dV and dK run.
  * Deterministic mode: each consumer adds its two tiles in a fixed order per tile (key-block order; descending under
- * a mask with a right edge, v3b_descends; without a mask the stagger's: v3w_turn).  A warp of the producer's warpgroup keeps the turns (v3w_keep_turns): it waits on both
- * tiles' counters for the block's turn and lets the consumer add (a named barrier), the warpgroup stores (the first
- * add: the accumulator is not zeroed) or adds and signals, and the turn keeper counts the adds (red.release).  The
+ * a mask with a right edge, v3b_descends; without a mask the stagger's: v3w_turn).  A warp of the producer's
+ * warpgroup keeps the turns (v3w_keep_turns): it waits on the step's tiles' counters for the block's turn and lets
+ * the consumers add (a named barrier), each warpgroup stores (the first add: the accumulator is not zeroed) or adds
+ * and signals, and the turn keeper counts the adds (one fence, then relaxed adds).  The
  * consumers never wait on global memory themselves.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd.cu's kernels.
@@ -30,7 +31,10 @@
  * Speed (NVIDIA H100, fa3 grid at D=256 fp16, torch cudnn's backward in the same run,
  * evidence/backward/h100_v3_bwd_wide_85959aa.md): 0.944-1.164x cudnn (v2's kernel, which ran these calls before:
  * 0.57-0.73x); bf16 0.931-1.147x.  Deterministic mode (a3d77f8, evidence/backward/h100_v3_bwd_wide_det_a3d77f8.md):
- * 0.63-0.88x cudnn, 1.15-1.55x the default's time (1.49-1.86x before the turn keeper and the stagger).
+ * 0.63-0.88x cudnn, 1.15-1.55x the default's time (1.49-1.86x before the turn keeper and the stagger); on an H200
+ * after the descending order and the keeper's single fences (b1fedd5,
+ * evidence/backward/h200_v3_bwd_det_order_792ba20.md): 0.81-0.94x cudnn, 1.02-1.19x the default's time causal,
+ * 1.09-1.26x non-causal.
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only */
 
