@@ -325,8 +325,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                                                                                            : wsp.n_full_min - w.n_min);
         f1 = (int)(wsp.n_full_max - w.n_min < f0 ? f0 : wsp.n_full_max - w.n_min > w.nblocks ? w.nblocks
                                                                                              : wsp.n_full_max - w.n_min);
-        if (cur.wg_row >= cur.seq_q) { /* rows past the sequence (a last, partial tile): never stored, so spare them
-                                          the mask (outside FLAT they compute nothing: idle_tile) */
+        if (cur.wg_row >= cur.seq_q) { /* rows past the sequence (a last, partial tile): never stored, so spare them the mask */
             f0 = 0;
             f1 = w.nblocks;
         }
@@ -436,26 +435,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         reg_fence(o);
         release(&v_empty[sp]);
     };
-    /* A tile none of whose rows in this warpgroup lie in the sequence (the last, partial tile of a head): no GEMM,
-     * no softmax.  Each slot of the tile's key blocks is waited for and released, and the turns are taken as a
-     * computing tile takes them (nb + 1, none for nb = 0), so the ring and the ping-pong stay in step.  A branch of
-     * its own with no wgmma in it: a wgmma issued under a condition inside the pipeline made ptxas serialize every
-     * wgmma of the kernel (C7515). */
-    auto idle_tile = [&](int nb) {
-        for (int j = 0; j < nb; j++) {
-            const int rs = ring + j, st = rs % STAGES;
-            turn_wait();
-            turn_pass();
-            mbar_wait(&k_full[st], (rs / STAGES) & 1);
-            release(&k_empty[st]);
-            mbar_wait(&v_full[st], (rs / STAGES) & 1);
-            release(&v_empty[st]);
-        }
-        if (nb > 0) { /* the turn of the last P V */
-            turn_wait();
-            turn_pass();
-        }
-    };
     auto zero_o = [&]() {
 #pragma unroll
         for (int i = 0; i < NO; i++) o[i] = 0.f;
@@ -511,11 +490,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         while (next_tile(w, x, qr)) {
             begin_tile(w, x, qr);
             zero_o();
-            if (cur.wg_row >= cur.seq_q) { /* rows past the sequence: nothing to compute, nothing stored */
-                idle_tile(w.nblocks);
-                ring += w.nblocks;
-                if (SEP_O) release(&q_empty[cur.qs]);
-            } else if (w.nblocks > 0) {
+            if (w.nblocks > 0) {
                 float a[2];
                 first_block(a);
                 pack_p();
