@@ -33,8 +33,7 @@
  *     key-block order, so a wait is always on a block already running, and walk their query blocks last first.
  *     Under a mask with a right edge (causal) all of that is mirrored (v3_bwd_ring.cuh: v3b_descends): adds in
  *     descending key-block order, key blocks placed last first, query blocks walked first first, so that a tile's
- *     key blocks reach it in the order of their adds.  Without a mask the grid runs in chunks of key blocks and each
- *     block's walk is rotated by its key block (v3b_staggers), the adds in the order the chunk reaches a tile.
+ *     key blocks reach it in the order of their adds.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.
  * MODS (kernels of their own): a softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key| on the score in log2
@@ -104,16 +103,13 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
     uint64_t *q_full = ring.q_full, *q_empty = ring.q_empty;
 
-    v3b_params<BC, SEQ, DET ? V3B_DET_CHUNK : 0> bp;
+    v3b_params<BC, SEQ> bp;
     const bool desc = DET && v3b_descends<SEQ>(all.fwd);
     if (!bp.init(all, desc)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     blk.desc = desc;
-    const int nkb = (int)((f.sk + BC - 1) / BC);
-    const bool stagger = DET && v3b_staggers<SEQ>(f, blk, nkb);
-    if (stagger) blk.rot = blk.kb % blk.nm;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
     auto row0_of = [&](int it) { return v3b_row0<BR, DET>(blk, it); };
@@ -139,7 +135,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             for (int it = 0; it < n_it; it++) {
                 if constexpr (DET) {
                     const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC);
-                    const int turn = v3b_step_turn(blk, it, sp, stagger, nkb);
+                    const int turn = v3b_turn(blk, sp.n_min, sp.n_max);
                     named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {

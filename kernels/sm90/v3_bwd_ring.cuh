@@ -54,7 +54,7 @@ DEV float v3b_mods_score(float s, float c, float cap2, float inv_cap2, float slo
 typedef struct {
     int kb, j0, i_begin, nm, n_it;
     int rot; /* deterministic mode: the walk of each head's query blocks rotated by rot steps (v3b_row0); 0 unless
-              * deterministic mode staggers its blocks (v3b_staggers, v3b_step_turn) */
+              * the wide kernel staggers its blocks (v3_bwd_wide.cu: v3w_turn) */
     int desc; /* deterministic mode under a mask with a right edge (v3b_descends): adds in descending key-block order,
                * query blocks walked first first, the grid's key blocks last first */
     int64_t b, hk, h0;
@@ -73,46 +73,14 @@ DEV int v3b_turn(const v3b_block &k, int64_t n_min, int64_t n_max) {
     return k.desc ? (int)(n_max - 1) - k.kb : k.kb - (int)n_min;
 }
 
-/* Deterministic mode's grid order (both dK/dV kernels): chunks of this many key blocks, every head's (v3b_place) */
-#define V3B_DET_CHUNK 8
-
-/* Deterministic mode's stagger.  Unstaggered, every block of a chunk walks the query blocks in the same order, so the
- * chunk's l-th block reaches each dQ tile right behind the (l-1)-th and waits for its add: a chain of turns, with l
- * steps of fill and the chunk's blocks in lock step after.  Staggered, key block kb starts its walk kb query blocks
- * further on (v3b_row0's rot = kb mod nm, set by the kernel): at any step a chunk's w blocks are at w different tiles, and a tile's adds
- * come chunk by chunk, within a chunk in the order its blocks reach the tile, a step apart.  For block kb = c G + l
- * and the tile the unrotated walk visits u-th, with u' = (u - c G) mod nm: the chunk reaches it first by block
- * min(u', w - 1), then by those below, then by those above, so the turn is c G (the earlier chunks' adds) +
- * min(u', w - 1) - l when l <= u', else + u' + w - l.  A turn waits only on an add of an earlier step of the chunk or
- * on an earlier chunk: no cycle.  Rotating by kb, not by l, keeps a chunk's blocks behind the chunk before it on
- * every tile when the two run at once (long sequences, few heads): rotated by l, the next chunk's first block would
- * reach tile 0 at its first step and wait for the whole walk of the chunk before.  It needs every key block to see
- * every query block (no causal mask, no window, a dense batch) and at least w query blocks.  nkb: key blocks per
- * head. */
-template <bool SEQ> DEV bool v3b_staggers(const attn_params &f, const v3b_block &blk, int nkb) {
-    return !SEQ && f.mask.left < 0 && f.mask.right < 0 && blk.nm >= (nkb < V3B_DET_CHUNK ? nkb : V3B_DET_CHUNK);
-}
-
-/* Block blk's turn on step it's dQ tiles: the adds that come before its own (the first is a store).  Unstaggered,
- * key-block order, or descending under a mask with a right edge (v3b_turn; sp: the key blocks the tile's rows
- * see). */
-DEV int v3b_step_turn(const v3b_block &blk, int it, const fattn_span &sp, bool stagger, int nkb) {
-    if (!stagger) return v3b_turn(blk, sp.n_min, sp.n_max);
-    const int c = blk.kb / V3B_DET_CHUNK, l = blk.kb % V3B_DET_CHUNK;
-    const int w = nkb - c * V3B_DET_CHUNK < V3B_DET_CHUNK ? nkb - c * V3B_DET_CHUNK : V3B_DET_CHUNK;
-    const int u = ((it % blk.nm + blk.rot) % blk.nm - c * V3B_DET_CHUNK % blk.nm + blk.nm) % blk.nm; /* u' */
-    return c * V3B_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
-}
-
 /* The block's grid place: key block kb of batch (packed: sequence) b, kv head hk.  nkb key blocks per (b, kv head),
  * of the longest sequence's keys in a packed batch.  G = 0: head by head, key blocks in order.  G > 0: in chunks of
  * G key blocks -- chunk c is key blocks [c G, c G + G) of every (b, kv head), head by head -- so the blocks in flight
  * span several heads and deterministic mode's turns on a dQ tile chain G blocks a wave, not a wave's worth (the wide
  * kernel's deterministic mode, G = 16, against head by head: causal 1.10-1.20x faster at S >= 2k, non-causal
- * 0.95-1.06x, S <= 1k unchanged: evidence/backward/h100_ab_bwd_wide_det_chunks_3c1c4a8.json); deterministic mode
- * uses G = V3B_DET_CHUNK.  Either way a block's lower key blocks of its head come earlier in the grid -- except under
- * descending adds (desc, v3b_descends), which chain nothing and go head by head with key block nkb - 1 - k in k's
- * place. */
+ * 0.95-1.06x, S <= 1k unchanged: evidence/backward/h100_ab_bwd_wide_det_chunks_3c1c4a8.json).  Either way a block's
+ * lower key blocks of its head come earlier in the grid -- or, desc (v3b_descends), its higher ones: key block
+ * nkb - 1 - k takes k's place. */
 template <int BC, int G> DEV void v3b_place(const attn_params &all, bool desc, int *kb, int64_t *b, int64_t *hk) {
     const int nkb = (int)((all.sk + BC - 1) / BC);
     int64_t bhk;

@@ -19,7 +19,7 @@
  *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
  * dQ is issued first, so its adds go out while dV and dK run.
  * Deterministic mode: each consumer adds its two tiles in a fixed order per tile (key-block order; descending under
- * a mask with a right edge, v3b_descends; without a mask the stagger's: v3b_step_turn).  A warp of the producer's
+ * a mask with a right edge, v3b_descends; without a mask the stagger's: v3w_turn).  A warp of the producer's
  * warpgroup keeps the turns (v3w_keep_turns): it waits on the step's tiles' counters for the block's turn and lets
  * the consumers add (a named barrier), each warpgroup stores (the first add: the accumulator is not zeroed) or adds
  * and signals, and the turn keeper counts the adds (one fence, then relaxed adds).  The
@@ -50,6 +50,37 @@
 #define V3W_BAR_TURN 2
 #define V3W_BAR_ADDED 4
 #define V3W_KEEPER_THREADS (128 + 32) /* a consumer and the turn keeper's warp */
+/* Deterministic mode's grid order: chunks of this many key blocks, every head's (v3b_place) */
+#define V3W_DET_CHUNK 8
+
+/* Deterministic mode's stagger.  Unstaggered, every block of a chunk walks the query blocks in the same order, so the
+ * chunk's l-th block reaches each dQ tile right behind the (l-1)-th and waits for its add: a chain of turns, with l
+ * steps of fill and the chunk's blocks in lock step after.  Staggered, key block kb starts its walk kb query blocks
+ * further on (v3b_row0's rot = kb mod nm): at any step a chunk's w blocks are at w different tiles, and a tile's adds
+ * come chunk by chunk, within a chunk in the order its blocks reach the tile, a step apart.  For block kb = c G + l
+ * and the tile the unrotated walk visits u-th, with u' = (u - c G) mod nm: the chunk reaches it first by block
+ * min(u', w - 1), then by those below, then by those above, so the turn is c G (the earlier chunks' adds) +
+ * min(u', w - 1) - l when l <= u', else + u' + w - l.  A turn waits only on an add of an earlier step of the chunk or
+ * on an earlier chunk: no cycle.  Rotating by kb, not by l, keeps a chunk's blocks behind the chunk before it on
+ * every tile when the two run at once (long sequences, few heads): rotated by l, the next chunk's first block would
+ * reach tile 0 at its first step and wait for the whole walk of the chunk before.  It needs every key block to see
+ * every query block (no causal mask, no window, a dense batch) and at least w query blocks.  nkb: key blocks per
+ * head. */
+template <bool SEQ> DEV bool v3w_staggers(const attn_params &f, const v3b_block &blk, int nkb) {
+    return !SEQ && f.mask.left < 0 && f.mask.right < 0 && blk.nm >= (nkb < V3W_DET_CHUNK ? nkb : V3W_DET_CHUNK);
+}
+
+/* Block blk's turn on step it's dQ tiles: the adds that come before its own (the first is a store).  Unstaggered,
+ * key-block order, or descending under a mask with a right edge (v3b_turn; sp: the key blocks the tile's rows
+ * see). */
+DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, bool stagger, int nkb) {
+    if (!stagger) return v3b_turn(blk, sp.n_min, sp.n_max);
+    const int c = blk.kb / V3W_DET_CHUNK, l = blk.kb % V3W_DET_CHUNK;
+    const int w = nkb - c * V3W_DET_CHUNK < V3W_DET_CHUNK ? nkb - c * V3W_DET_CHUNK : V3W_DET_CHUNK;
+    const int u = ((it % blk.nm + blk.rot) % blk.nm - c * V3W_DET_CHUNK % blk.nm + blk.nm) % blk.nm; /* u' */
+    return c * V3W_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
+}
+
 /* Deterministic mode's turns, kept by one warp so that the consumers never wait on global memory: for each step,
  * lane 0 polls the four dQ tiles' counters of the step's rows (relaxed loads, all four at once) until each shows the
  * adds of the key blocks before this one, then one fence (the acquire pattern), and the warp lets both consumers add
@@ -57,14 +88,14 @@
  * on each counter (the release pattern: the barrier orders the consumers' adds before the fence, as the PTX memory
  * model's barriers do).  Every block adds to all four tiles of a step and counts them together, so the four
  * counters move as one.  A count never waits on another block, and a turn waits only on adds that come earlier in
- * v3b_step_turn's order, so the waits cannot close a cycle. */
+ * v3w_turn's order, so the waits cannot close a cycle. */
 template <int DP, int BR, int BC>
 DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, bool stagger, int nkb, int lane) {
     const attn_params &f = p.fwd;
     for (int it = 0; it < blk.n_it; it++) {
         const int i0 = v3b_row0<BR, true>(blk, it);
         const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
-        const int turn = v3b_step_turn(blk, it, sp, stagger, nkb);
+        const int turn = v3w_turn(blk, it, sp, stagger, nkb);
         int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
         if (lane == 0) {
             for (;;) {
@@ -105,14 +136,14 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
 
-    v3b_params<BC, SEQ, DET ? V3B_DET_CHUNK : 0> bp;
+    v3b_params<BC, SEQ, DET ? V3W_DET_CHUNK : 0> bp;
     const bool desc = DET && v3b_descends<SEQ>(all.fwd);
     if (!bp.init(all, desc)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int nkb = (int)((f.sk + BC - 1) / BC);
-    const bool stagger = DET && v3b_staggers<SEQ>(f, blk, nkb);
+    const bool stagger = DET && v3w_staggers<SEQ>(f, blk, nkb);
     if (stagger) blk.rot = blk.kb % blk.nm;
     blk.desc = desc;
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -237,7 +268,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
         float *acc = p.dq_accum + 4096 * tile;
         if constexpr (DET) {
-            const bool first = v3b_step_turn(blk, it, sp, stagger, nkb) == 0; /* the tile's first add */
+            const bool first = v3w_turn(blk, it, sp, stagger, nkb) == 0; /* the tile's first add */
             named_barrier_sync(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++) { /* the tile's first add is a store: the accumulator is not zeroed */
