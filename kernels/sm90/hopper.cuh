@@ -96,8 +96,9 @@ DEV void red_release_add(int *a, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
 }
 /* The same in parts, for several counters at once: relaxed loads polled until they show the count, then one fence
- * (the acquire pattern); one fence, then relaxed adds (the release pattern).  An ld.acquire invalidates the SM's L1
- * and waits each time, and each red.release fences: one fence for four counters instead of four. */
+ * (the acquire pattern); one fence, then relaxed adds (the release pattern).  Each ld.acquire invalidates the SM's
+ * L1 and waits, and each red.release fences: v3_bwd_wide.cu's turn keeper fences once each way for its four
+ * counters instead. */
 DEV int ld_relaxed(const int *a) {
     int v;
     asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
