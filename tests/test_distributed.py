@@ -24,6 +24,7 @@ import torch.distributed as dist  # noqa: E402
 
 import fattn  # noqa: E402
 import fattn.distributed as fd  # noqa: E402
+from fattn import _cp_strategies  # noqa: E402
 from fattn.testing import accuracy  # noqa: E402
 
 B, H, D = 1, 4, 32
@@ -351,14 +352,14 @@ def test_lse_merge_is_exact(layout):
     parts = [fattn.attention(q, k.narrow(seq, a, n), v.narrow(seq, a, n), layout=layout, return_lse=True)
              for a, n in ((0, 15), (15, 25))]
     out, lse = parts[0][0].clone(), parts[0][1].clone()
-    fd._merge(out, lse, *parts[1], layout)
+    _cp_strategies._merge(out, lse, *parts[1], layout)
     assert (out - whole).abs().max().item() <= 1e-6
     assert (lse - whole_lse).abs().max().item() <= 1e-5
     dead = torch.full_like(lse, -float("inf"))
     out, lse = torch.zeros_like(out), dead.clone()
-    fd._merge(out, lse, torch.zeros_like(out), dead, layout)
+    _cp_strategies._merge(out, lse, torch.zeros_like(out), dead, layout)
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, dead)
-    fd._merge(out, lse, parts[1][0], parts[1][1], layout)
+    _cp_strategies._merge(out, lse, parts[1][0], parts[1][1], layout)
     assert torch.equal(out, parts[1][0]) and torch.equal(lse, parts[1][1])
 
 
