@@ -33,7 +33,9 @@
  *     key-block order, so a wait is always on a block already running, and walk their query blocks last first.
  *     Under a mask with a right edge (causal) all of that is mirrored (v3_bwd_ring.cuh: v3b_descends): adds in
  *     descending key-block order, key blocks placed last first, query blocks walked first first, so that a tile's
- *     key blocks reach it in the order of their adds.
+ *     key blocks reach it in the order of their adds.  Without a mask (a dense batch), where a head's key blocks fit
+ *     in half the GPU, each block's walk is rotated by its key block and a tile's adds go in the order its blocks
+ *     reach it (v3_bwd_ring.cuh: v3b_stagger_turn; the launcher decides, `stagger`).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.
  * MODS (kernels of their own): a softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key| on the score in log2
@@ -80,7 +82,7 @@ template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, b
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-            const attn_bwd_params all) {
+            const attn_bwd_params all, const int stagger) {
     static_assert(BC == 128, "two consumers of 64 keys");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
     constexpr int NS = BR / 2;  /* S^T and dP^T accumulators per thread (64 keys x BR queries) */
@@ -110,6 +112,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     blk.desc = desc;
+    const int nkb = (int)((f.sk + BC - 1) / BC);
+    const bool staggered = DET && !SEQ && stagger && blk.nm > 0; /* v3b_stagger_turn (the launcher's rule) */
+    if (staggered) blk.rot = blk.kb % blk.nm;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
     auto row0_of = [&](int it) { return v3b_row0<BR, DET>(blk, it); };
@@ -135,7 +140,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             for (int it = 0; it < n_it; it++) {
                 if constexpr (DET) {
                     const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC);
-                    const int turn = v3b_turn(blk, sp.n_min, sp.n_max);
+                    const int turn = staggered ? v3b_stagger_turn(blk, it, nkb) : v3b_turn(blk, sp.n_min, sp.n_max);
                     named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {
@@ -496,7 +501,12 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) | (V3_BWD_LSE_V3_ORDER(r->dp) ? BWD_PREP_V3_ORDER : 0);
     void *pargs[] = {(void *)p, (void *)&prep_flags};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
-    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p};
+    /* Deterministic mode without a mask, a dense batch: whole heads staggered (v3_bwd_ring.cuh: v3b_stagger_turn)
+     * where a head's key blocks fit in half the multiprocessors, so that they can all run at once beside work on
+     * other streams.  (The wide kernel staggers by chunks of its own and takes the first five arguments.) */
+    const int64_t nkb = (f->sk + r->bc - 1) / r->bc;
+    int stagger = p->deterministic && !seq && f->mask.left < 0 && f->mask.right < 0 && nkb <= plan->dev.sm_count / 2;
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[seq][ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));

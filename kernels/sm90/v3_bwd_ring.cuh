@@ -53,8 +53,8 @@ DEV float v3b_mods_score(float s, float c, float cap2, float inv_cap2, float slo
  * never waits on one not yet scheduled). */
 typedef struct {
     int kb, j0, i_begin, nm, n_it;
-    int rot; /* deterministic mode: the walk of each head's query blocks rotated by rot steps (v3b_row0); 0 unless
-              * the wide kernel staggers its blocks (v3_bwd_wide.cu: v3w_turn) */
+    int rot; /* deterministic mode: the walk of each head's query blocks rotated by rot steps (v3b_row0), 0 <= rot <
+              * nm; 0 unless the blocks are staggered (v3b_stagger_turn; the wide kernel's own: v3w_turn) */
     int desc; /* deterministic mode under a mask with a right edge (v3b_descends): adds in descending key-block order,
                * query blocks walked first first, the grid's key blocks last first */
     int64_t b, hk, h0;
@@ -71,6 +71,26 @@ template <bool SEQ> DEV bool v3b_descends(const attn_params &f) { return !SEQ &&
 /* A block's turn on a tile whose rows see key blocks [n_min, n_max): the adds that come before its own. */
 DEV int v3b_turn(const v3b_block &k, int64_t n_min, int64_t n_max) {
     return k.desc ? (int)(n_max - 1) - k.kb : k.kb - (int)n_min;
+}
+
+/* The key blocks k < nkb with k mod nm < x (0 <= x <= nm). */
+DEV int v3b_blocks_below(int nkb, int nm, int x) { return nkb / nm * x + (nkb % nm < x ? nkb % nm : x); }
+
+/* Deterministic mode's stagger of whole heads (v3_bwd.cu, without a mask).  Unstaggered, a head's key blocks all walk
+ * the query blocks in one order, so each reaches a dQ tile right behind the one before it and waits for its add: a
+ * chain of turns, nkb - 1 adds long before the head's last block can start.  Staggered, key block kb starts its walk
+ * rot = kb mod nm query blocks further on, so at any step the head's blocks are at different tiles (nkb <= nm), and
+ * a tile's adds go in the order its blocks reach it: at step u of its walk a block is at walk place w = (u + rot) mod
+ * nm, and before it there come the blocks that reached w at steps 0 .. u - 1 -- those whose residue mod nm lies in
+ * the cyclic interval (w - u, w] -- and, ties at step u (nkb > nm), the kb / nm of its own residue below it.  A turn
+ * waits only on adds of an earlier step, or of the same step by a lower key block, so the waits cannot close a
+ * cycle -- but they reach blocks placed after kb, so all of a head's blocks must be able to run at once: the
+ * launcher staggers only heads of at most half the GPU's multiprocessors (one block each). */
+DEV int v3b_stagger_turn(const v3b_block &k, int it, int nkb) {
+    const int nm = k.nm, u = it % nm, w = u + k.rot < nm ? u + k.rot : u + k.rot - nm, lo = w - u + 1;
+    const int before = lo >= 0 ? v3b_blocks_below(nkb, nm, w + 1) - v3b_blocks_below(nkb, nm, lo)
+                               : v3b_blocks_below(nkb, nm, w + 1) + nkb - v3b_blocks_below(nkb, nm, lo + nm);
+    return before + k.kb / nm;
 }
 
 /* The block's grid place: key block kb of batch (packed: sequence) b, kv head hk.  nkb key blocks per (b, kv head),
@@ -143,8 +163,8 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
 /* Step it's first query row.  Deterministic mode walks the query blocks last first (with k.rot, starting k.rot
  * blocks further on, cyclically), or first first where its adds descend (k.desc, v3b_descends). */
 template <int BR, bool DET> DEV int v3b_row0(const v3b_block &k, int it) {
-    const int u = it % k.nm;
-    return k.i_begin + (DET && !k.desc ? k.nm - 1 - (k.rot ? (u + k.rot) % k.nm : u) : u) * BR;
+    const int u = it % k.nm, w = u + k.rot < k.nm ? u + k.rot : u + k.rot - k.nm; /* rot < nm: one subtract */
+    return k.i_begin + (DET && !k.desc ? k.nm - 1 - w : u) * BR;
 }
 
 /* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2
