@@ -33,9 +33,9 @@
  *     key-block order, so a wait is always on a block already running, and walk their query blocks last first.
  *     Under a mask with a right edge (causal) all of that is mirrored (v3_bwd_ring.cuh: v3b_descends): adds in
  *     descending key-block order, key blocks placed last first, query blocks walked first first, so that a tile's
- *     key blocks reach it in the order of their adds.  Without a mask (a dense batch), where a head's key blocks fit
- *     in half the GPU, each block's walk is rotated by its key block and a tile's adds go in the order its blocks
- *     reach it (v3_bwd_ring.cuh: v3b_stagger_turn; the launcher decides, `stagger`).
+ *     key blocks reach it in the order of their adds.  Without a mask (a dense batch, head dims to 64), where a
+ *     head's key blocks fit in half the GPU, each block's walk is rotated by its key block and a tile's adds go in
+ *     the order its blocks reach it (v3_bwd_ring.cuh: v3b_stagger_turn; the launcher decides, `stagger`).
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key
  * block is an edge block) and never stored.
  * MODS (kernels of their own): a softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key| on the score in log2
@@ -74,6 +74,9 @@
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
+/* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64 (at 128 it
+ * ran 0.95-1.03x on an H100, so D = 128's kernels are built without it) */
+#define V3B_STAGGERS(dp) ((dp) == 64)
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
  * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
@@ -113,7 +116,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     blk.desc = desc;
     const int nkb = (int)((f.sk + BC - 1) / BC);
-    const bool staggered = DET && !SEQ && stagger && blk.nm > 0; /* v3b_stagger_turn (the launcher's rule) */
+    /* v3b_stagger_turn (the launcher's rule) */
+    const bool staggered = DET && !SEQ && V3B_STAGGERS(DP) && stagger && blk.nm > 0;
     if (staggered) blk.rot = blk.kb % blk.nm;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
@@ -503,9 +507,12 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     /* Deterministic mode without a mask, a dense batch: whole heads staggered (v3_bwd_ring.cuh: v3b_stagger_turn)
      * where a head's key blocks fit in half the multiprocessors, so that they can all run at once beside work on
-     * other streams.  (The wide kernel staggers by chunks of its own and takes the first five arguments.) */
+     * other streams; at head dims to 64 only (V3B_STAGGERS) -- on an H100 it ran 1.06-1.18x faster there (S = 512 ..
+     * 8k) and 0.95-1.03x at D = 128 (evidence/backward/h100_v3_bwd_stagger_1eb5bb2.md).  (The wide kernel staggers by
+     * chunks of its own and takes the first five arguments.) */
     const int64_t nkb = (f->sk + r->bc - 1) / r->bc;
-    int stagger = p->deterministic && !seq && f->mask.left < 0 && f->mask.right < 0 && nkb <= plan->dev.sm_count / 2;
+    int stagger = p->deterministic && V3B_STAGGERS(r->dp) && !seq && f->mask.left < 0 && f->mask.right < 0 &&
+                  nkb <= plan->dev.sm_count / 2;
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};

@@ -85,7 +85,8 @@ DEV int v3b_blocks_below(int nkb, int nm, int x) { return nkb / nm * x + (nkb % 
  * the cyclic interval (w - u, w] -- and, ties at step u (nkb > nm), the kb / nm of its own residue below it.  A turn
  * waits only on adds of an earlier step, or of the same step by a lower key block, so the waits cannot close a
  * cycle -- but they reach blocks placed after kb, so all of a head's blocks must be able to run at once: the
- * launcher staggers only heads of at most half the GPU's multiprocessors (one block each). */
+ * launcher staggers only heads of at most half the GPU's multiprocessors (one block each), at head dims to 64 (at
+ * 128 it did not pay: v3_bwd.cu's launcher). */
 DEV int v3b_stagger_turn(const v3b_block &k, int it, int nkb) {
     const int nm = k.nm, u = it % nm, w = u + k.rot < nm ? u + k.rot : u + k.rot - nm, lo = w - u + 1;
     const int before = lo >= 0 ? v3b_blocks_below(nkb, nm, w + 1) - v3b_blocks_below(nkb, nm, lo)
@@ -163,8 +164,8 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
 /* Step it's first query row.  Deterministic mode walks the query blocks last first (with k.rot, starting k.rot
  * blocks further on, cyclically), or first first where its adds descend (k.desc, v3b_descends). */
 template <int BR, bool DET> DEV int v3b_row0(const v3b_block &k, int it) {
-    const int u = it % k.nm, w = u + k.rot < k.nm ? u + k.rot : u + k.rot - k.nm; /* rot < nm: one subtract */
-    return k.i_begin + (DET && !k.desc ? k.nm - 1 - w : u) * BR;
+    const int u = it % k.nm;
+    return k.i_begin + (DET && !k.desc ? k.nm - 1 - (k.rot ? (u + k.rot) % k.nm : u) : u) * BR;
 }
 
 /* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2
