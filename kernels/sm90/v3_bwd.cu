@@ -121,7 +121,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     if (staggered) blk.rot = blk.kb % blk.nm;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
-    auto row0_of = [&](int it) { return v3b_row0<BR, DET>(blk, it); };
+    auto row0_of = [&](int it) { return v3b_row0<BR, DET, true>(blk, it); };
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
@@ -183,7 +183,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             return;
         }
         if (warp != 0 || lane != 0 || n_it == 0) return;
-        v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0, bp.tma_b);
+        v3b_produce<T, DP, BR, BC, STAGES, DET, true>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0, bp.tma_b);
         return;
     }
 

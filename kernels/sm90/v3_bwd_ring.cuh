@@ -162,9 +162,17 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
 };
 
 /* Step it's first query row.  Deterministic mode walks the query blocks last first (with k.rot, starting k.rot
- * blocks further on, cyclically), or first first where its adds descend (k.desc, v3b_descends). */
-template <int BR, bool DET> DEV int v3b_row0(const v3b_block &k, int it) {
+ * blocks further on, cyclically), or first first where its adds descend (k.desc, v3b_descends).  The rotation wraps
+ * by a modulo, or (SUB) by one conditional subtract (rot < nm): on an H100 v3_bwd.cu's D=64 stagger ran 1.06-1.18x
+ * faster than without it with the subtract (1eb5bb2) and 0.90-1.02x with the modulo (e9d9023), while the wide
+ * kernel ran 0.96-0.99x with the subtract (1eb5bb2: its only change), so each keeps the form it was measured fastest
+ * with. */
+template <int BR, bool DET, bool SUB = false> DEV int v3b_row0(const v3b_block &k, int it) {
     const int u = it % k.nm;
+    if constexpr (SUB) {
+        const int w = k.rot ? (u + k.rot < k.nm ? u + k.rot : u + k.rot - k.nm) : u;
+        return k.i_begin + (DET && !k.desc ? k.nm - 1 - w : u) * BR;
+    }
     return k.i_begin + (DET && !k.desc ? k.nm - 1 - (k.rot ? (u + k.rot) % k.nm : u) : u) * BR;
 }
 
@@ -177,8 +185,8 @@ template <typename T> struct v3b_ring {
 };
 
 /* The producer: one thread.  K_j, V_j once, then each step's slot once its consumers have released it.  q0, k0: the
- * rows of the tensor maps where the block's sequence starts; tma_b its batch coordinate. */
-template <typename T, int DP, int BR, int BC, int STAGES, bool DET>
+ * rows of the tensor maps where the block's sequence starts; tma_b its batch coordinate; SUB: v3b_row0's. */
+template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool SUB = false>
 DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                      const CUtensorMap *tm_do, const attn_bwd_params &p, const v3b_block &k, const v3b_ring<T> &r,
                      int q0, int k0, int tma_b) {
@@ -193,7 +201,7 @@ DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUt
     }
     const attn_params &f = p.fwd;
     for (int it = 0; it < k.n_it; it++) {
-        const int s = it % STAGES, i0 = v3b_row0<BR, DET>(k, it);
+        const int s = it % STAGES, i0 = v3b_row0<BR, DET, SUB>(k, it);
         const int64_t h = k.h0 + it / k.nm;
         if (it >= STAGES) mbar_wait(&r.q_empty[s], (it / STAGES - 1) & 1);
         const int64_t row = (k.b * f.h + h) * p.ws_rows + i0; /* ws_rows >= every step's rows */
