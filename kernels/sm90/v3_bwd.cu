@@ -54,8 +54,10 @@
  * at S=16k), 1.01-1.07x the speed of b90005c's step order (dV while dP^T finished), deterministic mode 1.04-1.26x
  * the default's time (evidence/backward/h100_v3_bwd_step_order_a65f84f.md); D=64 0.84-0.97x at a213fcc
  * (h100_v3_bwd_a213fcc.md), then 1.03-1.08x faster with LSE2 and D read as float4s (34b28d2, the same file's
- * section 7: 0.87-0.99x cudnn on an H200).  Where a step's time goes: sections 1-4 there.  This kernel's first
- * version ran at 0.99-1.35x the speed of v2's backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
+ * section 7: 0.87-0.99x cudnn on an H200).  Where a step's time goes: sections 1-4 there.  Deterministic mode on an
+ * H100 at 88a1dbe: 1.00-1.07x the default's time at D=64 (the stagger: 1.07-1.17x faster without a mask, S = 512 ..
+ * 8k), 0.99-1.20x at D=128 (evidence/backward/h100_v3_bwd_stagger_88a1dbe.md).  This kernel's first version ran at
+ * 0.99-1.35x the speed of v2's backward (evidence/backward/h100_v3_bwd_first_14d0171.md, the same run).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
@@ -183,7 +185,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             return;
         }
         if (warp != 0 || lane != 0 || n_it == 0) return;
-        v3b_produce<T, DP, BR, BC, STAGES, DET, true>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0, bp.tma_b);
+        v3b_produce<T, DP, BR, BC, STAGES, DET, true>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
+                                                      bp.tma_b);
         return;
     }
 
@@ -507,9 +510,9 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     /* Deterministic mode without a mask, a dense batch: whole heads staggered (v3_bwd_ring.cuh: v3b_stagger_turn)
      * where a head's key blocks fit in half the multiprocessors, so that they can all run at once beside work on
-     * other streams; at head dims to 64 only (V3B_STAGGERS) -- on an H100 it ran 1.06-1.18x faster there (S = 512 ..
-     * 8k) and 0.95-1.03x at D = 128 (evidence/backward/h100_v3_bwd_stagger_1eb5bb2.md).  (The wide kernel staggers by
-     * chunks of its own and takes the first five arguments.) */
+     * other streams; at head dims to 64 only (V3B_STAGGERS) -- on an H100 it ran 1.07-1.17x faster there (S = 512 ..
+     * 8k, 88a1dbe) and 0.95-1.03x at D = 128 (1eb5bb2; evidence/backward/h100_v3_bwd_stagger_88a1dbe.md).  (The
+     * wide kernel staggers by chunks of its own and takes the first five arguments.) */
     const int64_t nkb = (f->sk + r->bc - 1) / r->bc;
     int stagger = p->deterministic && V3B_STAGGERS(r->dp) && !seq && f->mask.left < 0 && f->mask.right < 0 &&
                   nkb <= plan->dev.sm_count / 2;
