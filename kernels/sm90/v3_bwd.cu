@@ -140,8 +140,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         if (warp == 1 && n_it > 0) {
             /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
              * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
-             * the slots handed back once the adds have read them, then one wait for both adds to land before they are
-             * counted (a round trip per step, not per tile). */
+             * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
             named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
@@ -161,17 +160,14 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                                 bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         }
                         tma_store_commit();
-                        tma_store_wait_read(); /* the slots are read: the consumers refill them while the adds land */
-                    }
-                    __syncwarp();
-                    named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
-                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
-                    if (lane == 0) {
                         tma_store_wait_all();
                         fence_proxy_async_global();
                         red_release_add(p.dq_sem + dq_tile(it, 0), 1);
                         red_release_add(p.dq_sem + dq_tile(it, 1), 1);
                     }
+                    __syncwarp();
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
                 } else {
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
