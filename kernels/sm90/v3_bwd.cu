@@ -76,9 +76,9 @@
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
-/* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64 (at 128 it
- * ran 0.95-1.03x on an H100, so D = 128's kernels are built without it) */
-#define V3B_STAGGERS(dp) ((dp) == 64)
+/* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64 and the wide
+ * kernel's 256 (at 128 it ran 0.95-1.03x on an H100, so D = 128's kernels are built without it) */
+#define V3B_STAGGERS(dp) ((dp) == 64 || (dp) == 256)
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
  * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
@@ -511,8 +511,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     /* Deterministic mode without a mask, a dense batch: whole heads staggered (v3_bwd_ring.cuh: v3b_stagger_turn)
      * where a head's key blocks fit in half the multiprocessors, so that they can all run at once beside work on
      * other streams; at head dims to 64 only (V3B_STAGGERS) -- on an H100 it ran 1.07-1.17x faster there (S = 512 ..
-     * 8k, 88a1dbe) and 0.95-1.03x at D = 128 (1eb5bb2; evidence/backward/h100_v3_bwd_stagger_88a1dbe.md).  (The
-     * wide kernel staggers by chunks of its own and takes the first five arguments.) */
+     * 8k, 88a1dbe) and 0.95-1.03x at D = 128 (1eb5bb2; evidence/backward/h100_v3_bwd_stagger_88a1dbe.md); the
+     * wide kernel (256) staggers whole heads so, and other heads by chunks of its own (v3_bwd_wide.cu). */
     const int64_t nkb = (f->sk + r->bc - 1) / r->bc;
     int stagger = p->deterministic && V3B_STAGGERS(r->dp) && !seq && f->mask.left < 0 && f->mask.right < 0 &&
                   nkb <= plan->dev.sm_count / 2;

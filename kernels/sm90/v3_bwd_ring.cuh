@@ -101,11 +101,13 @@ DEV int v3b_stagger_turn(const v3b_block &k, int it, int nkb) {
  * kernel's deterministic mode, G = 16, against head by head: causal 1.10-1.20x faster at S >= 2k, non-causal
  * 0.95-1.06x, S <= 1k unchanged: evidence/backward/h100_ab_bwd_wide_det_chunks_3c1c4a8.json).  Either way a block's
  * lower key blocks of its head come earlier in the grid -- or, desc (v3b_descends), its higher ones: key block
- * nkb - 1 - k takes k's place. */
-template <int BC, int G> DEV void v3b_place(const attn_params &all, bool desc, int *kb, int64_t *b, int64_t *hk) {
+ * nkb - 1 - k takes k's place.  heads: head by head whatever G (whole heads staggered: v3b_stagger_turn). */
+template <int BC, int G>
+DEV void v3b_place(const attn_params &all, bool desc, bool heads, int *kb, int64_t *b, int64_t *hk) {
     const int nkb = (int)((all.sk + BC - 1) / BC);
     int64_t bhk;
-    if (G == 0 || desc) { /* desc: no turn waits on another block's walk to chain, so head by head */
+    /* desc: no turn waits on another block's walk to chain, so head by head; heads: asked for (v3b_stagger_turn) */
+    if (G == 0 || desc || heads) {
         bhk = blockIdx.x / nkb;
         *kb = (int)(blockIdx.x % nkb);
     } else {
@@ -144,8 +146,8 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
     attn_bwd_params seq;
     int64_t b, hk;
     int kb, q0, k0, tma_b; /* TMA row offsets and batch coordinate */
-    __device__ __forceinline__ bool init(const attn_bwd_params &all, bool desc = false) {
-        v3b_place<BC, G>(all.fwd, desc, &kb, &b, &hk);
+    __device__ __forceinline__ bool init(const attn_bwd_params &all, bool desc = false, bool heads = false) {
+        v3b_place<BC, G>(all.fwd, desc, heads, &kb, &b, &hk);
         q0 = k0 = 0;
         tma_b = (int)b;
         if constexpr (SEQ) {

@@ -70,11 +70,17 @@ template <bool SEQ> DEV bool v3w_staggers(const attn_params &f, const v3b_block 
     return !SEQ && f.mask.left < 0 && f.mask.right < 0 && blk.nm >= (nkb < V3W_DET_CHUNK ? nkb : V3W_DET_CHUNK);
 }
 
+/* How deterministic mode orders a tile's adds: unstaggered (key-block order, or descending: v3b_turn), staggered in
+ * chunks (v3w_turn below), or staggered by whole heads (v3b_stagger_turn: where the launcher says a head's key blocks
+ * can all run at once; the grid then goes head by head). */
+enum { V3W_UNSTAGGERED, V3W_CHUNKS, V3W_HEADS };
+
 /* Block blk's turn on step it's dQ tiles: the adds that come before its own (the first is a store).  Unstaggered,
  * key-block order, or descending under a mask with a right edge (v3b_turn; sp: the key blocks the tile's rows
  * see). */
-DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, bool stagger, int nkb) {
-    if (!stagger) return v3b_turn(blk, sp.n_min, sp.n_max);
+DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger, int nkb) {
+    if (stagger == V3W_HEADS) return v3b_stagger_turn(blk, it, nkb);
+    if (stagger == V3W_UNSTAGGERED) return v3b_turn(blk, sp.n_min, sp.n_max);
     const int c = blk.kb / V3W_DET_CHUNK, l = blk.kb % V3W_DET_CHUNK;
     const int w = nkb - c * V3W_DET_CHUNK < V3W_DET_CHUNK ? nkb - c * V3W_DET_CHUNK : V3W_DET_CHUNK;
     const int u = ((it % blk.nm + blk.rot) % blk.nm - c * V3W_DET_CHUNK % blk.nm + blk.nm) % blk.nm; /* u' */
@@ -90,7 +96,7 @@ DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, bool stagge
  * counters move as one.  A count never waits on another block, and a turn waits only on adds that come earlier in
  * v3w_turn's order, so the waits cannot close a cycle. */
 template <int DP, int BR, int BC>
-DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, bool stagger, int nkb, int lane) {
+DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int lane) {
     const attn_params &f = p.fwd;
     for (int it = 0; it < blk.n_it; it++) {
         const int i0 = v3b_row0<BR, true>(blk, it);
@@ -122,7 +128,7 @@ template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                 const attn_bwd_params all) {
+                 const attn_bwd_params all, const int stagger_heads) {
     constexpr int DP = 256;
     static_assert(BR == 64 && BC == 64, "a 64 x 64 P and dS, 32 keys of S per consumer");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, PS_TILE = BR * BC; /* elements */
@@ -137,14 +143,16 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
 
     v3b_params<BC, SEQ, DET ? V3W_DET_CHUNK : 0> bp;
-    const bool desc = DET && v3b_descends<SEQ>(all.fwd);
-    if (!bp.init(all, desc)) return; /* past its sequence's keys: no rows of dK, dV here */
+    const bool desc = DET && v3b_descends<SEQ>(all.fwd), heads = DET && !SEQ && stagger_heads; /* the launcher's */
+    if (!bp.init(all, desc, heads)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int nkb = (int)((f.sk + BC - 1) / BC);
-    const bool stagger = DET && v3w_staggers<SEQ>(f, blk, nkb);
-    if (stagger) blk.rot = blk.kb % blk.nm;
+    const int stagger = heads && blk.nm > 0                    ? V3W_HEADS
+                        : DET && v3w_staggers<SEQ>(f, blk, nkb) ? V3W_CHUNKS
+                                                                : V3W_UNSTAGGERED;
+    if (stagger != V3W_UNSTAGGERED) blk.rot = blk.kb % blk.nm;
     blk.desc = desc;
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
