@@ -119,7 +119,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     blk.desc = desc;
     const int nkb = (int)((f.sk + BC - 1) / BC);
     /* v3b_stagger_turn (the launcher's rule) */
-    const bool staggered = DET && !SEQ && V3B_STAGGERS(DP) && stagger && blk.nm > 0;
+    const bool staggered = DET && !SEQ && V3B_STAGGERS(DP) && stagger == V3B_STAGGER_HEADS && blk.nm > 0;
     if (staggered) blk.rot = blk.kb % blk.nm;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
@@ -508,14 +508,17 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) | (V3_BWD_LSE_V3_ORDER(r->dp) ? BWD_PREP_V3_ORDER : 0);
     void *pargs[] = {(void *)p, (void *)&prep_flags};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
-    /* Deterministic mode without a mask, a dense batch: whole heads staggered (v3_bwd_ring.cuh: v3b_stagger_turn)
-     * where a head's key blocks fit in half the multiprocessors, so that they can all run at once beside work on
-     * other streams; at head dims to 64 only (V3B_STAGGERS) -- on an H100 it ran 1.07-1.17x faster there (S = 512 ..
-     * 8k, 88a1dbe) and 0.95-1.03x at D = 128 (1eb5bb2; evidence/backward/h100_v3_bwd_stagger_88a1dbe.md); the
-     * wide kernel (256) staggers whole heads so, and other heads by chunks of its own (v3_bwd_wide.cu). */
-    const int64_t nkb = (f->sk + r->bc - 1) / r->bc;
-    int stagger = p->deterministic && V3B_STAGGERS(r->dp) && !seq && f->mask.left < 0 && f->mask.right < 0 &&
-                  nkb <= plan->dev.sm_count / 2;
+    /* Deterministic mode without a mask, a dense batch (v3_bwd_ring.cuh: V3B_STAGGER_*): whole heads staggered
+     * (v3b_stagger_turn) where a head's key blocks fit in half the multiprocessors, so that they can all run at once
+     * beside work on other streams, at the head dims of V3B_STAGGERS -- on an H100 1.07-1.17x faster at D = 64 (S =
+     * 512 .. 8k, 88a1dbe), 1.06-1.10x at 256 (1k .. 4k, 7c1aabb), 0.95-1.03x at 128 (1eb5bb2), so not there
+     * (evidence/backward/h100_v3_bwd_stagger_88a1dbe.md); else the wide kernel's chunks where a chunk fits so. */
+    const int64_t nkb = (f->sk + r->bc - 1) / r->bc, room = plan->dev.sm_count / 2;
+    int stagger = V3B_STAGGER_NONE;
+    if (p->deterministic && !seq && f->mask.left < 0 && f->mask.right < 0)
+        stagger = V3B_STAGGERS(r->dp) && nkb <= room        ? V3B_STAGGER_HEADS
+                  : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
+                                                          : V3B_STAGGER_NONE;
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};

@@ -73,6 +73,15 @@ DEV int v3b_turn(const v3b_block &k, int64_t n_min, int64_t n_max) {
     return k.desc ? (int)(n_max - 1) - k.kb : k.kb - (int)n_min;
 }
 
+/* The launcher's word on deterministic mode's order of adds without a mask, in a dense batch (the dK/dV kernels' last
+ * argument): key-block order (NONE), staggered in chunks of V3B_DET_CHUNK key blocks (the wide kernel: v3w_turn), or
+ * staggered by whole heads (v3b_stagger_turn).  A staggered block's turn may wait on blocks placed after it in its
+ * chunk or head, so the launcher asks for a stagger only where that many blocks fit in half the multiprocessors. */
+enum { V3B_STAGGER_NONE, V3B_STAGGER_CHUNKS, V3B_STAGGER_HEADS };
+/* The wide kernel's chunks of key blocks when staggered (chunks of 32 against 8: 1.07x / 1.03x at S = 8k / 16k on an
+ * H100, evidence/backward/h100_v3_bwd_stagger_88a1dbe.md) */
+#define V3B_DET_CHUNK 32
+
 /* The key blocks k < nkb with k mod nm < x (0 <= x <= nm). */
 DEV int v3b_blocks_below(int nkb, int nm, int x) { return nkb / nm * x + (nkb % nm < x ? nkb % nm : x); }
 

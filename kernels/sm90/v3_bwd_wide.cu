@@ -19,11 +19,12 @@
  *                        block's 227 KB hold K, V, two slots of Q and dO, and P and dS twice)
  * dQ is issued first, so its adds go out while dV and dK run.
  * Deterministic mode: each consumer adds its two tiles in a fixed order per tile (key-block order; descending under
- * a mask with a right edge, v3b_descends; without a mask the stagger's: v3w_turn).  A warp of the producer's
- * warpgroup keeps the turns (v3w_keep_turns): it waits on the step's tiles' counters for the block's turn and lets
- * the consumers add (a named barrier), each warpgroup stores (the first add: the accumulator is not zeroed) or adds
- * and signals, and the turn keeper counts the adds (one fence, then relaxed adds).  The
- * consumers never wait on global memory themselves.
+ * a mask with a right edge, v3b_descends; without a mask the stagger's: by whole heads where a head's key blocks fit
+ * in half the GPU, v3b_stagger_turn, else in chunks, v3w_turn -- the launcher's word, V3B_STAGGER_*).  A warp of the
+ * producer's warpgroup keeps the turns (v3w_keep_turns): it waits on the step's tiles' counters for the block's turn
+ * and lets the consumers add (a named barrier), each warpgroup stores (the first add: the accumulator is not zeroed)
+ * or adds and signals, and the turn keeper counts the adds (one fence, then relaxed adds).  The consumers never wait
+ * on global memory themselves.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd.cu's kernels.
  * fp16 / bf16, positive scale (v3_bwd_plan.c).
@@ -50,8 +51,9 @@
 #define V3W_BAR_TURN 2
 #define V3W_BAR_ADDED 4
 #define V3W_KEEPER_THREADS (128 + 32) /* a consumer and the turn keeper's warp */
-/* Deterministic mode's grid order: chunks of this many key blocks, every head's (v3b_place) */
-#define V3W_DET_CHUNK 8
+/* Deterministic mode's grid order: chunks of key blocks, every head's (v3b_place) -- V3B_DET_CHUNK staggered (dense
+ * batches), V3W_SEQ_CHUNK in key-block order (packed batches) */
+#define V3W_SEQ_CHUNK 8
 
 /* Deterministic mode's stagger.  Unstaggered, every block of a chunk walks the query blocks in the same order, so the
  * chunk's l-th block reaches each dQ tile right behind the (l-1)-th and waits for its add: a chain of turns, with l
@@ -64,27 +66,22 @@
  * on an earlier chunk: no cycle.  Rotating by kb, not by l, keeps a chunk's blocks behind the chunk before it on
  * every tile when the two run at once (long sequences, few heads): rotated by l, the next chunk's first block would
  * reach tile 0 at its first step and wait for the whole walk of the chunk before.  It needs every key block to see
- * every query block (no causal mask, no window, a dense batch) and at least w query blocks.  nkb: key blocks per
- * head. */
-template <bool SEQ> DEV bool v3w_staggers(const attn_params &f, const v3b_block &blk, int nkb) {
-    return !SEQ && f.mask.left < 0 && f.mask.right < 0 && blk.nm >= (nkb < V3W_DET_CHUNK ? nkb : V3W_DET_CHUNK);
+ * every query block (no causal mask, no window, a dense batch) and at least w query blocks, and the chunk's blocks
+ * able to run at once (the launcher's V3B_STAGGER_CHUNKS).  nkb: key blocks per head. */
+DEV bool v3w_staggers(const v3b_block &blk, int nkb) {
+    return blk.nm >= (nkb < V3B_DET_CHUNK ? nkb : V3B_DET_CHUNK);
 }
 
-/* How deterministic mode orders a tile's adds: unstaggered (key-block order, or descending: v3b_turn), staggered in
- * chunks (v3w_turn below), or staggered by whole heads (v3b_stagger_turn: where the launcher says a head's key blocks
- * can all run at once; the grid then goes head by head). */
-enum { V3W_UNSTAGGERED, V3W_CHUNKS, V3W_HEADS };
-
-/* Block blk's turn on step it's dQ tiles: the adds that come before its own (the first is a store).  Unstaggered,
- * key-block order, or descending under a mask with a right edge (v3b_turn; sp: the key blocks the tile's rows
- * see). */
+/* Block blk's turn on step it's dQ tiles: the adds that come before its own (the first is a store).  stagger: how
+ * (V3B_STAGGER_*): unstaggered, key-block order, or descending under a mask with a right edge (v3b_turn; sp: the key
+ * blocks the tile's rows see); in chunks, the order above; by whole heads, v3b_stagger_turn's. */
 DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger, int nkb) {
-    if (stagger == V3W_HEADS) return v3b_stagger_turn(blk, it, nkb);
-    if (stagger == V3W_UNSTAGGERED) return v3b_turn(blk, sp.n_min, sp.n_max);
-    const int c = blk.kb / V3W_DET_CHUNK, l = blk.kb % V3W_DET_CHUNK;
-    const int w = nkb - c * V3W_DET_CHUNK < V3W_DET_CHUNK ? nkb - c * V3W_DET_CHUNK : V3W_DET_CHUNK;
-    const int u = ((it % blk.nm + blk.rot) % blk.nm - c * V3W_DET_CHUNK % blk.nm + blk.nm) % blk.nm; /* u' */
-    return c * V3W_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
+    if (stagger == V3B_STAGGER_HEADS) return v3b_stagger_turn(blk, it, nkb);
+    if (stagger == V3B_STAGGER_NONE) return v3b_turn(blk, sp.n_min, sp.n_max);
+    const int c = blk.kb / V3B_DET_CHUNK, l = blk.kb % V3B_DET_CHUNK;
+    const int w = nkb - c * V3B_DET_CHUNK < V3B_DET_CHUNK ? nkb - c * V3B_DET_CHUNK : V3B_DET_CHUNK;
+    const int u = ((it % blk.nm + blk.rot) % blk.nm - c * V3B_DET_CHUNK % blk.nm + blk.nm) % blk.nm; /* u' */
+    return c * V3B_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
 }
 
 /* Deterministic mode's turns, kept by one warp so that the consumers never wait on global memory: for each step,
@@ -128,7 +125,7 @@ template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                 const attn_bwd_params all, const int stagger_heads) {
+                 const attn_bwd_params all, const int stagger_asked) {
     constexpr int DP = 256;
     static_assert(BR == 64 && BC == 64, "a 64 x 64 P and dS, 32 keys of S per consumer");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, PS_TILE = BR * BC; /* elements */
@@ -142,17 +139,19 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
 
-    v3b_params<BC, SEQ, DET ? V3W_DET_CHUNK : 0> bp;
-    const bool desc = DET && v3b_descends<SEQ>(all.fwd), heads = DET && !SEQ && stagger_heads; /* the launcher's */
+    v3b_params<BC, SEQ, DET ? (SEQ ? V3W_SEQ_CHUNK : V3B_DET_CHUNK) : 0> bp;
+    /* stagger_asked: the launcher's V3B_STAGGER_* (none under a mask or in a packed batch) */
+    const bool desc = DET && v3b_descends<SEQ>(all.fwd), heads = DET && !SEQ && stagger_asked == V3B_STAGGER_HEADS;
     if (!bp.init(all, desc, heads)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int nkb = (int)((f.sk + BC - 1) / BC);
-    const int stagger = heads && blk.nm > 0                    ? V3W_HEADS
-                        : DET && v3w_staggers<SEQ>(f, blk, nkb) ? V3W_CHUNKS
-                                                                : V3W_UNSTAGGERED;
-    if (stagger != V3W_UNSTAGGERED) blk.rot = blk.kb % blk.nm;
+    const int stagger = heads && blk.nm > 0 ? V3B_STAGGER_HEADS
+                        : DET && !SEQ && stagger_asked == V3B_STAGGER_CHUNKS && v3w_staggers(blk, nkb)
+                            ? V3B_STAGGER_CHUNKS
+                            : V3B_STAGGER_NONE;
+    if (stagger != V3B_STAGGER_NONE) blk.rot = blk.kb % blk.nm;
     blk.desc = desc;
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
