@@ -78,8 +78,8 @@ DEV int v3b_turn(const v3b_block &k, int64_t n_min, int64_t n_max) {
  * staggered by whole heads (v3b_stagger_turn).  A staggered block's turn may wait on blocks placed after it in its
  * chunk or head, so the launcher asks for a stagger only where that many blocks fit in half the multiprocessors. */
 enum { V3B_STAGGER_NONE, V3B_STAGGER_CHUNKS, V3B_STAGGER_HEADS };
-/* The wide kernel's chunks of key blocks when staggered (chunks of 32 against 8: 1.07x / 1.03x at S = 8k / 16k on an
- * H100, evidence/backward/h100_v3_bwd_stagger_88a1dbe.md) */
+/* The wide kernel's chunks of key blocks when staggered (32 against 8: 1.04-1.07x at S = 8k, 1.03x at 16k on an H100
+ * in two runs, evidence/backward/h100_v3_bwd_stagger_88a1dbe.md) */
 #define V3B_DET_CHUNK 32
 
 /* The key blocks k < nkb with k mod nm < x (0 <= x <= nm). */

@@ -35,7 +35,9 @@
  * 0.63-0.88x cudnn, 1.15-1.55x the default's time (1.49-1.86x before the turn keeper and the stagger); on an H200
  * after the descending order and the keeper's single fences (b1fedd5,
  * evidence/backward/h200_v3_bwd_det_order_792ba20.md): 0.81-0.94x cudnn, 1.02-1.19x the default's time causal,
- * 1.09-1.26x non-causal.
+ * 1.09-1.26x non-causal; on an H100 after whole heads and chunks of 32 staggered (fdd9407,
+ * evidence/backward/h100_v3_bwd_stagger_88a1dbe.md): 0.81-0.94x cudnn, 1.02-1.26x the default's time causal,
+ * 1.06-1.29x non-causal.
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only */
 
