@@ -5,6 +5,9 @@ samples with their main reasons -- and the kernel's throughput rows (issue, shar
     python3 bench/ncu_source.py --shape 4,16,4096,128 --mode bwd --kernel _dkdv --out DIR [--causal] [--top 40]
         [--deterministic]
     python3 bench/ncu_source.py --from DIR [--range 560,1205]    # again from DIR/source.csv, no GPU needed
+    python3 bench/ncu_source.py --kvcache 32,32,8,8192,128 --page 16 --kernel v2_fwd --out DIR
+        # a decode step over a KV cache (B, H, H_kv, Sk, D; one query per sequence), paged with pages of --page keys in
+        # fattn.testing.paged's shuffled pool, or contiguous (--page 0)
 
 The profiled calls are fattn.profile's child (--mode fwd / bwd).  Writes DIR/source.csv (every SASS instruction's
 counters), DIR/details.csv (ncu's details page) and DIR/ncu_source.txt (what is printed).  --range A,B lists every
@@ -92,12 +95,35 @@ def details_summary(text):
     return out
 
 
+def kvcache_child(spec, page):
+    """The profiled process of --kvcache: a few decode steps (attention_with_kvcache) at one shape."""
+    import torch
+
+    import fattn
+    from fattn.testing.paged import page_cache
+
+    b, h, hk, sk, d = (int(x) for x in spec.split(","))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn((b, 1, h, d), generator=g, device="cuda").half()
+    k, v = (torch.randn((b, sk, hk, d), generator=g, device="cuda").half() for _ in range(2))
+    lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    kw = {}
+    if page:
+        k, v, kw["block_table"] = page_cache(k, v, page)
+    for _ in range(4):
+        fattn.attention_with_kvcache(q, k, v, cache_seqlens=lens, check_indices=False, **kw)
+    torch.cuda.synchronize()
+
+
 def profile(args, ncu):
     os.makedirs(args.out, exist_ok=True)
     rep = os.path.join(args.out, "prof")
-    child = [sys.executable, "-m", "fattn.profile", "--child", "--mode", args.mode, "--shape", args.shape]
-    child += (["--causal"] if args.causal else []) + (["--variant", args.variant] if args.variant else [])
-    child += ["--deterministic"] if args.deterministic else []
+    if args.kvcache:
+        child = [sys.executable, os.path.abspath(__file__), "--kvcache-child", args.kvcache, "--page", str(args.page)]
+    else:
+        child = [sys.executable, "-m", "fattn.profile", "--child", "--mode", args.mode, "--shape", args.shape]
+        child += (["--causal"] if args.causal else []) + (["--variant", args.variant] if args.variant else [])
+        child += ["--deterministic"] if args.deterministic else []
     cmd = [ncu, "--clock-control", "none", "--kernel-name-base", "function", "--kernel-name", "regex:" + args.kernel,
            "--launch-skip", "2", "--launch-count", "1", "-f", "-o", rep]
     for s in SECTIONS:
@@ -126,11 +152,17 @@ def main():
     ap.add_argument("--from", dest="src", help="summarise DIR/source.csv (and details.csv) of an earlier run")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--range", help="A,B: list instructions A..B-1 with their shares")
+    ap.add_argument("--kvcache", help="B,H,H_kv,Sk,D: profile a decode step over a KV cache instead")
+    ap.add_argument("--page", type=int, default=0, help="--kvcache: page size (0: a contiguous cache)")
+    ap.add_argument("--kvcache-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.kvcache_child:
+        kvcache_child(args.kvcache_child, args.page)
+        return
     if args.src:
         args.out = args.src
-    elif not (args.shape and args.out):
-        ap.error("--shape and --out, or --from DIR")
+    elif not ((args.shape or args.kvcache) and args.out):
+        ap.error("--shape (or --kvcache) and --out, or --from DIR")
     else:
         ncu = find_ncu()
         if not ncu:
