@@ -109,14 +109,21 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
      * by shifts; other page sizes take the row-by-row copy with divisions. */
     const bool whole_pages = PAGED && p.page_size < BC && BC % (int)p.page_size == 0; /* then a power of 2 */
     const int page_shift = whole_pages ? __ffs((int)p.page_size) - 1 : 0;
+    /* PAGED, page_size a multiple of BC: the page holding key tile j0 and the tile's first row in it (keys < 2^31) */
+    auto page_of = [&](int64_t j0, int64_t *row) {
+        const int j = (int)j0, ps = (int)p.page_size;
+        *row = j % ps;
+        return (int64_t)__ldg(seq.block_table + j / ps);
+    };
     auto load_one = [&](T *dst, const T *head, const T *thr, int64_t stride_b, int64_t stride_s, int64_t j0) {
         if constexpr (PAGED) {
             if (p.page_size % BC == 0) {
-                const int64_t page = __ldg(seq.block_table + j0 / p.page_size);
-                load_tile<T, DP, BC, THREADS>(dst, thr + page * stride_b + (j0 % p.page_size) * stride_s, stride_s,
-                                              kend - j0, d, tid);
+                int64_t row;
+                const int64_t page = page_of(j0, &row);
+                load_tile<T, DP, BC, THREADS>(dst, thr + page * stride_b + row * stride_s, stride_s, kend - j0, d, tid);
             } else if (whole_pages) {
-                load_tile_pages<T, DP, BC, THREADS>(dst, head, seq.block_table, page_shift, stride_b, stride_s, (int)j0,
+                load_tile_pages<T, DP, BC, THREADS>(dst, head, stride_b, stride_s, nullptr, head, 0, 0,
+                                                    seq.block_table, page_shift, (int)j0,
                                                     (int)min(kend - j0, (int64_t)BC), d, tid);
             } else {
                 load_tile_paged<T, DP, BC, THREADS>(dst, head, seq.block_table, (int)p.page_size, stride_b, stride_s,
@@ -129,8 +136,29 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
     auto load_v = [&](int jb, int stage) {
         load_one(sV + stage * BC * DP, v, vthr, p.v_stride_b, p.v_stride_s, (int64_t)jb * BC);
     };
+    /* K's tile (and V's): paged, both from one table read where the page size is a multiple of BC or a power of 2
+     * below it (the row-by-row copy reads it twice) */
     auto load_kv = [&](int jb, int stage, bool with_v) {
-        load_one(sK + stage * BC * DP, k, kthr, p.k_stride_b, p.k_stride_s, (int64_t)jb * BC);
+        T *dk = sK + stage * BC * DP, *dv = sV + stage * BC * DP;
+        const int64_t j0 = (int64_t)jb * BC;
+        if constexpr (PAGED) {
+            if (with_v && p.page_size % BC == 0) {
+                int64_t row;
+                const int64_t page = page_of(j0, &row);
+                load_tile<T, DP, BC, THREADS>(dk, kthr + page * p.k_stride_b + row * p.k_stride_s, p.k_stride_s,
+                                              kend - j0, d, tid);
+                load_tile<T, DP, BC, THREADS>(dv, vthr + page * p.v_stride_b + row * p.v_stride_s, p.v_stride_s,
+                                              kend - j0, d, tid);
+                return;
+            }
+            if (with_v && whole_pages) {
+                load_tile_pages<T, DP, BC, THREADS>(dk, k, p.k_stride_b, p.k_stride_s, dv, v, p.v_stride_b,
+                                                    p.v_stride_s, seq.block_table, page_shift, (int)j0,
+                                                    (int)min(kend - j0, (int64_t)BC), d, tid);
+                return;
+            }
+        }
+        load_one(dk, k, kthr, p.k_stride_b, p.k_stride_s, j0);
         if (with_v) load_v(jb, stage);
     };
     load_tile<T, DP, BR, THREADS>(sQ, q + load_origin<DP>(p.q_stride_s, tid), p.q_stride_s, seq.sq - i0, d, tid);
