@@ -152,15 +152,9 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
                 return;
             }
             if (with_v && whole_pages) {
-                const int valid = (int)min(kend - j0, (int64_t)BC);
-                if constexpr (BC <= 32) /* decode's tiles: inline */
-                    load_tile_pages_inline<T, DP, BC, THREADS>(dk, k, p.k_stride_b, p.k_stride_s, dv, v,
-                                                               p.v_stride_b, p.v_stride_s, seq.block_table,
-                                                               page_shift, (int)j0, valid, d, tid);
-                else
-                    load_tile_pages<T, DP, BC, THREADS>(dk, k, p.k_stride_b, p.k_stride_s, dv, v, p.v_stride_b,
-                                                        p.v_stride_s, seq.block_table, page_shift, (int)j0, valid, d,
-                                                        tid);
+                load_tile_pages<T, DP, BC, THREADS>(dk, k, p.k_stride_b, p.k_stride_s, dv, v, p.v_stride_b,
+                                                    p.v_stride_s, seq.block_table, page_shift, (int)j0,
+                                                    (int)min(kend - j0, (int64_t)BC), d, tid);
                 return;
             }
         }

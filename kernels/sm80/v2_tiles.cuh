@@ -82,9 +82,9 @@ __device__ __noinline__ void load_tile_paged(T *smem, const T *head, const int32
  * the two calls' instructions kept the issue slots 31% busy against 13% on a contiguous cache).  Out of line as
  * load_tile_paged: inlined, it spilled up to 272 bytes in the paged kernels of Bc >= 64. */
 template <typename T, int DP, int ROWS, int THREADS>
-DEV void load_tile_pages_inline(T *smem, const T *head, int64_t stride_b, int64_t stride_s, T *smem2, const T *head2,
-                                int64_t stride_b2, int64_t stride_s2, const int32_t *table, int shift, int j0,
-                                int valid, int d, int tid) {
+__device__ __noinline__ void load_tile_pages(T *smem, const T *head, int64_t stride_b, int64_t stride_s, T *smem2,
+                                             const T *head2, int64_t stride_b2, int64_t stride_s2,
+                                             const int32_t *table, int shift, int j0, int valid, int d, int tid) {
     constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
     const int c = tid % CHUNKS, r0 = tid / CHUNKS, in_page = (1 << shift) - 1;
     const bool col_in = c * 8 < d;
@@ -103,14 +103,6 @@ DEV void load_tile_pages_inline(T *smem, const T *head, int64_t stride_b, int64_
             cp_async_16(smem2 + swz<DP>(r, c), in ? src2 : head2, in ? 16 : 0);
         }
     }
-}
-
-template <typename T, int DP, int ROWS, int THREADS>
-__device__ __noinline__ void load_tile_pages(T *smem, const T *head, int64_t stride_b, int64_t stride_s, T *smem2,
-                                             const T *head2, int64_t stride_b2, int64_t stride_s2,
-                                             const int32_t *table, int shift, int j0, int valid, int d, int tid) {
-    load_tile_pages_inline<T, DP, ROWS, THREADS>(smem, head, stride_b, stride_s, smem2, head2, stride_b2, stride_s2,
-                                                 table, shift, j0, valid, d, tid);
 }
 
 /* Flips the sign bit of every fp16/bf16 element of a ROWS x DP tile in shared memory (16 bytes per thread-step). */
