@@ -109,18 +109,23 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
      * by shifts; other page sizes take the row-by-row copy with divisions. */
     const bool whole_pages = PAGED && p.page_size < BC && BC % (int)p.page_size == 0; /* then a power of 2 */
     const int page_shift = whole_pages ? __ffs((int)p.page_size) - 1 : 0;
-    /* PAGED, page_size a multiple of BC: the page holding key tile j0 and the tile's first row in it (keys < 2^31) */
+    /* PAGED, page_size a multiple of BC: the page holding key tile j0 and the tile's first row in it (keys < 2^31),
+     * and the tile's copy from there */
     auto page_of = [&](int64_t j0, int64_t *row) {
         const int j = (int)j0, ps = (int)p.page_size;
         *row = j % ps;
         return (int64_t)__ldg(seq.block_table + j / ps);
+    };
+    auto load_in_page = [&](T *dst, const T *thr, int64_t stride_b, int64_t stride_s, int64_t page, int64_t row,
+                            int64_t j0) {
+        load_tile<T, DP, BC, THREADS>(dst, thr + page * stride_b + row * stride_s, stride_s, kend - j0, d, tid);
     };
     auto load_one = [&](T *dst, const T *head, const T *thr, int64_t stride_b, int64_t stride_s, int64_t j0) {
         if constexpr (PAGED) {
             if (p.page_size % BC == 0) {
                 int64_t row;
                 const int64_t page = page_of(j0, &row);
-                load_tile<T, DP, BC, THREADS>(dst, thr + page * stride_b + row * stride_s, stride_s, kend - j0, d, tid);
+                load_in_page(dst, thr, stride_b, stride_s, page, row, j0);
             } else if (whole_pages) {
                 load_tile_pages<T, DP, BC, THREADS>(dst, head, stride_b, stride_s, nullptr, head, 0, 0,
                                                     seq.block_table, page_shift, (int)j0,
@@ -145,10 +150,8 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
             if (with_v && p.page_size % BC == 0) {
                 int64_t row;
                 const int64_t page = page_of(j0, &row);
-                load_tile<T, DP, BC, THREADS>(dk, kthr + page * p.k_stride_b + row * p.k_stride_s, p.k_stride_s,
-                                              kend - j0, d, tid);
-                load_tile<T, DP, BC, THREADS>(dv, vthr + page * p.v_stride_b + row * p.v_stride_s, p.v_stride_s,
-                                              kend - j0, d, tid);
+                load_in_page(dk, kthr, p.k_stride_b, p.k_stride_s, page, row, j0);
+                load_in_page(dv, vthr, p.v_stride_b, p.v_stride_s, page, row, j0);
                 return;
             }
             if (with_v && whole_pages) {

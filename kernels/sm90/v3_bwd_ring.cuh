@@ -85,17 +85,17 @@ enum { V3B_STAGGER_NONE, V3B_STAGGER_CHUNKS, V3B_STAGGER_HEADS };
 /* The key blocks k < nkb with k mod nm < x (0 <= x <= nm). */
 DEV int v3b_blocks_below(int nkb, int nm, int x) { return nkb / nm * x + (nkb % nm < x ? nkb % nm : x); }
 
-/* Deterministic mode's stagger of whole heads (v3_bwd.cu, without a mask).  Unstaggered, a head's key blocks all walk
- * the query blocks in one order, so each reaches a dQ tile right behind the one before it and waits for its add: a
- * chain of turns, nkb - 1 adds long before the head's last block can start.  Staggered, key block kb starts its walk
- * rot = kb mod nm query blocks further on, so at any step the head's blocks are at different tiles (nkb <= nm), and
- * a tile's adds go in the order its blocks reach it: at step u of its walk a block is at walk place w = (u + rot) mod
- * nm, and before it there come the blocks that reached w at steps 0 .. u - 1 -- those whose residue mod nm lies in
- * the cyclic interval (w - u, w] -- and, ties at step u (nkb > nm), the kb / nm of its own residue below it.  A turn
- * waits only on adds of an earlier step, or of the same step by a lower key block, so the waits cannot close a
- * cycle -- but they reach blocks placed after kb, so all of a head's blocks must be able to run at once: the
- * launcher staggers only heads of at most half the GPU's multiprocessors (one block each), at head dims to 64 (at
- * 128 it did not pay: v3_bwd.cu's launcher). */
+/* Deterministic mode's stagger of whole heads (without a mask, in both dK/dV kernels).  Unstaggered, a head's key
+ * blocks all walk the query blocks in one order, so each reaches a dQ tile right behind the one before it and waits
+ * for its add: a chain of turns, nkb - 1 adds long before the head's last block can start.  Staggered, key block kb
+ * starts its walk rot = kb mod nm query blocks further on, so at any step the head's blocks are at different tiles
+ * (nkb <= nm), and a tile's adds go in the order its blocks reach it: at step u of its walk a block is at walk place
+ * w = (u + rot) mod nm, and before it there come the blocks that reached w at steps 0 .. u - 1 -- those whose
+ * residue mod nm lies in the cyclic interval (w - u, w] -- and, ties at step u (nkb > nm), the kb / nm of its own
+ * residue below it.  A turn waits only on adds of an earlier step, or of the same step by a lower key block, so the
+ * waits cannot close a cycle -- but they reach blocks placed after kb, so all of a head's blocks must be able to run
+ * at once: the launcher staggers only heads of at most half the GPU's multiprocessors (one block each), at the head
+ * dims of V3B_STAGGERS (v3_bwd.cu: 64 and 256; at 128 it did not pay). */
 DEV int v3b_stagger_turn(const v3b_block &k, int it, int nkb) {
     const int nm = k.nm, u = it % nm, w = u + k.rot < nm ? u + k.rot : u + k.rot - nm, lo = w - u + 1;
     const int before = lo >= 0 ? v3b_blocks_below(nkb, nm, w + 1) - v3b_blocks_below(nkb, nm, lo)
