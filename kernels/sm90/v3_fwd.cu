@@ -62,6 +62,9 @@ template <> struct v3_regs<1> { static constexpr int producer = 24, consumer = 2
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
+/* The lazy row max's slack, log2 units (see the softmax): P stays below 2^8, well inside fp16 and bf16. */
+#define V3_MAX_SLACK 8.f
+
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
@@ -190,8 +193,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* Online softmax of key block j in s (raw S -> P, float), with c = scale * log2 e > 0 folded into one FFMA:
      * P = exp2(S c - round(m c)).  masked (the mask's edge blocks only): keys a row must not see count as -inf;
      * each row's visible columns are computed once per block, so the test is two compares and one select per
-     * element.  a[]: alpha of the thread's two rows. */
-    auto softmax = [&](int j, float a[2], bool masked) {
+     * element.  a[]: alpha of the thread's two rows.  The row max is lazy: a warp moves its rows' m only when one
+     * of them grew by more than V3_MAX_SLACK (log2 units) since m was set, so P <= 2^V3_MAX_SLACK, and most blocks
+     * leave O as it is.  Returns whether the warp moved m (the caller then rescales O by a). */
+    auto softmax = [&](int j, float a[2], bool masked) -> bool {
         float mx[2] = {m[0], m[1]};
         if constexpr (MODS) { /* softcap, then ALiBi: the distance of row0 to key kbase + 2 t in float, once */
             const float dist0 = (float)(row0 + seq_k - seq_q - (k_first + (int64_t)j * BC) - 2 * t);
@@ -218,8 +223,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
         float sum[2] = {0.f, 0.f}, mu[2], mc[2];
 #pragma unroll
+        for (int r = 0; r < 2; r++) mx[r] = quad_max(mx[r]);
+        /* m = -inf grows on any finite max; a row still at -inf (NaN difference) does not */
+        const bool moved = __any_sync(0xffffffffu, (mx[0] - m[0]) * c > V3_MAX_SLACK || (mx[1] - m[1]) * c > V3_MAX_SLACK);
+        if (!moved) mx[0] = m[0], mx[1] = m[1];
+#pragma unroll
         for (int r = 0; r < 2; r++) {
-            mx[r] = quad_max(mx[r]);
             mu[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* a row that has seen no key yet: P = 0, not NaN */
             mc[r] = mu[r] * c;
         }
@@ -249,6 +258,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         m[1] = mx[1];
         l[0] = l[0] * a[0] + sum[0]; /* per-thread partial sums; the quad's are added at the end */
         l[1] = l[1] * a[1] + sum[1];
+        return moved;
     };
     /* P (float, the S accumulator layout) -> A fragments: k-step kk takes S's n8 tiles 2 kk and 2 kk + 1. */
     auto pack_p = [&]() {
@@ -394,9 +404,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     };
 
     /* One step of the pipeline: S_j = Q K_j^T (ring slot rs) and O += P V of the block before (slot rs - 1) issued
-     * together, the softmax of S_j while that P V runs.  Returns with P V done; the caller rescales O (or, when the
-     * P V was another tile's last, stores that tile) and packs P_j. */
-    auto step_gemms = [&](int rs, int j, float a[2]) {
+     * together, the softmax of S_j while that P V runs.  Returns with P V done, and whether m moved; the caller
+     * rescales O if it did (or, when the P V was another tile's last, stores that tile) and packs P_j. */
+    auto step_gemms = [&](int rs, int j, float a[2]) -> bool {
         const int st = rs % STAGES, sp = (rs - 1) % STAGES;
         mbar_wait(&k_full[st], (rs / STAGES) & 1);
         mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
@@ -407,10 +417,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         wgmma_wait<1>(); /* S_j done; the P V may still run */
         reg_fence(s);
         release(&k_empty[st]);
-        softmax(j, a, masked(j));
+        const bool moved = softmax(j, a, masked(j));
         wgmma_wait<0>();
         reg_fence(o);
         release(&v_empty[sp]);
+        return moved;
     };
     /* S_0 of a tile, alone (the first tile's, or every tile's without FLAT) */
     auto first_block = [&](float a[2]) {
@@ -467,8 +478,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             for (;;) {
                 const int nb = w.nblocks;
                 for (int j = 1; j < nb; j++) {
-                    step_gemms(ring + j, j, a);
-                    rescale_o(a);
+                    if (step_gemms(ring + j, j, a)) rescale_o(a);
                     pack_p();
                 }
                 release(&q_empty[cur.qs]); /* the tile's last S GEMM has read Q: a later tile's Q may land */
@@ -495,8 +505,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 first_block(a);
                 pack_p();
                 for (int j = 1; j < w.nblocks; j++) {
-                    step_gemms(ring + j, j, a);
-                    rescale_o(a);
+                    if (step_gemms(ring + j, j, a)) rescale_o(a);
                     pack_p();
                 }
                 if (SEP_O) release(&q_empty[cur.qs]); /* the last S GEMM has read Q: a later tile's Q may land */
