@@ -116,16 +116,6 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
         *row = j % ps;
         return (int64_t)__ldg(seq.block_table + j / ps);
     };
-    /* whole_pages: this lane's table entry for key tile j0 -- lane L reads the tile's page L, where that page holds a
-     * key (no read past the keys; 0 elsewhere) -- for load_tile_pages' shuffles */
-    auto lane_page_of = [&](int64_t j0) -> int32_t {
-        const int64_t jl = j0 + ((int64_t)lane << page_shift);
-        return lane < (BC >> page_shift) && jl < kend ? __ldg(seq.block_table + (jl >> page_shift)) : 0;
-    };
-    /* load_kv's next tile's entries, read once this tile's copy is issued (so the read's latency passes while the
-     * block computes, not before the next copy): held for key tile held_j0 */
-    int32_t held = 0;
-    int64_t held_j0 = -1;
     auto load_in_page = [&](T *dst, const T *thr, int64_t stride_b, int64_t stride_s, int64_t page, int64_t row,
                             int64_t j0) {
         load_tile<T, DP, BC, THREADS>(dst, thr + page * stride_b + row * stride_s, stride_s, kend - j0, d, tid);
@@ -138,7 +128,7 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
                 load_in_page(dst, thr, stride_b, stride_s, page, row, j0);
             } else if (whole_pages) {
                 load_tile_pages<T, DP, BC, THREADS>(dst, head, stride_b, stride_s, nullptr, head, 0, 0,
-                                                    lane_page_of(j0), page_shift,
+                                                    seq.block_table, page_shift, (int)j0,
                                                     (int)min(kend - j0, (int64_t)BC), d, tid);
             } else {
                 load_tile_paged<T, DP, BC, THREADS>(dst, head, seq.block_table, (int)p.page_size, stride_b, stride_s,
@@ -165,12 +155,9 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
                 return;
             }
             if (with_v && whole_pages) {
-                const int32_t pages = held_j0 == j0 ? held : lane_page_of(j0);
                 load_tile_pages<T, DP, BC, THREADS>(dk, k, p.k_stride_b, p.k_stride_s, dv, v, p.v_stride_b,
-                                                    p.v_stride_s, pages, page_shift,
+                                                    p.v_stride_s, seq.block_table, page_shift, (int)j0,
                                                     (int)min(kend - j0, (int64_t)BC), d, tid);
-                held_j0 = j0 + BC;
-                held = lane_page_of(held_j0);
                 return;
             }
         }

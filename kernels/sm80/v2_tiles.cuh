@@ -75,10 +75,8 @@ __device__ __noinline__ void load_tile_paged(T *smem, const T *head, const int32
 }
 
 /* The same tile of a paged cache whose pages are a whole fraction of a tile (ROWS a multiple of the page size
- * 1 << shift, so the tile starts a page): row r is row r & (ps - 1) of the tile's page r / ps -- shifts and masks
- * where load_tile_paged divides.  The caller has read the tile's table entries, lane L of each warp holding page L
- * (lane_page; ROWS / ps <= 32), so the copy takes each row's page by a shuffle and reads no memory but the cache.
- * Rows >= valid and columns >= d zero-filled.
+ * 1 << shift, so the tile starts a page): row r is row r & (ps - 1) of page table[j0 / ps + r / ps] -- shifts and
+ * masks where load_tile_paged divides.  Rows >= valid and columns >= d zero-filled (and no table read past them).
  * smem2 != NULL: the same rows of a second tensor (head2, its strides) into smem2 as well -- K's and V's tiles of
  * one key block from one table read and one row address a copy (load_kv in v2_fwd.cu; at B=32, Sk=8k, pages of 16,
  * the two calls' instructions kept the issue slots 31% busy against 13% on a contiguous cache).  Out of line as
@@ -86,17 +84,18 @@ __device__ __noinline__ void load_tile_paged(T *smem, const T *head, const int32
 template <typename T, int DP, int ROWS, int THREADS>
 __device__ __noinline__ void load_tile_pages(T *smem, const T *head, int64_t stride_b, int64_t stride_s, T *smem2,
                                              const T *head2, int64_t stride_b2, int64_t stride_s2,
-                                             int32_t lane_page, int shift, int valid, int d, int tid) {
+                                             const int32_t *table, int shift, int j0, int valid, int d, int tid) {
     constexpr int CHUNKS = DP / 8, RSTEP = THREADS / CHUNKS, ITERS = ROWS * CHUNKS / THREADS;
     const int c = tid % CHUNKS, r0 = tid / CHUNKS, in_page = (1 << shift) - 1;
     const bool col_in = c * 8 < d;
+    const int32_t *tab = table + (j0 >> shift);
     head += c * 8;
     head2 += c * 8;
 #pragma unroll
     for (int it = 0; it < ITERS; it++) {
         const int r = r0 + it * RSTEP;
         const bool in = col_in && r < valid;
-        const int64_t page = __shfl_sync(0xffffffffu, lane_page, (r >> shift) & 31), row = r & in_page;
+        const int64_t page = in ? __ldg(tab + (r >> shift)) : 0, row = r & in_page;
         const T *src = head + page * stride_b + row * stride_s;
         cp_async_16(smem + swz<DP>(r, c), in ? src : head, in ? 16 : 0);
         if (smem2) {
