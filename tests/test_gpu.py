@@ -267,6 +267,35 @@ def test_v3_tiles_without_keys_between_others(d):
 
 
 @V3
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_v3_row_max_growth(dtype):
+    """The lazy row max (v3_fwd.cu, V3_MAX_SLACK = 8 in log2 units): scores that climb from one group of 64 keys to
+    the next by 0.5, 7.9, 8.1 and 20 (log2 units), so some blocks leave m where it was (P up to 2^7.9) and others
+    move it, in warps where some rows move and others do not; and scores that fall, so that m never moves after
+    the first block.  Every v3 config of each bucket, non-causal and causal, output and LSE."""
+    sq, sk = 300, 1025
+    for d in (64, 128, 256):
+        c2 = 4.0 / d ** 0.5 * 1.4426950408889634  # log2 units of score per unit of k[..., 0]
+        steps = torch.tensor([0.5, 7.9, 8.1, 20.0]).repeat(sk // 64 + 1)[: sk // 64 + 1] / c2
+        ramp = torch.cat([torch.zeros(1), steps.cumsum(0)])[torch.arange(sk) // 64 + 1]
+        q = randn((2, 3, sq, d), dtype, "cuda", d)
+        q[..., 0] = 4.0
+        q[:, :, ::2, 0] = 3.5  # rows of one warp climb by different amounts
+        for sign in (1.0, -1.0):
+            k = randn((2, 3, sk, d), dtype, "cuda", d + 1)
+            k[..., 0] = (sign * ramp).to(dtype=dtype, device="cuda")
+            v = randn((2, 3, sk, d), dtype, "cuda", d + 2)
+            for c in _C._dev.configs("v3"):
+                if c["dp"] != d:
+                    continue
+                for causal in (False, "bottom_right"):
+                    lse = torch.empty(2, 3, sq, device="cuda", dtype=torch.float32)
+                    o, lse, plan = dev_forward(q, k, v, causal=causal, variant="v3", lse=lse, config=c["index"])
+                    assert plan["config"] == c["index"], plan
+                    check_close(o, q, k, v, causal, None, lse=lse)
+
+
+@V3
 def test_v3_config_index_checked():
     q = randn((1, 2, 100, 128), torch.float16, "cuda", 3)
     n = len(_C._dev.configs("v3"))
