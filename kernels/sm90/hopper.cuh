@@ -45,14 +45,6 @@ DEV void mbar_wait(uint64_t *bar, unsigned parity) {
     } while (!done);
 }
 
-/* Whether the phase of the given parity has completed, without waiting. */
-DEV bool mbar_test(uint64_t *bar, unsigned parity) {
-    unsigned done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-    return done != 0;
-}
-
 /* ---- TMA ---------------------------------------------------------------------------------------------------- */
 
 /* Box (c0, c1, c2, c3) of the 4-D tensor map `map` -> shared memory at dst; completes `bytes` on bar.  Out-of-bounds

@@ -121,41 +121,22 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_q);
         tma_prefetch_map(&tm_k);
         tma_prefetch_map(&tm_v);
-        int ring = 0, round = 0, qr = 0; /* K/V ring position, tile rounds walked, Q tiles loaded (SEQ skips some) */
-        auto extent = [&](const v3_tile &w) { return SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p); };
-        /* The block's next tile from round rnd on (rnd left at it; the consumers' next_tile skips the same ones). */
-        auto find = [&](int &rnd, v3_tile &w) -> bool {
-            for (int64_t tile; (tile = v3_tile_index(rnd, blockIdx.x, gridDim.x)) < ntiles; rnd++) {
-                w = v3_tile_place(&p, BR, tile, head_group);
-                const fattn_extent x = extent(w);
-                if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
-                v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-                return true;
-            }
-            return false;
-        };
-        /* Q of the qt-th tile run into slot qt % QB, once the consumers of tile qt - QB have released it; packed
-         * batches are one batch of rows, sequence b's start at row q0 */
-        auto load_q = [&](const v3_tile &w, int qt) {
-            const int qs = qt % QB, qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
-            const int64_t q0 = extent(w).q0;
-            if (qt >= QB) mbar_wait(&q_empty[qs], (qt / QB - 1) & 1);
+        int ring = 0, round = 0, qround = 0; /* K/V ring position, tiles walked, Q tiles loaded (SEQ skips some) */
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
+            v3_tile w = v3_tile_place(&p, BR, tile, head_group);
+            const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
+            if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
+            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+            const int qr = SEQ ? qround++ : round;
+            /* packed batches are one batch of rows: sequence b's start at row q0 / k0 */
+            const int hk = (int)(w.h / p.h_per_kv), qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
+            const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)x.k0;
+            const int qs = qr % QB; /* Q's slot, free once tile qr - QB's consumers released it */
+            if (qr >= QB) mbar_wait(&q_empty[qs], (qr / QB - 1) & 1);
             mbar_arrive_expect_tx(&q_full[qs], Q_TILE * 2);
 #pragma unroll
             for (int c = 0; c < PANELS; c++)
-                tma_load_4d(sQ + qs * Q_TILE + c * BR * 64, &tm_q, &q_full[qs], c * 64, (int)(q0 + w.i0), w.h, qb);
-        };
-        bool q_ahead = false; /* the current tile's Q went out during the tile before it */
-        for (v3_tile w; find(round, w); round++, qr++) {
-            if (!q_ahead) load_q(w, qr);
-            /* Two Q slots: the next tile's Q goes out as soon as its slot is free (the tile before this one has
-             * issued its last S GEMM), probed after each K/V block, rather than behind this tile's last K/V */
-            int rn = round + 1;
-            v3_tile wn;
-            bool peek = QB == 2 && !SEQ && find(rn, wn); /* SEQ: 92 bytes of spills in the producer */
-            q_ahead = false;
-            const int hk = (int)(w.h / p.h_per_kv);
-            const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)extent(w).k0;
+                tma_load_4d(sQ + qs * Q_TILE + c * BR * 64, &tm_q, &q_full[qs], c * 64, (int)(x.q0 + w.i0), w.h, qb);
             for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
                 const int s = ring % STAGES;
                 const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
@@ -169,11 +150,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 };
                 load(sK + s * KV_TILE, &tm_k, &k_full[s], &k_empty[s]);
                 load(sV + s * KV_TILE, &tm_v, &v_full[s], &v_empty[s]);
-                if (peek && (qr + 1 < QB || mbar_test(&q_empty[(qr + 1) % QB], ((qr + 1) / QB - 1) & 1))) {
-                    load_q(wn, qr + 1);
-                    peek = false;
-                    q_ahead = true;
-                }
             }
         }
         return;
