@@ -11,8 +11,9 @@
  *                      by tanh.approx, ALiBi's -slope2 |pos - j|; the softmax then runs at scale 1
  *     masked -> -inf   (only in edge blocks of the mask, a uniform branch around it: two compares + a select per
  *                      element; one copy of the step serves both kinds of block, which keeps the kernel small)
- *     m' = max(m, rowmax S) (quad shuffles),  P = exp2(S c - m' c) with c = scale log2 e in one FFMA,
- *                      l = alpha l + rowsum P
+ *     m' = max(m, rowmax S) (quad shuffles) -- lazily: a warp keeps m unless a row's max grew by more than
+ *                      V3_MAX_SLACK, and only then rescales O --,  P = exp2(S c - m' c) with c = scale log2 e in one
+ *                      FFMA,  l = alpha l + rowsum P
  *     O = alpha O + P V_j   wgmma m64nDk16 with P from registers (the S accumulators re-packed as A fragments)
  *                      and V N-major from shared memory (transposed by the descriptor, no copy)
  *   software-pipelined inside each consumer: S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued back to back, the
@@ -38,9 +39,10 @@
  * K/V in L2, or longest first over all heads where a causal schedule needs it for balance; v3_schedule.h, chosen by
  * v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations: v3_configs.h (bench/ab.py times them).
  * Built for sm_90a only (kernels/sm90/gencode).
- * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_75bd4f0.md): 199-765 TFLOP/s fp16, 0.77-1.13x torch
- * cudnn (>= 1.05 at 11 of 36 points) and 1.29-2.84x torch flash; D=128 S=16k 656 (non-causal) TFLOP/s.  Weakest: D=64
- * causal at S=512-2k (0.77-0.90x cudnn), D=64 non-causal at S=512-1k (0.90-0.93x), S=512 at D=128 / 256 (0.91-0.94x).
+ * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_f97efb6.md, h100_v3_fwd_lazy_max_4891d41.md): 201-804
+ * TFLOP/s fp16, 0.78-1.21x torch cudnn (>= 1.05 at 16 of 36 points; bf16 alike; D=256 S=512 read 0.73 in a disturbed
+ * pass, 0.96-1.09 in interleaved runs); D=128 S=16k 685 (non-causal) TFLOP/s.  Weakest: D=64 causal at S=512-2k (0.78-0.88x cudnn), D=64 non-causal at S=512-1k (0.90-0.94x), S=512 at
+ * D=128 / 256 (0.93-0.96x).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
