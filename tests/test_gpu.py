@@ -363,7 +363,7 @@ def test_v2_config_rules():
 def test_v3_config_rules():
     """kernels/sm90/v3_configs.h's V3_RULES: D=64 calls with Sk <= 512 run one consumer (two blocks per SM) when
     causal, or when the default's tiles are at most 3 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without
-    ping-pong; D=128 calls with Sk >= 8192 (non-causal) or >= 16384 (causal) run Bc = 176; D=256 calls with Sk >= 1024
+    ping-pong; D=128 non-causal calls with Sk >= 8192 run Bc = 176; D=256 calls with Sk >= 1024
     (non-causal) or >= 2048 (causal) run Bc = 80; the calls next to them run the bucket's default; all correct."""
     configs = _C._dev.configs("v3")
     default = {c["dp"]: c["index"] for c in configs if c["role"] == "default"}
@@ -375,7 +375,7 @@ def test_v3_config_rules():
              (64, 2, 600, 700, True, by_cfg[(64, 128, 2, 2, 0)]), (64, 2, 600, 700, False, default[64]),
              (64, 2, 300, 2049, True, default[64]), (128, 2, 100, 8192, False, by_cfg[(128, 176, 2, 2, 1)]),
              (128, 2, 100, 8191, False, default[128]), (128, 2, 100, 8192, True, default[128]),
-             (128, 2, 100, 16384, True, by_cfg[(128, 176, 2, 2, 1)]), (256, 2, 100, 1024, False, by_cfg[(256, 80, 2, 2, 1)]),
+             (128, 2, 100, 16384, True, default[128]), (256, 2, 100, 1024, False, by_cfg[(256, 80, 2, 2, 1)]),
              (256, 2, 100, 1023, False, default[256]), (256, 2, 100, 2048, True, by_cfg[(256, 80, 2, 2, 1)]),
              (256, 2, 100, 2047, True, default[256])]
     for d, h, sq, sk, causal, want in cases:

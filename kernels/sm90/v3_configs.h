@@ -15,10 +15,12 @@
  *   (bench/ab.py, 96c58d0: causal 1.05-1.25x, non-causal 1.04-1.32x on the seeds' grids, 0.93x on the fa3 grid's);
  *   D=64 causal, Sk <= 2k: Br = 128 without ping-pong, 0.58-0.78x -> 0.75-0.82x cudnn (less of each tile masked);
  *   D=128 non-causal, Sk >= 8k: Bc = 176 (bench/ab.py, interleaved medians: 16k 0.93 -> 0.97x, 8k 0.94 -> 0.97x;
- *   with the lazy row max, 4891d41, the three D=128 configs read within 1.5% of each other there); D=128 causal,
- *   Sk >= 16k: Bc = 176 (1.130 -> 1.192x cudnn); D=256, Sk >= 1k non-causal and >= 2k causal: Bc = 80 (the sweep at
- *   f97efb6, evidence/bench/h100_v3_sweep_d128_256_f97efb6.json: +1.5-3.5% at each of those points, -1.5% at S=512,
- *   even at causal 1k).  The first matching rule wins.
+ *   with the lazy row max, 4891d41, the three D=128 configs read within 1.5% of each other there); D=256, Sk >= 1k
+ *   non-causal and >= 2k causal: Bc = 80 (the sweep at f97efb6, evidence/bench/h100_v3_sweep_d128_256_f97efb6.json:
+ *   +1.5-3.5% at each of those points, -1.5% at S=512, even at causal 1k; the A/B of 825c551 against f97efb6:
+ *   1.012-1.035x in fp16 and bf16 at the points whose config changed, but fp16 non-causal 2k, 1.002).  D=128 causal
+ *   at 16k read 1.130 -> 1.192x cudnn on Bc = 176 in the sweep, but 0.979 / 0.959x (fp16 / bf16) in that A/B: no
+ *   rule.  The first matching rule wins.
  */
 #ifndef FATTN_V3_CONFIGS_H
 #define FATTN_V3_CONFIGS_H
@@ -39,7 +41,6 @@ typedef struct {
     X(64, 128, 2, 1, 0, 0, 0, 512, 3)              \
     X(64, 128, 2, 2, 0, 1, 0, 2048, 0)             \
     X(128, 176, 2, 2, 1, 0, 8192, INT64_MAX, 0)    \
-    X(128, 176, 2, 2, 1, 1, 16384, INT64_MAX, 0)   \
     X(256, 80, 2, 2, 1, 0, 1024, INT64_MAX, 0)     \
     X(256, 80, 2, 2, 1, 1, 2048, INT64_MAX, 0)
 
