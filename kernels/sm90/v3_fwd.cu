@@ -64,10 +64,6 @@ template <> struct v3_regs<1> { static constexpr int producer = 24, consumer = 2
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
-/* The softmax's reduction chain (of four a row) that S's accumulator element i joins: bits 0 and 2 of i (bit 1 is the
- * row). */
-__device__ __forceinline__ constexpr int v3_chain(int i) { return (i & 1) | ((i >> 1) & 2); }
-
 /* The lazy row max's slack, log2 units (see the softmax): P stays below 2^8, well inside fp16 and bf16. */
 #define V3_MAX_SLACK 8.f
 
@@ -225,16 +221,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 if (col < lo[r] || col >= hi[r]) s[i] = -INFINITY;
             }
         }
-        /* Row maxima and sums in four independent chains a row (element i: row (i >> 1) & 1, chain v3_chain(i)),
-         * joined at the end: one chain of NS / 2 dependent instructions a row was the block's longest latency. */
-        float part[2][4];
 #pragma unroll
-        for (int r = 0; r < 2; r++) part[r][0] = part[r][1] = part[r][2] = part[r][3] = mx[r];
-#pragma unroll
-        for (int i = 0; i < NS; i++) part[(i >> 1) & 1][v3_chain(i)] = fmaxf(part[(i >> 1) & 1][v3_chain(i)], s[i]);
-#pragma unroll
-        for (int r = 0; r < 2; r++) mx[r] = fmaxf(fmaxf(part[r][0], part[r][1]), fmaxf(part[r][2], part[r][3]));
-        float sum[2], mu[2], mc[2];
+        for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        float sum[2] = {0.f, 0.f}, mu[2], mc[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) mx[r] = quad_max(mx[r]);
         /* m = -inf grows on any finite max; a row still at -inf (NaN difference) does not */
@@ -254,19 +243,19 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 #pragma unroll
             for (int r = 0; r < 2; r++) a[r] = fast_exp2(m[r] * c - mc[r]); /* m = -inf (first block): alpha = 0 */
 #pragma unroll
-            for (int i = 0; i < NS; i++) s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
+            for (int i = 0; i < NS; i++) {
+                s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
+                sum[(i >> 1) & 1] += s[i];
+            }
         } else {
 #pragma unroll
             for (int r = 0; r < 2; r++) a[r] = fast_exp2((m[r] - mu[r]) * c);
 #pragma unroll
-            for (int i = 0; i < NS; i++) s[i] = fast_exp2((s[i] - mu[(i >> 1) & 1]) * c);
+            for (int i = 0; i < NS; i++) {
+                s[i] = fast_exp2((s[i] - mu[(i >> 1) & 1]) * c);
+                sum[(i >> 1) & 1] += s[i];
+            }
         }
-#pragma unroll
-        for (int r = 0; r < 2; r++) part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.f;
-#pragma unroll
-        for (int i = 0; i < NS; i++) part[(i >> 1) & 1][v3_chain(i)] += s[i];
-#pragma unroll
-        for (int r = 0; r < 2; r++) sum[r] = (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
         m[0] = mx[0];
         m[1] = mx[1];
         l[0] = l[0] * a[0] + sum[0]; /* per-thread partial sums; the quad's are added at the end */
