@@ -64,10 +64,6 @@ template <> struct v3_regs<1> { static constexpr int producer = 24, consumer = 2
 template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
 
-/* The chain (of four a row) of the softmax's row max that S's accumulator element i joins: bits 0 and 2 of i (bit 1 is
- * the row). */
-__device__ __forceinline__ constexpr int v3_chain(int i) { return (i & 1) | ((i >> 1) & 2); }
-
 /* The lazy row max's slack, log2 units (see the softmax): P stays below 2^8, well inside fp16 and bf16. */
 #define V3_MAX_SLACK 8.f
 
@@ -225,17 +221,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 if (col < lo[r] || col >= hi[r]) s[i] = -INFINITY;
             }
         }
-        /* Row maxima in four independent chains a row (element i: row (i >> 1) & 1, chain v3_chain(i)), joined at the
-         * end, where one chain of NS / 2 dependent FMNMX a row was the block's longest latency (the sums keep their
-         * one chain, each add behind its exponential: as four chains after all the exponentials, 5657297, D = 64 /
-         * 128 ran 0.89-0.99x). */
-        float part[2][4];
 #pragma unroll
-        for (int r = 0; r < 2; r++) part[r][0] = part[r][1] = part[r][2] = part[r][3] = mx[r];
-#pragma unroll
-        for (int i = 0; i < NS; i++) part[(i >> 1) & 1][v3_chain(i)] = fmaxf(part[(i >> 1) & 1][v3_chain(i)], s[i]);
-#pragma unroll
-        for (int r = 0; r < 2; r++) mx[r] = fmaxf(fmaxf(part[r][0], part[r][1]), fmaxf(part[r][2], part[r][3]));
+        for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
         float sum[2] = {0.f, 0.f}, mu[2], mc[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) mx[r] = quad_max(mx[r]);
