@@ -226,8 +226,6 @@ typedef struct attn_bwd_params {
     float *lse2;                      /* [(b * h + h) * ws_rows + i]: LSE_i log2 e, +inf past Sq or for a row that saw
                                          no key (so that P = 0 there) */
     float *dq_accum;                  /* [((b * h + h) * ws_rows + i) * ws_cols + e] */
-    int64_t dq_bank;                  /* deterministic mode: floats from dq_accum to its second bank (v3 adds to a dQ
-                                         tile in two chains, kernels/sm90/v3_bwd_ring.cuh); else 0 */
     int *dq_sem;                      /* [(b * h + h) * ws_rows + k]: v3's deterministic mode, the adds each dQ tile
                                          has had (fattn_bwd_workspace_set) */
     int64_t ws_rows, ws_cols;
@@ -252,8 +250,8 @@ FATTN_HD void fattn_seq_bwd_params(const attn_bwd_params *p, int64_t b, attn_bwd
     if (p->dq_sem) s->dq_sem = p->dq_sem + b * p->fwd.h * p->ws_rows;
 }
 
-/* The GPU backward's workspace: ws_rows = sq rounded up to 128, ws_cols = the head-dim bucket; dq_accum first (two
- * banks of it in deterministic mode, FATTN_DQ_BANKS), then dpsum and lse2 (a float per row each; v3 at head dim 64 orders them inside each 64-row block as its threads read
+/* The GPU backward's workspace: ws_rows = sq rounded up to 128, ws_cols = the head-dim bucket; dq_accum first, then
+ * dpsum and lse2 (a float per row each; v3 at head dim 64 orders them inside each 64-row block as its threads read
  * them: kernels/bwd_common.cuh, bwd_v3_row_pos), then dq_sem (an int per row).  One rule for every GPU variant (the
  * Python side sizes a framework-allocated workspace with it). */
 #define FATTN_BWD_ROW_ALIGN 128
@@ -263,18 +261,16 @@ FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
 /* The head-dim bucket kernels are compiled for: 64, 128 or 256 (columns past d are zero-filled). */
 FATTN_HD int fattn_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-#define FATTN_DQ_BANKS(deterministic) ((deterministic) ? 2 : 1)
-FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d, int deterministic) {
-    const int64_t n = 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) * FATTN_DQ_BANKS(deterministic) + 3);
+FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d) {
+    const int64_t n = 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 3);
     return n > 0 ? n : 16; /* never empty: with no query rows the dK / dV kernel still runs (dK = dV = 0), and a
                               zero-byte allocation may have no address to give it */
 }
-/* p's workspace pointers into `ws` (at least fattn_bwd_workspace_bytes for p->deterministic), laid out as above. */
+/* p's workspace pointers into `ws` (at least fattn_bwd_workspace_bytes), laid out as above. */
 FATTN_HD void fattn_bwd_workspace_set(attn_bwd_params *p, float *ws) {
-    const int64_t rows = p->fwd.b * p->fwd.h * fattn_bwd_ws_rows(p->fwd.sq), bank = rows * fattn_head_dim_bucket(p->fwd.d);
+    const int64_t rows = p->fwd.b * p->fwd.h * fattn_bwd_ws_rows(p->fwd.sq);
     p->dq_accum = ws;
-    p->dq_bank = p->deterministic ? bank : 0;
-    p->dpsum = ws + bank * FATTN_DQ_BANKS(p->deterministic);
+    p->dpsum = ws + rows * fattn_head_dim_bucket(p->fwd.d);
     p->lse2 = p->dpsum + rows;
     p->dq_sem = (int *)(p->lse2 + rows);
 }

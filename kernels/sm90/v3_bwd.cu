@@ -27,11 +27,9 @@
  *   then dK * scale and dV are stored (rows < Sk, columns < d);
  *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
  *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
- *     Deterministic mode (DET): the adds to a tile go in key-block order, in two chains (turns alternating between
- *     two banks of dq_accum, v3_dq_count, so an add waits for the one two turns before it) -- the writer waits on
- *     its chain's counter in the workspace (dq_sem) for its turn and counts its add once it has landed; a chain's
- *     first add is a plain store, so the accumulator needs no zeroing, and the convert pass adds the two banks in
- *     order -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in
+ *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
+ *     the workspace (dq_sem) for its turn and counts its add once it has landed; the first is a plain store, so the
+ *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in
  *     key-block order, so a wait is always on a block already running, and walk their query blocks last first.
  *     Under a mask with a right edge (causal) all of that is mirrored (v3_bwd_ring.cuh: v3b_descends): adds in
  *     descending key-block order, key blocks placed last first, query blocks walked first first, so that a tile's
@@ -149,25 +147,23 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                 if constexpr (DET) {
                     const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC);
                     const int turn = staggered ? v3b_stagger_turn(blk, it, nkb) : v3b_turn(blk, sp.n_min, sp.n_max);
-                    const int chain = turn % V3B_DQ_CHAINS, pos = turn / V3B_DQ_CHAINS; /* v3_dq_count */
                     named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {
                         for (int w = 0; w < 2; w++) {
-                            while (ld_acquire(v3_dq_count(p, dq_tile(it, w), chain)) != pos) {
+                            while (ld_acquire(p.dq_sem + dq_tile(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
-                            float *acc = p.dq_accum + chain * p.dq_bank + 4096 * dq_tile(it, w);
-                            if (pos == 0) /* the chain's first add: a store (the accumulator is not zeroed) */
-                                bulk_store(acc, sdQ + w * 64 * 64, 64 * 64 * 4);
+                            if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
+                                bulk_store(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                             else
-                                bulk_reduce_add_f32(acc, sdQ + w * 64 * 64, 64 * 64 * 4);
+                                bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
                         }
                         tma_store_commit();
                         tma_store_wait_all();
                         fence_proxy_async_global();
-                        red_release_add(v3_dq_count(p, dq_tile(it, 0), chain), 1);
-                        red_release_add(v3_dq_count(p, dq_tile(it, 1), chain), 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 0), 1);
+                        red_release_add(p.dq_sem + dq_tile(it, 1), 1);
                     }
                     __syncwarp();
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
@@ -372,9 +368,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 /* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum,
  * read in v3_dq_index's order (thread tid its own float4s, coalesced), turned row-major in shared memory, and written
  * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
- * elements, d a multiple of 8).  Deterministic mode stores each chain's first add instead of zeroing the accumulator,
- * so a bank no key block added to (rows that see no key; chain 1 of a tile with one add) is unwritten there: its
- * counter is 0, and it adds nothing; the banks are added in bank order (v3_dq_count). */
+ * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
+ * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
 template <typename T, int DP, bool SEQ>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
@@ -388,17 +383,12 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
     const int panel = (int)(blockIdx.x % (DP / 64)), tid = threadIdx.x;
     /* the tile as the dK/dV kernel numbered it: from p's workspace pointers (a sequence's: moved by its rows) */
     const int64_t t = v3_dq_tile<DP>(SEQ ? bh % f.h : bh, p.ws_rows, rb * 64, panel);
-    const bool added = !p.deterministic || *v3_dq_count(p, t, 0) > 0;
-    const bool added2 = p.deterministic && p.dq_bank && *v3_dq_count(p, t, 1) > 0; /* the second chain's bank */
+    const bool added = !p.deterministic || p.dq_sem[t] > 0;
     const float *src = p.dq_accum + 4096 * t;
     const int row = (tid / 32) * 16 + (tid % 32) / 4;
 #pragma unroll
     for (int v4 = 0; v4 < 8; v4++) {
-        float4 x = added ? *(const float4 *)(src + v3_dq_index(tid, 4 * v4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        if (added2) {
-            const float4 y = *(const float4 *)(src + p.dq_bank + v3_dq_index(tid, 4 * v4));
-            x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-        }
+        const float4 x = added ? *(const float4 *)(src + v3_dq_index(tid, 4 * v4)) : make_float4(0.f, 0.f, 0.f, 0.f);
         const int col = 8 * v4 + 2 * (tid % 4);
         *(float2 *)&tile[row][col] = make_float2(x.x, x.y);
         *(float2 *)&tile[row + 8][col] = make_float2(x.z, x.w);
@@ -485,9 +475,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const v3_bwd_row *r = &v3_bwd_rows[plan->config];
     const attn_params *f = &p->fwd;
     if (p->ws_cols != r->dp || p->ws_rows < f->sq || p->ws_rows % 128 || !p->dq_accum || !p->dpsum || !p->lse2 ||
-        !p->dq_sem || (p->deterministic && !p->dq_bank))
-        return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: the workspace is not laid out for config %d%s", plan->config,
-                          p->deterministic && !p->dq_bank ? " (deterministic mode: no second dQ bank)" : "");
+        !p->dq_sem)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: the workspace is not laid out for config %d", plan->config);
     fattn_status st = v3_tma_ready();
     if (st) return st;
     /* Sq, Sk > 0 (the planner's rule: an empty side may have no address for a tensor map), so every grid is

@@ -18,18 +18,10 @@
 DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; }
 
 /* The number of the 64 x 64 tile of rows r0 + [0, 64), columns 64 panel + [0, 64) of (b, h) = bh: its floats are
- * dq_accum[4096 t ..] (the layout above). */
+ * dq_accum[4096 t ..] (the layout above) and its counter dq_sem[t] (deterministic mode: the adds that have landed). */
 template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0, int panel) {
     return (bh * ws_rows + r0) / 64 * (DP / 64) + panel;
 }
-
-/* Deterministic mode: the adds to a dQ tile come in a fixed order of turns (the kernels' v3b_turn and its staggers).
- * v3_bwd.cu's kernels split them into two chains, turn t going to bank t % 2 of dq_accum (p.dq_bank floats apart) as
- * that bank's add t / 2, so an add waits for the one two turns before it, not the one right before; the convert pass
- * adds the banks in bank order.  The wide kernel (v3_bwd_wide.cu) keeps one chain, in bank 0.  Tile t's counter of
- * chain c (the adds that have landed there): dq_sem[2 t + c] (an int per workspace row, zeroed by bwd_prep). */
-#define V3B_DQ_CHAINS 2
-DEV int *v3_dq_count(const attn_bwd_params &p, int64_t t, int c) { return p.dq_sem + 2 * t + c; }
 
 /* setmaxnreg: the block is launched with 168 registers a thread (384 threads); the producer warpgroup gives up what
  * the consumers take, exactly: 128 (168 - 24) = 256 (240 - 168).  (A consumer asking for more than was given back

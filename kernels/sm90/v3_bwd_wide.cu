@@ -101,12 +101,11 @@ DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stag
         const int i0 = v3b_row0<BR, true>(blk, it);
         const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
         const int turn = v3w_turn(blk, it, sp, stagger, nkb);
-        /* chain 0's counters of the four panels' tiles (v3_dq_count: two ints apart) */
-        int *sem = v3_dq_count(p, v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0), 0);
+        int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
         if (lane == 0) {
             for (;;) {
-                const int c0 = ld_relaxed(sem), c1 = ld_relaxed(sem + 2), c2 = ld_relaxed(sem + 4),
-                          c3 = ld_relaxed(sem + 6);
+                const int c0 = ld_relaxed(sem), c1 = ld_relaxed(sem + 1), c2 = ld_relaxed(sem + 2),
+                          c3 = ld_relaxed(sem + 3);
                 if (c0 == turn && c1 == turn && c2 == turn && c3 == turn) break;
             }
             fence_acq_rel_gpu();
@@ -119,7 +118,7 @@ DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stag
         if (lane == 0) {
             fence_acq_rel_gpu();
 #pragma unroll
-            for (int t = 0; t < 4; t++) red_relaxed_add(sem + 2 * t, 1);
+            for (int t = 0; t < 4; t++) red_relaxed_add(sem + t, 1);
         }
     }
 }
