@@ -41,8 +41,8 @@
  * Built for sm_90a only (kernels/sm90/gencode).
  * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_f97efb6.md, h100_v3_fwd_lazy_max_4891d41.md): 201-804
  * TFLOP/s fp16, 0.78-1.21x torch cudnn (>= 1.05 at 16 of 36 points; bf16 alike; D=256 S=512 read 0.73 in a disturbed
- * pass, 0.96-1.09 in interleaved runs); D=128 S=16k 685 (non-causal) TFLOP/s.  Weakest: D=64 causal at S=512-2k (0.78-0.88x cudnn), D=64 non-causal at S=512-1k (0.90-0.94x), S=512 at
- * D=128 / 256 (0.93-0.96x).
+ * pass, 0.96-1.09 in interleaved runs); D=128 S=16k 685 (non-causal) TFLOP/s.  Weakest: D=64 causal at S=512-2k
+ * (0.78-0.88x cudnn), D=64 non-causal at S=512-1k (0.90-0.94x), S=512 at D=128 / 256 (0.93-0.96x).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
@@ -227,7 +227,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 #pragma unroll
         for (int r = 0; r < 2; r++) mx[r] = quad_max(mx[r]);
         /* m = -inf grows on any finite max; a row still at -inf (NaN difference) does not */
-        const bool moved = __any_sync(0xffffffffu, (mx[0] - m[0]) * c > V3_MAX_SLACK || (mx[1] - m[1]) * c > V3_MAX_SLACK);
+        const bool moved =
+            __any_sync(0xffffffffu, (mx[0] - m[0]) * c > V3_MAX_SLACK || (mx[1] - m[1]) * c > V3_MAX_SLACK);
         if (!moved) mx[0] = m[0], mx[1] = m[1];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
