@@ -39,10 +39,10 @@
  * K/V in L2, or longest first over all heads where a causal schedule needs it for balance; v3_schedule.h, chosen by
  * v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations: v3_configs.h (bench/ab.py times them).
  * Built for sm_90a only (kernels/sm90/gencode).
- * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_f97efb6.md, h100_v3_fwd_lazy_max_4891d41.md): 201-804
- * TFLOP/s fp16, 0.78-1.21x torch cudnn (>= 1.05 at 16 of 36 points; bf16 alike; D=256 S=512 read 0.73 in a disturbed
- * pass, 0.96-1.09 in interleaved runs); D=128 S=16k 685 (non-causal) TFLOP/s.  Weakest: D=64 causal at S=512-2k
- * (0.78-0.88x cudnn), D=64 non-causal at S=512-1k (0.90-0.94x), S=512 at D=128 / 256 (0.93-0.96x).
+ * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_3c33312.md, h100_v3_fwd_lazy_max_4891d41.md): 200-788
+ * TFLOP/s fp16, 0.78-1.21x torch cudnn (>= 1.05 at 19 of 36 points; bf16 alike); D=128 S=16k 655 (non-causal)
+ * TFLOP/s fp16, 695 bf16.  Weakest: D=64 causal at S=512-2k (0.78-0.89x cudnn), D=64 non-causal at S=512-1k
+ * (0.91-0.94x), S=512 at D=128 / 256 (0.93-0.98x).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
