@@ -16,7 +16,7 @@ with dS stored as dS (rows: queries).
 """
 import os
 
-SS_N = [32, 64, 80, 96, 112, 128, 176, 192]  # key-block widths Bc of S = Q K^T (v3_configs.h); 32: v3_bwd_wide.cu's S, dP
+SS_N = [32, 64, 80, 128, 176, 192]  # key-block widths Bc of S = Q K^T (v3_configs.h); 32: v3_bwd_wide.cu's S, dP
 RS_N = [64, 128, 256]  # head dims of O += P V (and of the backward's dV += P^T dO, dK += dS^T Q)
 SSTT_N = [64, 128]  # the backward's dQ = dS K: a consumer's columns of dQ (kernels/sm90/v3_bwd_configs.h)
 SST_N = [128]  # v3_bwd_wide.cu's dQ = dS K: dS K-major (rows: queries), K N-major

@@ -57,9 +57,7 @@ typedef struct {
     X(64, 128, 2, 1, 0)     \
     X(64, 64, 4, 1, 0)      \
     X(128, 64, 2, 1, 0)     \
-    X(128, 80, 2, 1, 0)     \
-    X(64, 96, 4, 3, 1)      \
-    X(64, 112, 4, 3, 1)
+    X(128, 80, 2, 1, 0)
 
 /* The configs whose per-sequence kernels (SEQ: packed variable-length batches, seqused_k) are compiled, one per
  * bucket in bucket order, each also in V3_TABLE.  D=64 takes two consumers: the default's three, at 160 registers

@@ -36,22 +36,6 @@ DEV void wgmma_ss_n80(float (&d)[40], unsigned desc_a, unsigned desc_b, int accu
         : "r"(desc_a), "r"(desc_b), "r"(accumulate));
 }
 
-DEV void wgmma_ss_n96(float (&d)[48], unsigned desc_a, unsigned desc_b, int accumulate, __half) {
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%48, hi};\nmov.b64 db, {%49, hi};\nsetp.ne.b32 p, %50, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, da, db, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
-}
-
-DEV void wgmma_ss_n112(float (&d)[56], unsigned desc_a, unsigned desc_b, int accumulate, __half) {
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%56, hi};\nmov.b64 db, {%57, hi};\nsetp.ne.b32 p, %58, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, da, db, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
-}
-
 DEV void wgmma_ss_n128(float (&d)[64], unsigned desc_a, unsigned desc_b, int accumulate, __half) {
     asm volatile(
         "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%64, hi};\nmov.b64 db, {%65, hi};\nsetp.ne.b32 p, %66, 0;\n"
@@ -148,22 +132,6 @@ DEV void wgmma_ss_n80(float (&d)[40], unsigned desc_a, unsigned desc_b, int accu
         : "r"(desc_a), "r"(desc_b), "r"(accumulate));
 }
 
-DEV void wgmma_ss_n96(float (&d)[48], unsigned desc_a, unsigned desc_b, int accumulate, __nv_bfloat16) {
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%48, hi};\nmov.b64 db, {%49, hi};\nsetp.ne.b32 p, %50, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, da, db, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
-}
-
-DEV void wgmma_ss_n112(float (&d)[56], unsigned desc_a, unsigned desc_b, int accumulate, __nv_bfloat16) {
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%56, hi};\nmov.b64 db, {%57, hi};\nsetp.ne.b32 p, %58, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, da, db, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
-}
-
 DEV void wgmma_ss_n128(float (&d)[64], unsigned desc_a, unsigned desc_b, int accumulate, __nv_bfloat16) {
     asm volatile(
         "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%64, hi};\nmov.b64 db, {%65, hi};\nsetp.ne.b32 p, %66, 0;\n"
@@ -238,12 +206,10 @@ DEV void wgmma_sst_n128(float (&d)[64], unsigned desc_a, unsigned desc_b, int ac
 
 /* wgmma_ss<N, T>: the wrapper for N, chosen at compile time. */
 template <int N, typename T> DEV void wgmma_ss(float (&d)[N / 2], unsigned desc_a, unsigned desc_b, int accumulate) {
-    static_assert(N == 32 || N == 64 || N == 80 || N == 96 || N == 112 || N == 128 || N == 176 || N == 192, "no wgmma_ss wrapper for this N: add it to gen_wgmma.py");
+    static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 192, "no wgmma_ss wrapper for this N: add it to gen_wgmma.py");
     if constexpr (N == 32) wgmma_ss_n32(d, desc_a, desc_b, accumulate, T());
     else if constexpr (N == 64) wgmma_ss_n64(d, desc_a, desc_b, accumulate, T());
     else if constexpr (N == 80) wgmma_ss_n80(d, desc_a, desc_b, accumulate, T());
-    else if constexpr (N == 96) wgmma_ss_n96(d, desc_a, desc_b, accumulate, T());
-    else if constexpr (N == 112) wgmma_ss_n112(d, desc_a, desc_b, accumulate, T());
     else if constexpr (N == 128) wgmma_ss_n128(d, desc_a, desc_b, accumulate, T());
     else if constexpr (N == 176) wgmma_ss_n176(d, desc_a, desc_b, accumulate, T());
     else if constexpr (N == 192) wgmma_ss_n192(d, desc_a, desc_b, accumulate, T());
