@@ -362,16 +362,18 @@ def test_v2_config_rules():
 @V3
 def test_v3_config_rules():
     """kernels/sm90/v3_configs.h's V3_RULES: D=64 calls with Sk <= 512 run one consumer (two blocks per SM) when
-    causal, or when the default's tiles are at most 3 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without
+    causal, or when the default's tiles are at most 2 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without
     ping-pong; D=128 non-causal calls with Sk >= 8192 run Bc = 176; D=256 calls with Sk >= 1024
     (non-causal) or >= 2048 (causal) run Bc = 80; the calls next to them run the bucket's default; all correct."""
     configs = _C._dev.configs("v3")
     default = {c["dp"]: c["index"] for c in configs if c["role"] == "default"}
     by_cfg = {(c["dp"], c["bc"], c["stages"], c["consumers"], c["pingpong"]): c["index"] for c in configs}
     one = by_cfg[(64, 128, 2, 1, 0)]
-    many = _C.device_info(0)[2] + 1  # heads: 3 default tiles of 512 rows each, more than 3 per SM in all
+    sms = _C.device_info(0)[2]
+    many = sms + 1  # heads: 3 default tiles of 512 rows each, more than 3 per SM in all
     cases = [(64, 2, 500, 512, True, one), (64, many, 512, 512, True, one), (64, 2, 512, 512, False, one),
              (64, many, 512, 512, False, default[64]), (64, 2, 512, 513, False, default[64]),
+             (64, 2 * sms // 3, 512, 512, False, one), (64, 2 * sms // 3 + 1, 512, 512, False, default[64]),
              (64, 2, 600, 700, True, by_cfg[(64, 128, 2, 2, 0)]), (64, 2, 600, 700, False, default[64]),
              (64, 2, 300, 2049, True, default[64]), (128, 2, 100, 8192, False, by_cfg[(128, 176, 2, 2, 1)]),
              (128, 2, 100, 8191, False, default[128]), (128, 2, 100, 8192, True, default[128]),
