@@ -4,7 +4,9 @@ call on a contiguous cache and torch's SDPA on the contiguous keys.  Through fat
     python -m fattn.bench --grid paged --json paged.json
 
 Points: B in 1, 8, 32, 64; H=32, H_kv=8, D=128, fp16, one query per sequence (Sq=1), every sequence Sk keys
-(2k, 8k, 32k) already in the cache; pages of 16, 64 and 256 keys in a random physical order.  Each point is
+(2k, 8k, 32k) already in the cache; pages of 16, 64 and 256 keys in a random physical order (--page-order
+sequential: in the contiguous cache's order, which tells the pages' scattered addresses apart from the kernel's
+per-page work).  Each point is
 validated first (paged and contiguous outputs against torch's, the accuracy rule's tolerance for fp16), then timed
 with CUDA events, the L2 flushed before each call, in interleaved rounds.  fattn's calls pass check_indices=False
 (no read-back of cache_seqlens and the block table: what a decode loop runs) unless --check-indices.  gbps: K+V
@@ -32,6 +34,8 @@ def parse_args(argv=None):
     ap.add_argument("--variant", help="fattn variant (default: fattn's choice)")
     ap.add_argument("--check-indices", action="store_true",
                     help="time fattn with its index checks (a synchronous read-back of the indices per call)")
+    ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
+                    help="the pages' physical order in the pool (sequential: the contiguous cache's layout)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
@@ -44,7 +48,7 @@ def parse_args(argv=None):
     return args
 
 
-def make_point(b, sk, pages, seed=0):
+def make_point(b, sk, pages, seed=0, order="random"):
     """q, the contiguous cache, a paged copy per page size (pools, tables) and cache_seqlens."""
     import torch
 
@@ -54,17 +58,20 @@ def make_point(b, sk, pages, seed=0):
     k = torch.randn((b, sk, H_KV, D), generator=g, device=dev).half()
     v = torch.randn((b, sk, H_KV, D), generator=g, device=dev).half()
     lens = torch.full((b,), sk, dtype=torch.int32, device=dev)
-    return q, k, v, lens, {ps: page_cache(k, v, ps) for ps in pages}
+    return q, k, v, lens, {ps: page_cache(k, v, ps, order) for ps in pages}
 
 
-def page_cache(k, v, ps):
+def page_cache(k, v, ps, order="random"):
     """(pool_k, pool_v, block_table): the contiguous cache k, v (B, S, H_kv, D), S a multiple of ps, copied into pages
-    of ps keys in a shuffled pool (the permutation seeded by ps)."""
+    of ps keys in a shuffled pool (the permutation seeded by ps), or (order "sequential") in the cache's own order."""
     import torch
 
     b, sk, tail = k.shape[0], k.shape[1], k.shape[2:]
     n = sk // ps
-    perm = torch.randperm(b * n, generator=torch.Generator().manual_seed(ps)).to(k.device)
+    if order == "sequential":
+        perm = torch.arange(b * n, device=k.device)
+    else:
+        perm = torch.randperm(b * n, generator=torch.Generator().manual_seed(ps)).to(k.device)
     table = perm.reshape(b, n).to(torch.int32)
     pool_k = torch.empty((b * n, ps) + tail, dtype=k.dtype, device=k.device)
     pool_v = torch.empty_like(pool_k)
@@ -93,7 +100,7 @@ def torch_call(backend, q, k, v):
 def run_point(args, b, sk):
     import torch
 
-    q, k, v, lens, paged = make_point(b, sk, args.pages)
+    q, k, v, lens, paged = make_point(b, sk, args.pages, order=args.page_order)
     fns, notes = {}, {}
     check = args.check_indices
     fns["fattn:contiguous"] = lambda: fattn.attention_with_kvcache(q, k, v, cache_seqlens=lens, variant=args.variant,
@@ -125,7 +132,8 @@ def run_point(args, b, sk):
         us = p50.get(name)
         page = int(name[len("fattn:paged"):]) if name.startswith("fattn:paged") else None
         rows.append({"grid": "paged", "impl": "fattn:paged" if page else name, "B": b, "H": H, "H_kv": H_KV, "D": D,
-                     "Sq": 1, "Sk": sk, "page": page, "dtype": "fp16", "p50_us": us,
+                     "Sq": 1, "Sk": sk, "page": page, "page_order": args.page_order if page else None,
+                     "dtype": "fp16", "p50_us": us,
                      "gbps": kv_bytes / us / 1e3 if us else None,
                      "ratio_vs_contiguous": p50["fattn:contiguous"] / us if us and "fattn:contiguous" in p50 else None,
                      "ratio_vs_best_torch": best_torch / us if us and best_torch else None,

@@ -2,8 +2,8 @@
  *
  * X(DP, BC, STAGES, CONSUMERS, PINGPONG): head-dim bucket, keys per block, K/V ring slots, consumer warpgroups
  * (Br = 64 * CONSUMERS query rows per block), and whether the consumers take turns issuing their GEMMs.  One
- * consumer (no ping-pong) runs two blocks per SM (V3_BLOCKS_PER_SM): two independent tiles, each one's pipeline
- * fill and epilogue hidden behind the other's GEMMs, for short rows where a tile has few key blocks.
+ * consumer (no ping-pong) runs two or three blocks per SM (V3_BLOCKS_PER_SM): independent tiles, each one's pipeline
+ * fill and epilogue hidden behind the others' GEMMs, for short rows where a tile has few key blocks.
  * V3_DEFAULT_CONFIGS: one per head-dim bucket, in bucket order (64, 128, 256); V3_SWEEP_CONFIGS: candidates that
  * bench/ab.py times against them (fattn._C._dev.configs('v3') lists all; an explicit config index runs one).
  * The defaults are the winners of bench/ab.py on the H200 and the H100 (evidence/bench/h100_v3_sweep_f31bbc2.json, h200_v3_sweep_46c3fdc.json).
@@ -57,6 +57,8 @@ typedef struct {
     X(256, 80, 2, 2, 1)     \
     X(64, 128, 2, 1, 0)     \
     X(64, 64, 4, 1, 0)      \
+    X(64, 64, 2, 1, 0)      \
+    X(64, 64, 3, 1, 0)      \
     X(128, 64, 2, 1, 0)     \
     X(128, 80, 2, 1, 0)
 
@@ -92,15 +94,19 @@ int fattn_v3_seq_config(int dp);
 #define V3_NBARS(QB, STAGES) (2 * (QB) + 4 * (STAGES))
 #define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QB, SEP_O) \
     ((size_t)(64 * (CWG) * ((QB) + ((SEP_O) ? 1 : 0)) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(QB, STAGES) * 8 + 1024)
-/* Blocks per SM: two with one consumer, else one.  A block may have 227 KB of shared memory, or 113 KB when two
- * share an SM (228 KB, 1 KB of it reserved per block). */
-#define V3_BLOCKS_PER_SM(CWG) ((CWG) == 1 ? 2 : 1)
-#define V3_SMEM_MAX(CWG) ((CWG) == 1 ? 113 * 1024 : 227 * 1024)
+/* Blocks per SM: one consumer runs three where its tiles (with two Q slots and the O tile) fit in a third of the
+ * SM's 228 KB, else two; more consumers, one.  A block may have 227 KB of shared memory, 113 KB when two share an SM,
+ * 75 KB when three do (1 KB of each block's share is reserved). */
+#define V3_SMEM_PER_BLOCK(BLOCKS) ((BLOCKS) == 3 ? 75 * 1024 : (BLOCKS) == 2 ? 113 * 1024 : 227 * 1024)
+#define V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG) \
+    ((CWG) != 1 ? 1 : V3_SMEM_BYTES(DP, BC, STAGES, 1, 2, 1) <= V3_SMEM_PER_BLOCK(3) ? 3 : 2)
+#define V3_SMEM_MAX(DP, BC, STAGES, CWG) V3_SMEM_PER_BLOCK(V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG))
 /* Two Q slots (the next tile's Q loads while this tile runs) with a separate O tile where they fit, else one Q
  * slot, and a separate O tile where that fits. */
-#define V3_QB(DP, BC, STAGES, CWG) (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 2, 1) <= V3_SMEM_MAX(CWG) ? 2 : 1)
+#define V3_QB(DP, BC, STAGES, CWG) \
+    (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 2, 1) <= V3_SMEM_MAX(DP, BC, STAGES, CWG) ? 2 : 1)
 #define V3_SEP_O(DP, BC, STAGES, CWG) \
-    (V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QB(DP, BC, STAGES, CWG), 1) <= V3_SMEM_MAX(CWG))
+    (V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QB(DP, BC, STAGES, CWG), 1) <= V3_SMEM_MAX(DP, BC, STAGES, CWG))
 #define V3_SMEM(DP, BC, STAGES, CWG) \
     V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QB(DP, BC, STAGES, CWG), V3_SEP_O(DP, BC, STAGES, CWG))
 

@@ -57,12 +57,13 @@
 #include "v3_configs.h"
 #include "v3_schedule.h"
 
-/* Register split per consumer count: the producer keeps PRODUCER_REGS, consumers get the rest (multiples of 8,
- * 128 * (producer + consumers * consumer) <= 65536 / blocks per SM). */
-template <int CWG> struct v3_regs;
-template <> struct v3_regs<1> { static constexpr int producer = 24, consumer = 232; }; /* two blocks per SM */
-template <> struct v3_regs<2> { static constexpr int producer = 24, consumer = 240; };
-template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 160; };
+/* Register split per consumer count and blocks per SM: the producer keeps `producer`, consumers get the rest
+ * (multiples of 8, 128 * (producer + consumers * consumer) <= 65536 / blocks per SM). */
+template <int CWG, int BLOCKS> struct v3_regs;
+template <> struct v3_regs<1, 3> { static constexpr int producer = 24, consumer = 136; };
+template <> struct v3_regs<1, 2> { static constexpr int producer = 24, consumer = 232; };
+template <> struct v3_regs<2, 1> { static constexpr int producer = 24, consumer = 240; };
+template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer = 160; };
 
 /* The lazy row max's slack, log2 units (see the softmax): P stays below 2^8, well inside fp16 and bf16. */
 #define V3_MAX_SLACK 8.f
@@ -76,12 +77,14 @@ template <> struct v3_regs<3> { static constexpr int producer = 32, consumer = 1
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
 template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ>
-__global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(CWG))
+__global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG))
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
        const int kv_batch_step, const int head_group) {
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
-    static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(CWG), "the config's tiles exceed its shared memory");
+    static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(DP, BC, STAGES, CWG),
+                  "the config's tiles exceed its shared memory");
+    using regs = v3_regs<CWG, V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG)>;
     constexpr int BR = 64 * CWG;
     constexpr int QB = V3_QB(DP, BC, STAGES, CWG); /* Q slots: tile t's Q in slot t % QB */
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
@@ -118,7 +121,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     __syncthreads();
 
     if (wg == 0) { /* ---- producer ---- */
-        setmaxnreg_dec<v3_regs<CWG>::producer>();
+        setmaxnreg_dec<regs::producer>();
         if (warp != 0 || lane != 0) return;
         tma_prefetch_map(&tm_q);
         tma_prefetch_map(&tm_k);
@@ -158,7 +161,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     }
 
     /* ---- consumers ---- */
-    setmaxnreg_inc<v3_regs<CWG>::consumer>();
+    setmaxnreg_inc<regs::consumer>();
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
     /* c: the softmax's scale, > 0 (fattn_launch_v3 sends other scales to v2).  MODS (a softcap, ALiBi): S is taken
      * to log2 units first (S c_in), capped, biased, and the softmax runs at c = 1. */

@@ -208,7 +208,7 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     const int br = 64 * c->consumers;
     const int64_t blocks = (p->sq + br - 1) / br * p->b * p->h;
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: %lld tiles are too many", (long long)blocks);
-    const int64_t slots = (int64_t)plan->dev.sm_count * V3_BLOCKS_PER_SM(c->consumers); /* persistent */
+    const int64_t slots = (int64_t)plan->dev.sm_count * V3_BLOCKS_PER_SM(c->dp, c->bc, c->stages, c->consumers); /* persistent */
     const int64_t grid = blocks < slots ? blocks : slots;
     plan->config = idx;
     plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
