@@ -341,6 +341,23 @@ def test_block_orders_agree(causal):
         check_close(outs[0], q, k, k, causal, None)
 
 
+@V3
+def test_v3_tile_order_rule():
+    """v3_plan.c's v3_order: a masked call walks head by head unless heads fastest is more than 5% better balanced,
+    counted per SM.  D=64 causal 1k (the three-blocks-per-SM config; counted per block it went heads fastest, 1.7x
+    slower) stays head by head; D=128 causal 16k, one block per SM, goes heads fastest (its busiest SM 1.54x the
+    mean head by head); non-causal calls are always head by head."""
+    three = next(c["index"] for c in _C._dev.configs("v3") if (c["dp"], c["bc"], c["stages"], c["consumers"]) ==
+                 (64, 64, 3, 1))
+    for shape, causal, want_config, want_order in [((16, 32, 1024, 64), "top_left", three, 1),
+                                                   ((1, 16, 16384, 128), "top_left", None, 2),
+                                                   ((1, 16, 16384, 128), False, None, 1)]:
+        q = torch.empty(shape, dtype=torch.float16, device="cuda")
+        plan = plan_of(q, q, q, causal=causal)
+        assert plan["variant"] == "v3" and plan["order"] == want_order, (shape, causal, plan)
+        assert want_config is None or plan["config"] == want_config, (shape, plan)
+
+
 def test_v2_config_rules():
     """kernels/sm80/v2_configs.h: the defaults per head-dim bucket for calls that fill the GPU, the small-grid configs
     for decode (Sq <= 64), V2_RULES (empty at present); all correct."""
@@ -361,20 +378,23 @@ def test_v2_config_rules():
 
 @V3
 def test_v3_config_rules():
-    """kernels/sm90/v3_configs.h's V3_RULES: D=64 calls with Sk <= 512 run one consumer (two blocks per SM) when
-    causal, or when the default's tiles are at most 2 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without
-    ping-pong; D=128 non-causal calls with Sk >= 8192 run Bc = 176; D=256 calls with Sk >= 1024
-    (non-causal) or >= 2048 (causal) run Bc = 80; the calls next to them run the bucket's default; all correct."""
+    """kernels/sm90/v3_configs.h's V3_RULES: D=64 causal calls with Sk <= 1024 run one consumer at Bc = 64 (three
+    blocks per SM); D=64 non-causal calls with Sk <= 512 run one consumer at Bc = 128 (two blocks per SM) when the
+    default's tiles are at most 2 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without ping-pong; D=128
+    non-causal calls with Sk >= 8192 run Bc = 176; D=256 calls with Sk >= 1024 (non-causal) or >= 2048 (causal) run
+    Bc = 80; the calls next to them run the bucket's default; all correct."""
     configs = _C._dev.configs("v3")
     default = {c["dp"]: c["index"] for c in configs if c["role"] == "default"}
     by_cfg = {(c["dp"], c["bc"], c["stages"], c["consumers"], c["pingpong"]): c["index"] for c in configs}
     one = by_cfg[(64, 128, 2, 1, 0)]
     sms = _C.device_info(0)[2]
     many = sms + 1  # heads: 3 default tiles of 512 rows each, more than 3 per SM in all
-    cases = [(64, 2, 500, 512, True, one), (64, many, 512, 512, True, one), (64, 2, 512, 512, False, one),
+    three = by_cfg[(64, 64, 3, 1, 0)]
+    cases = [(64, 2, 500, 512, True, three), (64, many, 512, 512, True, three), (64, 2, 600, 1024, True, three),
+             (64, 2, 512, 512, False, one),
              (64, many, 512, 512, False, default[64]), (64, 2, 512, 513, False, default[64]),
              (64, 2 * sms // 3, 512, 512, False, one), (64, 2 * sms // 3 + 1, 512, 512, False, default[64]),
-             (64, 2, 600, 700, True, by_cfg[(64, 128, 2, 2, 0)]), (64, 2, 600, 700, False, default[64]),
+             (64, 2, 600, 1025, True, by_cfg[(64, 128, 2, 2, 0)]), (64, 2, 600, 700, False, default[64]),
              (64, 2, 300, 2049, True, default[64]), (128, 2, 100, 8192, False, by_cfg[(128, 176, 2, 2, 1)]),
              (128, 2, 100, 8191, False, default[128]), (128, 2, 100, 8192, True, default[128]),
              (128, 2, 100, 16384, True, default[128]), (256, 2, 100, 1024, False, by_cfg[(256, 80, 2, 2, 1)]),

@@ -126,22 +126,27 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
 
 /* ---- the tile order ------------------------------------------------------------------------------------------- */
 
-/* The busiest block's work over the mean when `grid` persistent blocks walk the tiles in order `group`
- * (v3_tile_index's zig-zag rounds; a tile costs its key blocks plus one for its prologue and epilogue). */
-static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t group, int64_t *load) {
-    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
+/* The busiest SM's work over the mean when `grid` persistent blocks walk the tiles in order `group`
+ * (v3_tile_index's zig-zag rounds; a tile costs its key blocks plus one for its prologue and epilogue).  With
+ * several blocks per SM (one consumer) an SM's load is its blocks' together -- block x taken to share SM x % sms
+ * with x + sms, ... -- since a block that finishes early leaves its SM to the others: counted per block, a grid of
+ * three blocks per SM read 5-8% less balanced head by head at D=64 causal 1k-4k and went heads-fastest, 1.3-1.7x
+ * slower than head by head (evidence/bench/h100_v3_three_blocks_2c94c1b.md). */
+static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t sms, int64_t group,
+                           int64_t *load) {
+    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h, n = sms > 0 && sms < grid ? sms : grid;
     int64_t total = 0, most = 0;
-    for (int64_t x = 0; x < grid; x++) load[x] = 0;
+    for (int64_t x = 0; x < n; x++) load[x] = 0;
     for (int64_t k = 0; k * grid < ntiles; k++)
         for (int64_t x = 0; x < grid; x++) {
             const int64_t t = v3_tile_index(k, x, grid);
-            if (t < ntiles) load[x] += v3_tile_of(p, br, bc, t, group).nblocks + 1;
+            if (t < ntiles) load[x % n] += v3_tile_of(p, br, bc, t, group).nblocks + 1;
         }
-    for (int64_t x = 0; x < grid; x++) {
+    for (int64_t x = 0; x < n; x++) {
         total += load[x];
         most = load[x] > most ? load[x] : most;
     }
-    return total > 0 ? (double)most * grid / total : 1.0;
+    return total > 0 ? (double)most * n / total : 1.0;
 }
 
 /* Head by head (1), for K and V reuse in L2 -- measured on the H100 at S = 512-2k: 1.1-1.5x faster than
@@ -151,7 +156,7 @@ static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, i
  * masked calls take heads-fastest. */
 #define V3_ORDER_MEMO 8
 typedef struct {
-    int64_t sq, sk, bh, grid, left, right;
+    int64_t sq, sk, bh, grid, sms, left, right;
     int br, bc, bottom_right;
     int64_t group;
 } v3_order_memo;
@@ -159,13 +164,15 @@ static v3_order_memo v3_memo[V3_ORDER_MEMO];
 static int v3_memo_next;
 static pthread_mutex_t v3_memo_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int memo_matches(const v3_order_memo *m, const attn_params *p, int64_t nbh, int br, int bc, int64_t grid) {
-    return m->group && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->grid == grid && m->br == br &&
+static int memo_matches(const v3_order_memo *m, const attn_params *p, int64_t nbh, int br, int bc, int64_t grid,
+                        int64_t sms) {
+    return m->group && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->grid == grid && m->sms == sms &&
+           m->br == br &&
            m->bc == bc && m->left == p->mask.left && m->right == p->mask.right &&
            m->bottom_right == p->mask.bottom_right;
 }
 
-static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
+static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid, int64_t sms) {
     const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX; /* a group of >= b * h: one group */
     const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
     const int masked = p->mask.left >= 0 || p->mask.right >= 0;
@@ -174,16 +181,17 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid) {
     int64_t group = 0;
     pthread_mutex_lock(&v3_memo_lock);
     for (int i = 0; i < V3_ORDER_MEMO && !group; i++)
-        if (memo_matches(&v3_memo[i], p, nbh, br, bc, grid)) group = v3_memo[i].group;
+        if (memo_matches(&v3_memo[i], p, nbh, br, bc, grid, sms)) group = v3_memo[i].group;
     pthread_mutex_unlock(&v3_memo_lock);
     if (group) return group;
-    int64_t *load = (int64_t *)malloc((size_t)grid * sizeof(int64_t));
+    int64_t *load = (int64_t *)malloc((size_t)(sms > 0 && sms < grid ? sms : grid) * sizeof(int64_t));
     if (!load) return nbh;
-    const double by_head = v3_imbalance(p, br, bc, grid, 1, load);
-    const double by_block = v3_imbalance(p, br, bc, grid, nbh, load);
+    const double by_head = v3_imbalance(p, br, bc, grid, sms, 1, load);
+    const double by_block = v3_imbalance(p, br, bc, grid, sms, nbh, load);
     free(load);
     group = by_head <= 1.05 * by_block ? 1 : nbh;
-    const v3_order_memo m = {p->sq, p->sk, nbh, grid, p->mask.left, p->mask.right, br, bc, p->mask.bottom_right, group};
+    const v3_order_memo m = {p->sq, p->sk, nbh, grid, sms, p->mask.left, p->mask.right, br, bc, p->mask.bottom_right,
+                             group};
     pthread_mutex_lock(&v3_memo_lock);
     v3_memo[v3_memo_next] = m;
     v3_memo_next = (v3_memo_next + 1) % V3_ORDER_MEMO;
@@ -217,7 +225,8 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     plan->smem = V3_SMEM(c->dp, c->bc, c->stages, c->consumers);
     const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX;
     plan->head_group = ov->order == FATTN_ORDER_HEADS ? 1 : ov->order == FATTN_ORDER_BLOCKS ? nbh
-                                                                                          : v3_order(p, br, c->bc, grid);
+                                                                                          : v3_order(p, br, c->bc, grid,
+                                                                                                     plan->dev.sm_count);
     plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
     return FATTN_OK;
 }
