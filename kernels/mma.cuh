@@ -17,8 +17,6 @@ DEV void cp_async_16(void *smem, const void *gmem, int src_bytes) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
 }
-/* One line at p fetched into L2 (a hint: no register waits on it, and its address translation is done on the way). */
-DEV void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 

@@ -378,9 +378,9 @@ def test_v2_config_rules():
 
 @V3
 def test_v3_config_rules():
-    """kernels/sm90/v3_configs.h's V3_RULES: D=64 causal calls with Sk <= 1024 run one consumer at Bc = 64 (three
-    blocks per SM); D=64 non-causal calls with Sk <= 512 run one consumer at Bc = 128 (two blocks per SM) when the
-    default's tiles are at most 2 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without ping-pong; D=128
+    """kernels/sm90/v3_configs.h's V3_RULES: D=64 causal calls with Sk <= 1024 and at least one default tile per SM
+    run one consumer at Bc = 64 (three blocks per SM); D=64 calls with Sk <= 512 run one consumer at Bc = 128 (two
+    blocks per SM) when causal (fewer tiles) or when the default's tiles are at most 2 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without ping-pong; D=128
     non-causal calls with Sk >= 8192 run Bc = 176; D=256 calls with Sk >= 1024 (non-causal) or >= 2048 (causal) run
     Bc = 80; the calls next to them run the bucket's default; all correct."""
     configs = _C._dev.configs("v3")
@@ -388,9 +388,12 @@ def test_v3_config_rules():
     by_cfg = {(c["dp"], c["bc"], c["stages"], c["consumers"], c["pingpong"]): c["index"] for c in configs}
     one = by_cfg[(64, 128, 2, 1, 0)]
     sms = _C.device_info(0)[2]
-    many = sms + 1  # heads: 3 default tiles of 512 rows each, more than 3 per SM in all
+    many = sms + 1  # heads: 3 default tiles of 512 rows each, more than 3 per SM in all (with (sms - 1) // 3 heads
+    # fewer than one per SM, with one more at least one)
     three = by_cfg[(64, 64, 3, 1, 0)]
-    cases = [(64, 2, 500, 512, True, three), (64, many, 512, 512, True, three), (64, 2, 600, 1024, True, three),
+    cases = [(64, 2, 500, 512, True, one), (64, many, 512, 512, True, three), (64, many, 600, 1024, True, three),
+             (64, (sms - 1) // 3, 512, 512, True, one), (64, (sms - 1) // 3 + 1, 512, 512, True, three),
+             (64, (sms - 1) // 4, 600, 1024, True, by_cfg[(64, 128, 2, 2, 0)]),
              (64, 2, 512, 512, False, one),
              (64, many, 512, 512, False, default[64]), (64, 2, 512, 513, False, default[64]),
              (64, 2 * sms // 3, 512, 512, False, one), (64, 2 * sms // 3 + 1, 512, 512, False, default[64]),

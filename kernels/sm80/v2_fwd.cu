@@ -164,19 +164,6 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
         load_one(dk, k, kthr, p.k_stride_b, p.k_stride_s, j0);
         if (with_v) load_v(jb, stage);
     };
-    /* PAGED: one line of each page of key block jb's K and V fetched into L2 a block before its copy is issued, so
-     * that the pages' address translations (pages scattered over the pool miss the TLB) are done by then */
-    auto warm_pages = [&](int jb) {
-        if constexpr (PAGED) {
-            const int np = whole_pages ? BC >> page_shift : 1, ps = (int)p.page_size; /* pages in the block */
-            const int64_t key = (int64_t)jb * BC + (whole_pages ? (int64_t)(tid % np) * ps : 0);
-            if (jb < jb_end && tid < 2 * np && key < kend) {
-                const int64_t page = __ldg(seq.block_table + (int)key / ps), row = key % ps;
-                prefetch_l2(tid < np ? k + page * p.k_stride_b + row * p.k_stride_s
-                                     : v + page * p.v_stride_b + row * p.v_stride_s);
-            }
-        }
-    };
     load_tile<T, DP, BR, THREADS>(sQ, q + load_origin<DP>(p.q_stride_s, tid), p.q_stride_s, seq.sq - i0, d, tid);
     if (jb_begin < jb_end) load_kv(jb_begin, 0, STAGES == 2);
     cp_async_commit();
@@ -184,7 +171,6 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
         if (jb_begin + 1 < jb_end) load_kv(jb_begin + 1, 1, true);
         cp_async_commit();
     }
-    warm_pages(jb_begin + STAGES);
 
     float o[MT][DT][4], m_i[MT][2], l_i[MT][2];
 #pragma unroll
@@ -332,7 +318,6 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
             __syncthreads(); /* V_j has landed; every warp is done with K_j */
             if (jb + 1 < jb_end) load_kv(jb + 1, 0, false);
             cp_async_commit();
-            warm_pages(jb + 2);
         }
 
         if (warp_live) { /* O += P V_j */
@@ -364,7 +349,6 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
             __syncthreads(); /* every warp is done with stage `stage`: refill it with block j + 2 */
             if (jb + 2 < jb_end) load_kv(jb + 2, stage, true);
             cp_async_commit();
-            warm_pages(jb + 3);
         }
     }
     cp_async_wait<0>(); /* nothing may stay in flight into a block that exits */

@@ -8,15 +8,17 @@
  * bench/ab.py times against them (fattn._C._dev.configs('v3') lists all; an explicit config index runs one).
  * The defaults are the winners of bench/ab.py on the H200 and the H100 (evidence/bench/h100_v3_sweep_f31bbc2.json, h200_v3_sweep_46c3fdc.json).
  * V3_RULES: where calls of one kind run better on another config than their bucket's default (the config must also
- * be in the sweep list).  X(DP, BC, STAGES, CONSUMERS, PINGPONG, CAUSAL, SK_MIN, SK_MAX, WAVES): calls in bucket DP,
- * causal or not (CAUSAL 1 / 0), with SK_MIN <= Sk <= SK_MAX and (WAVES > 0) the bucket default's tiles at most
- * WAVES per SM.  Measured on the H100 (evidence/bench/h100_v3_*.json):
- *   D=64 causal, Sk <= 1k: one consumer at Bc = 64, three blocks per SM (the sweep at 2c94c1b, head by head: fa3
- *   causal 512 / 1k 230 / 302 TFLOP/s against 199 / 286 on the rules' configs before it, 2k and 4k no better;
- *   evidence/bench/h100_v3_three_blocks_2c94c1b.md); D=64 non-causal, Sk <= 512 with at most 2 default tiles per
- *   SM: one consumer, two blocks per SM (bench/ab.py, 96c58d0: 1.04-1.32x on the seeds' grids -- causal then too,
- *   1.05-1.25x --, 0.93x on the fa3 grid's; at 11c1184 the default ran B=8 H=16, 2.9 tiles per SM, 1.07x faster
- *   than one consumer, so 3 -> 2 tiles);
+ * be in the sweep list).  X(DP, BC, STAGES, CONSUMERS, PINGPONG, CAUSAL, SK_MIN, SK_MAX, WAVES_MIN, WAVES_MAX): calls
+ * in bucket DP, causal or not (CAUSAL 1 / 0), with SK_MIN <= Sk <= SK_MAX and the bucket default's tiles at least
+ * WAVES_MIN (> 0) and at most WAVES_MAX (> 0) per SM.  Measured on the H100 (evidence/bench/h100_v3_*.json):
+ *   D=64 causal, Sk <= 1k, at least one default tile per SM: one consumer at Bc = 64, three blocks per SM (the
+ *   sweep at 2c94c1b, head by head: fa3 causal 512 / 1k 230 / 302 TFLOP/s against 199 / 286 on the rules' configs
+ *   before it, 2k and 4k no better; the A/B of da6cba5 against 75d5a49: fa3 1.154 / 1.053x, seeds B=4 H=16 and B=8
+ *   H=16 (1.5 and 2.9 tiles per SM) 1.032x, but B=1 H=8 and B=4 H=8 (0.2 and 0.7) 0.959 / 0.990x, so those keep
+ *   the next rule; evidence/bench/h100_v3_three_blocks_2c94c1b.md); D=64, Sk <= 512, causal, or non-causal with at
+ *   most 2 default tiles per SM: one consumer, two blocks per SM (bench/ab.py, 96c58d0: causal 1.05-1.25x,
+ *   non-causal 1.04-1.32x on the seeds' grids, 0.93x on the fa3 grid's; at 11c1184 the default ran B=8 H=16, 2.9
+ *   tiles per SM, 1.07x faster than one consumer, so 3 -> 2 tiles);
  *   D=64 causal, Sk <= 2k: Br = 128 without ping-pong, 0.58-0.78x -> 0.75-0.82x cudnn (less of each tile masked);
  *   D=128 non-causal, Sk >= 8k: Bc = 176 (bench/ab.py, interleaved medians: 16k 0.93 -> 0.97x, 8k 0.94 -> 0.97x;
  *   with the lazy row max, 4891d41, the three D=128 configs read within 1.5% of each other there); D=256, Sk >= 1k
@@ -40,13 +42,14 @@ typedef struct {
     X(128, 128, 2, 2, 1)      \
     X(256, 64, 2, 2, 1)
 
-#define V3_RULES(X)                                \
-    X(64, 64, 3, 1, 0, 1, 0, 1024, 0)              \
-    X(64, 128, 2, 1, 0, 0, 0, 512, 2)              \
-    X(64, 128, 2, 2, 0, 1, 0, 2048, 0)             \
-    X(128, 176, 2, 2, 1, 0, 8192, INT64_MAX, 0)    \
-    X(256, 80, 2, 2, 1, 0, 1024, INT64_MAX, 0)     \
-    X(256, 80, 2, 2, 1, 1, 2048, INT64_MAX, 0)
+#define V3_RULES(X)                                   \
+    X(64, 64, 3, 1, 0, 1, 0, 1024, 1, 0)              \
+    X(64, 128, 2, 1, 0, 1, 0, 512, 0, 0)              \
+    X(64, 128, 2, 1, 0, 0, 0, 512, 0, 2)              \
+    X(64, 128, 2, 2, 0, 1, 0, 2048, 0, 0)             \
+    X(128, 176, 2, 2, 1, 0, 8192, INT64_MAX, 0, 0)    \
+    X(256, 80, 2, 2, 1, 0, 1024, INT64_MAX, 0, 0)     \
+    X(256, 80, 2, 2, 1, 1, 2048, INT64_MAX, 0, 0)
 
 #define V3_SWEEP_CONFIGS(X) \
     X(64, 64, 4, 3, 1)      \

@@ -19,13 +19,13 @@ typedef struct {
     v3_config cfg;
     int causal;
     int64_t sk_min, sk_max;
-    int waves; /* > 0: the bucket default's tiles at most this many per SM */
+    int waves_min, waves_max; /* > 0: the bucket default's tiles at least / at most this many per SM */
 } v3_rule;
 static const v3_rule v3_rules[V3_NRULES + 1] = {
-#define RULE(dp, bc, st, cwg, pp, causal, sk_min, sk_max, waves) {{dp, bc, st, cwg, pp}, causal, sk_min, sk_max, waves},
+#define RULE(dp, bc, st, cwg, pp, causal, sk_min, sk_max, wmin, wmax) {{dp, bc, st, cwg, pp}, causal, sk_min, sk_max, wmin, wmax},
     V3_RULES(RULE)
 #undef RULE
-    {{0, 0, 0, 0, 0}, -1, 0, 0, 0}};
+    {{0, 0, 0, 0, 0}, -1, 0, 0, 0, 0}};
 
 static const v3_config v3_seq_table[V3_NDEFAULTS] = {
 #define ROW(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
@@ -116,7 +116,8 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
     for (int r = 0; r < V3_NRULES && !own; r++) {
         const v3_rule *u = &v3_rules[r];
         if (u->cfg.dp == dp && u->causal == (p->mask.causal != 0) && p->sk >= u->sk_min && p->sk <= u->sk_max &&
-            (u->waves <= 0 || default_tiles <= (int64_t)u->waves * sm_count)) {
+            (u->waves_min <= 0 || default_tiles >= (int64_t)u->waves_min * sm_count) &&
+            (u->waves_max <= 0 || default_tiles <= (int64_t)u->waves_max * sm_count)) {
             *index = v3_index_of(&u->cfg);
             break;
         }
