@@ -35,9 +35,9 @@
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
  * (Sq <= 64) go to v2's split-KV.
- * The grid is persistent (one block per SM, two with one consumer; tiles in zig-zag rounds, head by head so the blocks in flight share
- * K/V in L2, or longest first over all heads where a causal schedule needs it for balance; v3_schedule.h, chosen by
- * v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations: v3_configs.h (bench/ab.py times them).
+ * The grid is persistent (one block per SM, two or three with one consumer; tiles in zig-zag rounds, head by head
+ * so the blocks in flight share K/V in L2, or longest first over all heads where a causal schedule needs it for
+ * balance; v3_schedule.h, chosen by v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations: v3_configs.h (bench/ab.py times them).
  * Built for sm_90a only (kernels/sm90/gencode).
  * Speed (NVIDIA H100, fa3 grid, evidence/bench/h100_v3_ratios_3c33312.md, h100_v3_fwd_lazy_max_4891d41.md): 200-788
  * TFLOP/s fp16, 0.78-1.21x torch cudnn (>= 1.05 at 19 of 36 points; bf16 alike); D=128 S=16k 655 (non-causal)
