@@ -146,6 +146,35 @@ def test_grad_wide_head_dim_windows(device, variant, window, d, seed, request):
     check(g, q, k, v, dout, "bottom_right", window=window, request=request)
 
 
+# kernels/sm90/v3_bwd_configs.h's rows in order: the narrow ones (D=64, D=128 at Br = 64), the wide one (D=256), the
+# plain one (D=128 at Br = 80)
+V3_BWD_BR80 = 3
+BR80_SEQS = [(1, 1), (17, 17), (80, 80), (81, 300), (113, 17), (160, 1025), (1025, 1025), (239, 97)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("sq,sk", BR80_SEQS, ids=[f"{a}x{b}" for a, b in BR80_SEQS])
+def test_grad_v3_br80(dtype, sq, sk, seed, request):
+    """v3's backward at head dim 128 without a mask, in default mode, runs the Br = 80 row (dQ^T = K^T dS^T, dS stored
+    K-major by stmatrix .trans, dQ^T's own convert): the plan names it, and the gradients match the reference at odd
+    lengths (a last step of 1-79 rows, Sq != Sk), with GQA (two query heads per kv head), at head dims 128 and 72
+    (the bucket's columns past d zero).  Causal and deterministic calls keep the Br = 64 row."""
+    require_variant("cuda", "v3")
+    stream = torch.cuda.current_stream().cuda_stream
+    for d, h, hk in [(128, 4, 2), (72, 2, 2)]:
+        q, k, v, dout = inputs(2, h, hk, sq, sk, d, DTYPES[dtype], "cuda", seed)
+        out, lse, g = grads(q, k, v, dout, "v3")
+        check(g, q, k, v, dout, request=request)
+        e = [torch.empty_like(x) for x in (q, k, v)]
+        plan = lambda **kw: _C._dev.plan_backward(dout, q, k, v, out, lse, *e, stream=stream, variant="v3", **kw)
+        assert (plan()["variant"], plan()["config"]) == ("v3", V3_BWD_BR80), plan()
+        assert plan(deterministic=True)["config"] != V3_BWD_BR80
+        assert plan(causal=CAUSAL["top_left"])["config"] != V3_BWD_BR80
+        with pytest.raises(ValueError, match="default mode without a mask"):
+            plan(causal=CAUSAL["top_left"], config=V3_BWD_BR80)
+
+
 @pytest.mark.parametrize("device,variant", bwd_targets())
 @pytest.mark.parametrize("ratio", range(1, 9))
 @pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])

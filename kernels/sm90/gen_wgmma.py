@@ -13,6 +13,8 @@ SSTT: D(64 x N) (+)= A(64 x 16, shared, M-major, tnspA = 1) * B(16 x N, shared, 
 dQ = dS K, with dS stored as dS^T (rows: keys) and K as loaded (rows: keys).
 SST: D(64 x N) (+)= A(64 x 16, shared, K-major) * B(16 x N, shared, N-major, tnspB = 1): the wide backward's dQ = dS K,
 with dS stored as dS (rows: queries).
+SSTA: D(64 x N) (+)= A(64 x 16, shared, M-major, tnspA = 1) * B(16 x N, shared, K-major): the backward's dQ^T = K^T dS^T
+at Br = 80 (a consumer's 64 columns of dQ by the step's 80 rows), K as loaded (rows: keys), dS K-major (rows: queries).
 """
 import os
 
@@ -20,6 +22,7 @@ SS_N = [32, 64, 80, 128, 176, 192]  # key-block widths Bc of S = Q K^T (v3_confi
 RS_N = [64, 128, 256]  # head dims of O += P V (and of the backward's dV += P^T dO, dK += dS^T Q)
 SSTT_N = [64, 128]  # the backward's dQ = dS K: a consumer's columns of dQ (kernels/sm90/v3_bwd_configs.h)
 SST_N = [128]  # v3_bwd_wide.cu's dQ = dS K: dS K-major (rows: queries), K N-major
+SSTA_N = [80]  # the backward's dQ^T = K^T dS^T: the rows of a step at Br = 80 (kernels/sm90/v3_bwd_configs.h)
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 
 
@@ -71,6 +74,7 @@ def main():
         " *   wgmma_rs_nN: d (+)= A * B, A in registers (the m16n8k16 A fragment per warp), B N-major in shared memory\n"
         " *   wgmma_sstt_nN: d (+)= A * B, A M-major and B N-major in shared memory (both transposed by the descriptor)\n"
         " *   wgmma_sst_nN: d (+)= A * B, A K-major and B N-major in shared memory (B transposed)\n"
+        " *   wgmma_ssta_nN: d (+)= A * B, A M-major and B K-major in shared memory (A transposed)\n"
         " * Shared operands: the low word of their descriptor (hopper.cuh: desc_lo); the instruction adds the high word\n"
         " * (128-byte swizzle, 8-row groups 1024 bytes apart).\n"
         " * accumulate = 0 overwrites d.  Callers fence, commit and wait (hopper.cuh). */",
@@ -89,10 +93,13 @@ def main():
             parts.append(ss(n, ctype, ptype, "sstt", "1, 1"))
         for n in SST_N:
             parts.append(ss(n, ctype, ptype, "sst", "0, 1"))
+        for n in SSTA_N:
+            parts.append(ss(n, ctype, ptype, "ssta", "1, 0"))
     for kind, ns, a_arg, a_name in (("ss", SS_N, "unsigned desc_a", "desc_a"),
                                     ("rs", RS_N, "const unsigned (&a)[4]", "a"),
                                     ("sstt", SSTT_N, "unsigned desc_a", "desc_a"),
-                                    ("sst", SST_N, "unsigned desc_a", "desc_a")):
+                                    ("sst", SST_N, "unsigned desc_a", "desc_a"),
+                                    ("ssta", SSTA_N, "unsigned desc_a", "desc_a")):
         body = "\n".join(
             f"    {'if' if i == 0 else 'else if'} constexpr (N == {n}) wgmma_{kind}_n{n}(d, {a_name}, desc_b, accumulate, T());"
             for i, n in enumerate(ns))

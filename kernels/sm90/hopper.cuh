@@ -150,6 +150,15 @@ template <int N> DEV void reg_fence(float (&r)[N]) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+/* Four 8 x 8 matrices of 16-bit elements from the mma accumulator layout (register k is matrix k; a thread holds
+ * its row lane / 4, columns 2 (lane % 4) and + 1, packed) stored transposed: lane 8 k + j gives the address of the
+ * stored row j of matrix k, which holds the matrix's column j (16 bytes). */
+DEV void stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 /* Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63).  Fields are byte values >> 4:
  * start address (bits 0-13), leading-dimension byte offset (16-29), stride-dimension byte offset (32-45).
  *   K-major operand (S = Q K^T: Q and K rows hold the reduction dim): 8-row groups 1024 bytes apart (SBO); the

@@ -94,6 +94,11 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     constexpr int KS = BR / 16; /* k-steps of dV += P^T dO and dK += dS^T Q: A fragments of P^T, dS^T */
     constexpr int NA = DP / 2;  /* dK and dV accumulators per thread (64 keys x DP) */
     constexpr bool DQ_ROWS = BR == 128; /* dQ split between the consumers by rows, else by columns */
+    /* BR not a multiple of 64 (v3_bwd_configs.h: V3_BWD_PLAIN_CONFIGS): dQ^T = K^T dS^T, a consumer's 64 columns by
+     * the step's BR rows, dS stored K-major (rows: queries); plain kernels in default mode only */
+    constexpr bool DQ_SWAP = BR % 64 != 0;
+    constexpr int DQ_TILE = 64 * V3_BWD_DQ_ROWS(BR); /* floats of a consumer's dQ tile */
+    static_assert(!DQ_SWAP || (!DET && !MODS && !SEQ && DP == 128), "dQ^T: D=128's plain kernel in default mode");
     /* LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128, 64
      * would spill) */
     constexpr bool PRELOAD = BR == 64 && !MODS;
@@ -104,8 +109,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)smem_align1024(smem_raw);
     T *sV = sK + KV_TILE, *sQ = sV + KV_TILE, *sdO = sQ + STAGES * Q_TILE, *sdS = sdO + STAGES * Q_TILE;
-    float *sdQ = (float *)(sdS + 2 * DS_TILE); /* [2][64 x 64]: each consumer's dQ tile, in v3_dq_index order */
-    float *sLse = sdQ + 2 * 64 * 64, *sD = sLse + STAGES * BR;
+    float *sdQ = (float *)(sdS + 2 * DS_TILE); /* [2][DQ_TILE]: each consumer's dQ tile, in v3_dq_index order */
+    float *sLse = sdQ + 2 * DQ_TILE, *sD = sLse + STAGES * BR;
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
     uint64_t *q_full = ring.q_full, *q_empty = ring.q_empty;
@@ -133,6 +138,14 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     auto dq_tile = [&](int it, int cw_) {
         return v3_dq_tile<DP>(b * f.h + h0 + it / nm, p.ws_rows, row0_of(it) + (DQ_ROWS ? cw_ * 64 : 0),
                               DQ_ROWS ? 0 : cw_);
+    };
+    /* where that tile is added in dq_accum: DQ_SWAP, rows row0 + [0, BR) of (b, h) -- BR x DP floats, both consumers'
+     * tiles side by side (v3_bwd_convert_t reads them) -- else tile dq_tile's 4096 floats */
+    auto dq_dst = [&](int it, int cw_) -> float * {
+        if constexpr (DQ_SWAP)
+            return p.dq_accum + ((b * f.h + h0 + it / nm) * p.ws_rows + row0_of(it)) * DP + cw_ * DQ_TILE;
+        else
+            return p.dq_accum + 4096 * dq_tile(it, cw_);
     };
 
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
@@ -172,7 +185,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                            bulk_reduce_add_f32(dq_dst(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
@@ -203,7 +216,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
      * operand of dQ = dS K (N-major: 64-column panels BC * 128 bytes apart) */
     const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
-    float *sdQw = sdQ + cw * 64 * 64;
+    float *sdQw = sdQ + cw * DQ_TILE;
     if (n_it > 0) mbar_wait(ring.kv_full, 0);
     for (int it = 0; it < n_it; it++) {
         const int s = it % STAGES, i0 = row0_of(it);
@@ -303,14 +316,31 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
         wgmma_wait<0>(); /* dP^T done */
         reg_fence(dpt);
-        /* dS^T = P^T (dP^T - D): A fragments, and to shared memory for dQ (rows keys, 64-query panels, swizzled) */
+        /* dS^T = P^T (dP^T - D): A fragments, and to shared memory for dQ (rows keys, 64-query panels, swizzled; DQ_SWAP:
+         * after the loop) */
         auto ds_pair = [&](int kk, int e, float2 dd) { /* dd: the two columns' D */
-            const int i = 8 * kk + 2 * e, col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1);
+            const int i = 8 * kk + 2 * e;
             pd[kk][e] = pack2(st[i] * (dpt[i] - dd.x), st[i + 1] * (dpt[i + 1] - dd.y), T());
-            const int chunk = (col % 64) / 8;
-            *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
+            if constexpr (!DQ_SWAP) {
+                const int col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1), chunk = (col % 64) / 8;
+                *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
+            }
         };
         each_pair(dsum, d_s, ds_pair);
+        if constexpr (DQ_SWAP) {
+            /* dS K-major: BR rows (queries) by BC keys in two 64-key panels, this consumer's the panel cw.  k-step kk's
+             * four fragments pd[kk][m] are the 8 x 8 blocks (queries 16 kk + 8 (m >> 1) + [0, 8), keys 16 warp +
+             * 8 (m & 1) + [0, 8)) of dS^T; stored transposed, lane 8 m + j addresses query row 16 kk + 8 (m >> 1) + j,
+             * whose 16 bytes of keys sit in 16-byte chunk 2 warp + (m & 1), swizzled by the row */
+            const unsigned ds_panel = smem_u32(ds_b + cw * BR * 64);
+            const int m = lane >> 3, chunk = 2 * warp + (m & 1);
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                const int q = 16 * kk + 8 * (m >> 1) + (lane & 7);
+                stmatrix_x4_trans(ds_panel + q * 128 + ((chunk ^ (q & 7)) << 4), pd[kk][0], pd[kk][1], pd[kk][2],
+                                  pd[kk][3]);
+            }
+        }
         fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
         /* dV += P^T dO, on the tensor cores while the consumers meet.  Issued here rather than while dP^T finishes (as
          * D=128 did before): 1.01-1.07x faster at D=128 (evidence/backward/h100_v3_bwd_step_order_a65f84f.md), where
@@ -323,23 +353,31 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 
         /* dQ_i = dS K (BC / 16 k-steps of 16 keys; dS^T's panel of this consumer's rows (BR = 128) or the whole dS^T
          * with K's panel of its columns (BR = 64)), then dK += dS^T Q, which runs while dQ goes out */
-        float dq[32];
-        const unsigned ds_lo = desc_lo(ds_b + (DQ_ROWS ? cw * BC * 64 : 0), BC * 128);
+        float dq[DQ_TILE / 128];
         wgmma_fence();
+        if constexpr (DQ_SWAP) { /* dQ^T = K^T dS^T: K's panel cw M-major (A), dS K-major (B, BR rows a panel) */
+            const unsigned dsk_lo = desc_lo(ds_b, 0);
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++)
-            wgmma_sstt<64, T>(dq, ds_lo + ((kk * 2048) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
+            for (int kk = 0; kk < BC / 16; kk++)
+                wgmma_ssta<BR, T>(dq, kn_lo + ((kk * 2048) >> 4),
+                                  dsk_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        } else {
+            const unsigned ds_lo = desc_lo(ds_b + (DQ_ROWS ? cw * BC * 64 : 0), BC * 128);
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++)
+                wgmma_sstt<64, T>(dq, ds_lo + ((kk * 2048) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
+        }
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dk, pd[kk], qt_lo + ((kk * 2048) >> 4), 1);
         wgmma_commit();
         wgmma_wait<1>(); /* dV and dQ done; dK may still run */
         reg_fence(dq);
-        /* the 64 x 64 dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds it
-         * to dq_accum (whose 64 x 64 tiles are laid out alike, v3_dq_index) */
+        /* the dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds it to
+         * dq_accum (whose tiles are laid out alike, v3_dq_index) */
         named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
 #pragma unroll
-        for (int v4 = 0; v4 < 8; v4++)
+        for (int v4 = 0; v4 < DQ_TILE / 512; v4++)
             *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
                 make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
         fence_proxy_async();
@@ -408,6 +446,43 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
     }
 }
 
+/* dQ = scale * dq_accum for the dQ^T tiles (DQ_SWAP, D=128): a block of 128 threads per BR rows and 64 columns
+ * (panel) of a (b, h), read in v3_dq_index's order -- thread tid's element i is column 16 (tid / 32) + (tid % 32) / 4
+ * + 8 ((i >> 1) & 1), row 8 (i / 4) + 2 (tid % 4) + (i & 1): the accumulator of dQ^T -- turned row-major in shared
+ * memory and written as 16-byte stores, eight threads to a 128-byte row.  Default mode only (dq_accum zeroed by
+ * bwd_prep, every tile added). */
+template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_convert_t(const attn_bwd_params p) {
+    constexpr int DP = 128;
+    __shared__ float tile[BR][68]; /* 68: a warp's stores (rows 2 (tid % 4) + .., columns (tid % 32) / 4 + ..) hit
+                                      distinct banks */
+    const attn_params &f = p.fwd;
+    const int64_t nrb = (f.sq + BR - 1) / BR, rb = (blockIdx.x / 2) % nrb, bh = blockIdx.x / 2 / nrb;
+    const int panel = (int)(blockIdx.x % 2), tid = threadIdx.x;
+    const float *src = p.dq_accum + (bh * p.ws_rows + rb * BR) * DP + panel * 64 * BR;
+    const int col = 16 * (tid / 32) + (tid % 32) / 4, row = 2 * (tid % 4);
+#pragma unroll
+    for (int v4 = 0; v4 < BR / 8; v4++) {
+        const float4 x = *(const float4 *)(src + v3_dq_index(tid, 4 * v4));
+        tile[8 * v4 + row][col] = x.x;
+        tile[8 * v4 + row + 1][col] = x.y;
+        tile[8 * v4 + row][col + 8] = x.z;
+        tile[8 * v4 + row + 1][col + 8] = x.w;
+    }
+    __syncthreads();
+    T *out = (T *)p.dq + (bh / f.h) * p.dq_stride_b + (bh % f.h) * p.dq_stride_h;
+    const float s = f.scale;
+#pragma unroll
+    for (int c = tid; c < BR * 8; c += 128) { /* 8 columns each */
+        const int r = c / 8, cc = (c % 8) * 8;
+        const int64_t i = rb * BR + r;
+        if (i >= f.sq || panel * 64 + cc >= f.d) continue;
+        const float4 a = *(const float4 *)&tile[r][cc], z = *(const float4 *)&tile[r][cc + 4];
+        *(uint4 *)(out + i * p.dq_stride_s + panel * 64 + cc) =
+            make_uint4(pack2(a.x * s, a.y * s, T()), pack2(a.z * s, a.w * s, T()), pack2(z.x * s, z.y * s, T()),
+                       pack2(z.z * s, z.w * s, T()));
+    }
+}
+
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
 
 /* The kinds of dK/dV kernel a config has: plain, with score mods (a softcap, ALiBi: MODS), for packed batches (SEQ),
@@ -439,8 +514,13 @@ typedef struct {
 #define V3B_WIDE_ROW(dp, br, bc, st, mods)                                                                        \
     {{{{NULL, NULL}, {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st,                   \
      V3_BWD_SMEM(dp, br, bc, st)},
-static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {V3_BWD_NARROW_CONFIGS(V3B_ROW)
-                                                             V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW)};
+/* V3_BWD_PLAIN_CONFIGS: the plain default-mode kernel and the dQ^T convert only */
+#define V3B_PLAIN_ROW(dp, br, bc, st, mods)                                                                       \
+    {{{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false, false, false), {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp),      \
+     {V3B_PAIR(v3_bwd_convert_t, br), {NULL, NULL}}, dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
+static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
+    V3_BWD_NARROW_CONFIGS(V3B_ROW) V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW) V3_BWD_PLAIN_CONFIGS(V3B_PLAIN_ROW)};
+#undef V3B_PLAIN_ROW
 #undef V3B_WIDE_ROW
 #undef V3B_ROW
 #undef V3B_CONVERTS
@@ -497,7 +577,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const int ti = f->dtype - FATTN_F16, rpb = 256 / (r->dp / 8); /* rows per block of prep / convert */
     const cudaStream_t s = (cudaStream_t)stream;
     const int64_t prep_blocks = (f->b * f->h * p->ws_rows + rpb - 1) / rpb;
-    const int64_t conv_blocks = f->b * f->h * ((f->sq + 63) / 64) * (r->dp / 64);
+    const int64_t dq_rows = V3_BWD_DQ_ROWS(r->br); /* a convert block's rows */
+    const int64_t conv_blocks = f->b * f->h * ((f->sq + dq_rows - 1) / dq_rows) * (r->dp / 64);
     if (prep_blocks > 0x7fffffff || conv_blocks > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: too many rows for one grid");
     const int kind = 2 * seq + fattn_score_mods(f);

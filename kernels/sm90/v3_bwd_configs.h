@@ -26,7 +26,13 @@ typedef struct {
     X(64, 128, 128, 2, 0)        \
     X(128, 64, 128, 2, 1)
 #define V3_BWD_WIDE_CONFIGS(X) X(256, 64, 64, 2, 1)
-#define V3_BWD_CONFIGS(X) V3_BWD_NARROW_CONFIGS(X) V3_BWD_WIDE_CONFIGS(X)
+/* Rows that have only the plain kernel in default mode (no softcap / ALiBi, packed batches or deterministic mode),
+ * for such calls without a mask: D=128 at br = 80, FlashAttention-3's tile for non-causal head dim 128.  br is not a
+ * multiple of 64, so dQ is computed transposed, dQ^T = K^T dS^T: each consumer's 64 columns by the step's 80 rows
+ * (40 registers a thread), from dS stored K-major (rows: queries) by stmatrix .trans.  Registers: dK, dV 128, S^T and
+ * dP^T 80 (LSE and D read from shared memory where used, not preloaded). */
+#define V3_BWD_PLAIN_CONFIGS(X) X(128, 80, 128, 2, 0)
+#define V3_BWD_CONFIGS(X) V3_BWD_NARROW_CONFIGS(X) V3_BWD_WIDE_CONFIGS(X) V3_BWD_PLAIN_CONFIGS(X)
 
 /* LSE2 and D in the workspace in v3's order (bwd_common.cuh: bwd_v3_row_pos), which the D=64 kernels read a float4
  * per k-step (1.03-1.08x at D=64 on an H200); elsewhere in row order (D=128's float4 reads measured 0.90-0.97x):
@@ -34,15 +40,21 @@ typedef struct {
 #define V3_BWD_LSE_V3_ORDER(dp) ((dp) == 64)
 
 #define V3_BWD_COUNT(...) +1
-enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT) };
+enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT),
+       V3_BWD_FIRST_PLAIN = V3_BWD_NCONFIGS - (0 V3_BWD_PLAIN_CONFIGS(V3_BWD_COUNT)) };
+
+/* The rows of a consumer's dQ tile (floats: 64 columns by these rows) and of a convert block: 64, or br where br is
+ * not a multiple of 64 (dQ^T, above). */
+#define V3_BWD_DQ_ROWS(br) ((br) % 64 ? (br) : 64)
 
 /* Dynamic shared memory, bytes: K and V (bc x dp), Q and dO (stages x br x dp), dS^T twice (bc x br) -- the wide
- * kernel: P and dS twice each (br x bc) --, all fp16 / bf16; the consumers' 64 x 64 dQ tiles (float; not in the wide
- * kernel); LSE and D of each stage's rows (float); the mbarriers; 1024 bytes of alignment slack (128-byte swizzled
- * tiles start on 1024-byte boundaries).  At most 227 KB (the wide config: 231464 bytes). */
+ * kernel: P and dS twice each (br x bc) --, all fp16 / bf16; the consumers' dQ tiles (float, 64 x V3_BWD_DQ_ROWS;
+ * not in the wide kernel); LSE and D of each stage's rows (float); the mbarriers; 1024 bytes of alignment slack
+ * (128-byte swizzled tiles start on 1024-byte boundaries).  At most 227 KB (the wide config: 231464 bytes; br = 80:
+ * 231720). */
 #define V3_BWD_SMEM(dp, br, bc, stages)                                                                          \
     ((size_t)(2 * (bc) * (dp) + 2 * (stages) * (br) * (dp) + ((dp) == 256 ? 4 : 2) * (bc) * (br)) * 2 +          \
-     (size_t)((dp) == 256 ? 0 : 2 * 64 * 64 * 4) + (size_t)2 * (stages) * (br) * 4 +                            \
+     (size_t)((dp) == 256 ? 0 : 2 * 64 * V3_BWD_DQ_ROWS(br) * 4) + (size_t)2 * (stages) * (br) * 4 +            \
      (size_t)(1 + 2 * (stages)) * 8 + 1024)
 
 #endif

@@ -61,13 +61,20 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward does not take %s yet", missing);
     if (why) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s", why);
     const int bucket = fattn_head_dim_bucket(f->d);
+    /* plain: what V3_BWD_PLAIN_CONFIGS' kernels take -- default mode, no softcap / ALiBi, not packed, no mask (their
+     * rows win there: FlashAttention-3's tile for non-causal head dim 128) */
+    const int plain = !p->deterministic && !fattn_score_mods(f) && !f->cu_seqlens_q && f->mask.left < 0 &&
+                      f->mask.right < 0;
     int idx = -1;
-    for (int i = 0; i < V3_BWD_NCONFIGS; i++)
-        if (v3_bwd_table[i].dp == bucket) idx = i;
+    for (int i = 0; i < V3_BWD_NCONFIGS; i++) /* the bucket's first row; a plain row where the call is plain */
+        if (v3_bwd_table[i].dp == bucket && (idx < 0 || (plain && i >= V3_BWD_FIRST_PLAIN))) idx = i;
     if (ov && ov->config >= 0) {
         if (ov->config >= V3_BWD_NCONFIGS || v3_bwd_table[ov->config].dp != bucket)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d does not exist for head dim bucket %d",
                               ov->config, bucket);
+        if (ov->config >= V3_BWD_FIRST_PLAIN && !plain)
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d runs only calls in default mode without a "
+                              "mask, softcap, ALiBi or packed batch", ov->config);
         idx = ov->config;
     }
     if (idx < 0) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: no config for head dim bucket %d", bucket);

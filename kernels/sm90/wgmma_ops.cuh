@@ -4,6 +4,7 @@
  *   wgmma_rs_nN: d (+)= A * B, A in registers (the m16n8k16 A fragment per warp), B N-major in shared memory
  *   wgmma_sstt_nN: d (+)= A * B, A M-major and B N-major in shared memory (both transposed by the descriptor)
  *   wgmma_sst_nN: d (+)= A * B, A K-major and B N-major in shared memory (B transposed)
+ *   wgmma_ssta_nN: d (+)= A * B, A M-major and B K-major in shared memory (A transposed)
  * Shared operands: the low word of their descriptor (hopper.cuh: desc_lo); the instruction adds the high word
  * (128-byte swizzle, 8-row groups 1024 bytes apart).
  * accumulate = 0 overwrites d.  Callers fence, commit and wait (hopper.cuh). */
@@ -108,6 +109,14 @@ DEV void wgmma_sst_n128(float (&d)[64], unsigned desc_a, unsigned desc_b, int ac
         : "r"(desc_a), "r"(desc_b), "r"(accumulate));
 }
 
+DEV void wgmma_ssta_n80(float (&d)[40], unsigned desc_a, unsigned desc_b, int accumulate, __half) {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%40, hi};\nmov.b64 db, {%41, hi};\nsetp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, da, db, p, 1, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
+}
+
 DEV void wgmma_ss_n32(float (&d)[16], unsigned desc_a, unsigned desc_b, int accumulate, __nv_bfloat16) {
     asm volatile(
         "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%16, hi};\nmov.b64 db, {%17, hi};\nsetp.ne.b32 p, %18, 0;\n"
@@ -204,6 +213,14 @@ DEV void wgmma_sst_n128(float (&d)[64], unsigned desc_a, unsigned desc_b, int ac
         : "r"(desc_a), "r"(desc_b), "r"(accumulate));
 }
 
+DEV void wgmma_ssta_n80(float (&d)[40], unsigned desc_a, unsigned desc_b, int accumulate, __nv_bfloat16) {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 hi;\nmov.b32 hi, 1073741888;\nmov.b64 da, {%40, hi};\nmov.b64 db, {%41, hi};\nsetp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, da, db, p, 1, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+        : "r"(desc_a), "r"(desc_b), "r"(accumulate));
+}
+
 /* wgmma_ss<N, T>: the wrapper for N, chosen at compile time. */
 template <int N, typename T> DEV void wgmma_ss(float (&d)[N / 2], unsigned desc_a, unsigned desc_b, int accumulate) {
     static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 192, "no wgmma_ss wrapper for this N: add it to gen_wgmma.py");
@@ -234,6 +251,12 @@ template <int N, typename T> DEV void wgmma_sstt(float (&d)[N / 2], unsigned des
 template <int N, typename T> DEV void wgmma_sst(float (&d)[N / 2], unsigned desc_a, unsigned desc_b, int accumulate) {
     static_assert(N == 128, "no wgmma_sst wrapper for this N: add it to gen_wgmma.py");
     if constexpr (N == 128) wgmma_sst_n128(d, desc_a, desc_b, accumulate, T());
+}
+
+/* wgmma_ssta<N, T>: the wrapper for N, chosen at compile time. */
+template <int N, typename T> DEV void wgmma_ssta(float (&d)[N / 2], unsigned desc_a, unsigned desc_b, int accumulate) {
+    static_assert(N == 80, "no wgmma_ssta wrapper for this N: add it to gen_wgmma.py");
+    if constexpr (N == 80) wgmma_ssta_n80(d, desc_a, desc_b, accumulate, T());
 }
 
 #endif
