@@ -95,10 +95,10 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     constexpr int NA = DP / 2;  /* dK and dV accumulators per thread (64 keys x DP) */
     constexpr bool DQ_ROWS = BR == 128; /* dQ split between the consumers by rows, else by columns */
     /* BR not a multiple of 64 (v3_bwd_configs.h: V3_BWD_PLAIN_CONFIGS): dQ^T = K^T dS^T, a consumer's 64 columns by
-     * the step's BR rows, dS stored K-major (rows: queries); plain kernels in default mode only */
+     * the step's BR rows, dS stored K-major (rows: queries); plain kernels only (no score mods, not packed) */
     constexpr bool DQ_SWAP = BR % 64 != 0;
     constexpr int DQ_TILE = 64 * V3_BWD_DQ_ROWS(BR); /* floats of a consumer's dQ tile */
-    static_assert(!DQ_SWAP || (!DET && !MODS && !SEQ && DP == 128), "dQ^T: D=128's plain kernel in default mode");
+    static_assert(!DQ_SWAP || (!MODS && !SEQ && DP == 128), "dQ^T: D=128's plain kernels");
     /* LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128, 64
      * would spill) */
     constexpr bool PRELOAD = BR == 64 && !MODS;
@@ -140,13 +140,16 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                               DQ_ROWS ? 0 : cw_);
     };
     /* where that tile is added in dq_accum: DQ_SWAP, rows row0 + [0, BR) of (b, h) -- BR x DP floats, both consumers'
-     * tiles side by side (v3_bwd_convert_t reads them) -- else tile dq_tile's 4096 floats */
-    auto dq_dst = [&](int it, int cw_) -> float * {
+     * tiles side by side (v3_bwd_convert_t reads them) -- else tile dq_tile's 4096 floats; and its counter in dq_sem
+     * (deterministic mode): DQ_SWAP, the tile's offset / DQ_TILE (tiles are DQ_TILE floats apart at least, so each
+     * has its own, below b h ws_rows / 40), else dq_tile */
+    auto dq_off = [&](int it, int cw_) -> int64_t {
         if constexpr (DQ_SWAP)
-            return p.dq_accum + ((b * f.h + h0 + it / nm) * p.ws_rows + row0_of(it)) * DP + cw_ * DQ_TILE;
+            return ((b * f.h + h0 + it / nm) * p.ws_rows + row0_of(it)) * DP + cw_ * DQ_TILE;
         else
-            return p.dq_accum + 4096 * dq_tile(it, cw_);
+            return 4096 * dq_tile(it, cw_);
     };
+    auto dq_sem = [&](int it, int cw_) { return p.dq_sem + (DQ_SWAP ? dq_off(it, cw_) / DQ_TILE : dq_tile(it, cw_)); };
 
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
@@ -164,19 +167,19 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {
                         for (int w = 0; w < 2; w++) {
-                            while (ld_acquire(p.dq_sem + dq_tile(it, w)) != turn) {
+                            while (ld_acquire(dq_sem(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
                             if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
-                                bulk_store(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                                bulk_store(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             else
-                                bulk_reduce_add_f32(p.dq_accum + 4096 * dq_tile(it, w), sdQ + w * 64 * 64, 64 * 64 * 4);
+                                bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                         }
                         tma_store_commit();
                         tma_store_wait_all();
                         fence_proxy_async_global();
-                        red_release_add(p.dq_sem + dq_tile(it, 0), 1);
-                        red_release_add(p.dq_sem + dq_tile(it, 1), 1);
+                        red_release_add(dq_sem(it, 0), 1);
+                        red_release_add(dq_sem(it, 1), 1);
                     }
                     __syncwarp();
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
@@ -185,7 +188,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            bulk_reduce_add_f32(dq_dst(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
+                            bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
@@ -449,8 +452,8 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
 /* dQ = scale * dq_accum for the dQ^T tiles (DQ_SWAP, D=128): a block of 128 threads per BR rows and 64 columns
  * (panel) of a (b, h), read in v3_dq_index's order -- thread tid's element i is column 16 (tid / 32) + (tid % 32) / 4
  * + 8 ((i >> 1) & 1), row 8 (i / 4) + 2 (tid % 4) + (i & 1): the accumulator of dQ^T -- turned row-major in shared
- * memory and written as 16-byte stores, eight threads to a 128-byte row.  Default mode only (dq_accum zeroed by
- * bwd_prep, every tile added). */
+ * memory and written as 16-byte stores, eight threads to a 128-byte row.  Deterministic mode: a tile no key block
+ * added to (its counter, at its offset / (64 BR), is 0) was never written, and its dQ is 0. */
 template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_convert_t(const attn_bwd_params p) {
     constexpr int DP = 128;
     __shared__ float tile[BR][68]; /* 68: a warp's stores (rows 2 (tid % 4) + .., columns (tid % 32) / 4 + ..) hit
@@ -458,11 +461,13 @@ template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_conv
     const attn_params &f = p.fwd;
     const int64_t nrb = (f.sq + BR - 1) / BR, rb = (blockIdx.x / 2) % nrb, bh = blockIdx.x / 2 / nrb;
     const int panel = (int)(blockIdx.x % 2), tid = threadIdx.x;
-    const float *src = p.dq_accum + (bh * p.ws_rows + rb * BR) * DP + panel * 64 * BR;
+    const int64_t off = (bh * p.ws_rows + rb * BR) * DP + panel * 64 * BR;
+    const bool added = !p.deterministic || p.dq_sem[off / (64 * BR)] > 0;
+    const float *src = p.dq_accum + off;
     const int col = 16 * (tid / 32) + (tid % 32) / 4, row = 2 * (tid % 4);
 #pragma unroll
     for (int v4 = 0; v4 < BR / 8; v4++) {
-        const float4 x = *(const float4 *)(src + v3_dq_index(tid, 4 * v4));
+        const float4 x = added ? *(const float4 *)(src + v3_dq_index(tid, 4 * v4)) : make_float4(0.f, 0.f, 0.f, 0.f);
         tile[8 * v4 + row][col] = x.x;
         tile[8 * v4 + row + 1][col] = x.y;
         tile[8 * v4 + row][col + 8] = x.z;
@@ -514,10 +519,10 @@ typedef struct {
 #define V3B_WIDE_ROW(dp, br, bc, st, mods)                                                                        \
     {{{{NULL, NULL}, {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st,                   \
      V3_BWD_SMEM(dp, br, bc, st)},
-/* V3_BWD_PLAIN_CONFIGS: the plain default-mode kernel and the dQ^T convert only */
+/* V3_BWD_PLAIN_CONFIGS: the plain kernels (default and deterministic mode) and the dQ^T convert only */
 #define V3B_PLAIN_ROW(dp, br, bc, st, mods)                                                                       \
-    {{{V3B_PAIR(v3_bwd_dkdv, dp, br, bc, st, false, false, false), {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp),      \
-     {V3B_PAIR(v3_bwd_convert_t, br), {NULL, NULL}}, dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
+    {{V3B_KIND(dp, br, bc, st, false, false)}, V3B_PAIR(bwd_prep, dp), {V3B_PAIR(v3_bwd_convert_t, br), {NULL, NULL}}, \
+     dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
     V3_BWD_NARROW_CONFIGS(V3B_ROW) V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW) V3_BWD_PLAIN_CONFIGS(V3B_PLAIN_ROW)};
 #undef V3B_PLAIN_ROW

@@ -35,6 +35,13 @@ static int tensors_ok(const attn_bwd_params *p) {
            sq < (1 << 30) && sk < (1 << 30);
 }
 
+/* Whether steps of br rows pad sq by at most 5% more rows than steps of br0 do.  A plain row's br = 80 against
+ * the default's 64 at D=128 (evidence/backward/h100_v3_bwd_br80_777e632.md): S=512 (560 rows against 512) ran
+ * 0.953x, S=1k (1040 against 1024) 1.04x, 2k-16k 1.06-1.20x. */
+static int v3_bwd_pads_little(int64_t sq, int br, int br0) {
+    return (sq + br - 1) / br * br * 20 <= (sq + br0 - 1) / br0 * br0 * 21;
+}
+
 /* The reason v3's backward cannot run p, or NULL. */
 static const char *refusal(const attn_bwd_params *p) {
     const attn_params *f = &p->fwd;
@@ -61,20 +68,20 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward does not take %s yet", missing);
     if (why) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s", why);
     const int bucket = fattn_head_dim_bucket(f->d);
-    /* plain: what V3_BWD_PLAIN_CONFIGS' kernels take -- default mode, no softcap / ALiBi, not packed, no mask (their
-     * rows win there: FlashAttention-3's tile for non-causal head dim 128) */
-    const int plain = !p->deterministic && !fattn_score_mods(f) && !f->cu_seqlens_q && f->mask.left < 0 &&
-                      f->mask.right < 0;
+    /* plain: what V3_BWD_PLAIN_CONFIGS' kernels take -- no softcap / ALiBi, not packed, no mask */
+    const int plain = !fattn_score_mods(f) && !f->cu_seqlens_q && f->mask.left < 0 && f->mask.right < 0;
     int idx = -1;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++) /* the bucket's first row; a plain row where the call is plain */
-        if (v3_bwd_table[i].dp == bucket && (idx < 0 || (plain && i >= V3_BWD_FIRST_PLAIN))) idx = i;
+        if (v3_bwd_table[i].dp == bucket &&
+            (idx < 0 || (plain && i >= V3_BWD_FIRST_PLAIN && v3_bwd_pads_little(f->sq, v3_bwd_table[i].br, 64))))
+            idx = i;
     if (ov && ov->config >= 0) {
         if (ov->config >= V3_BWD_NCONFIGS || v3_bwd_table[ov->config].dp != bucket)
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d does not exist for head dim bucket %d",
                               ov->config, bucket);
         if (ov->config >= V3_BWD_FIRST_PLAIN && !plain)
-            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d runs only calls in default mode without a "
-                              "mask, softcap, ALiBi or packed batch", ov->config);
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d runs only calls without a mask, softcap, "
+                              "ALiBi or packed batch", ov->config);
         idx = ov->config;
     }
     if (idx < 0) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: no config for head dim bucket %d", bucket);
