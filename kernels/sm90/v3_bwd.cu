@@ -78,7 +78,7 @@
 #define V3B_DQ_THREADS 160
 /* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64 and the wide
  * kernel's 256 (at 128 it ran 0.95-1.03x on an H100, so D = 128's kernels are built without it) */
-#define V3B_STAGGERS(dp) ((dp) == 64 || (dp) == 256)
+#define V3B_STAGGERS(dp, br) ((dp) == 64 || (dp) == 256 || (br) == 80)
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
  * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
@@ -124,7 +124,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     blk.desc = desc;
     const int nkb = (int)((f.sk + BC - 1) / BC);
     /* v3b_stagger_turn (the launcher's rule) */
-    const bool staggered = DET && !SEQ && V3B_STAGGERS(DP) && stagger == V3B_STAGGER_HEADS && blk.nm > 0;
+    const bool staggered = DET && !SEQ && V3B_STAGGERS(DP, BR) && stagger == V3B_STAGGER_HEADS && blk.nm > 0;
     if (staggered) blk.rot = blk.kb % blk.nm;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
@@ -603,7 +603,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const int64_t nkb = (f->sk + r->bc - 1) / r->bc, room = plan->dev.sm_count / 2;
     int stagger = V3B_STAGGER_NONE;
     if (p->deterministic && !seq && f->mask.left < 0 && f->mask.right < 0)
-        stagger = V3B_STAGGERS(r->dp) && nkb <= room        ? V3B_STAGGER_HEADS
+        stagger = V3B_STAGGERS(r->dp, r->br) && nkb <= room ? V3B_STAGGER_HEADS
                   : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
                                                           : V3B_STAGGER_NONE;
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger};
