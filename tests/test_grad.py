@@ -152,41 +152,44 @@ V3_BWD_BR80 = 3
 BR80_SEQS = [(1, 1), (17, 17), (80, 80), (81, 300), (113, 17), (160, 1025), (1025, 1025), (239, 97)]
 
 
-def v3_bwd_br80_grads(q, k, v, dout, out, lse, deterministic):
+def v3_bwd_br80_grads(q, k, v, dout, out, lse, deterministic, causal=False):
     """(dq, dk, dv) from v3's backward forced to the Br = 80 row."""
     g = [torch.empty_like(x) for x in (q, k, v)]
-    plan = _C._dev.backward(dout, q, k, v, out, lse, *g, stream=torch.cuda.current_stream().cuda_stream,
-                            variant="v3", config=V3_BWD_BR80, deterministic=deterministic)
+    plan = _C._dev.backward(dout, q, k, v, out, lse, *g, causal=CAUSAL[causal],
+                            stream=torch.cuda.current_stream().cuda_stream, variant="v3", config=V3_BWD_BR80,
+                            deterministic=deterministic)
     assert (plan["variant"], plan["config"]) == ("v3", V3_BWD_BR80), plan
     return g
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
 @pytest.mark.parametrize("sq,sk", BR80_SEQS, ids=[f"{a}x{b}" for a, b in BR80_SEQS])
-def test_grad_v3_br80(dtype, sq, sk, seed, request):
+def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
     """v3's backward at D=128 on the Br = 80 row (dQ^T = K^T dS^T, dS stored K-major by stmatrix .trans, dQ^T's own
-    convert), forced: gradients against the reference at odd lengths (a last step of 1-79 rows, Sq != Sk), with GQA
-    (two query heads per kv head), at head dims 128 and 72 (the bucket's columns past d zero), in default and
-    deterministic mode (bitwise repeatable).  The planner picks it without a mask where its steps pad Sq by at most
-    5% more rows than Br = 64's, in both modes; causal calls keep Br = 64 and refuse the Br = 80 row."""
+    convert), forced: gradients against the reference at odd lengths (a last step of 1-79 rows, Sq != Sk), with and
+    without a causal mask, with GQA (two query heads per kv head), at head dims 128 and 72 (the bucket's columns past
+    d zero), in default and deterministic mode (bitwise repeatable).  The planner picks it where its steps pad Sq by
+    at most 5% more rows than Br = 64's, in both modes; a softcap keeps Br = 64 and refuses the Br = 80 row."""
     require_variant("cuda", "v3")
     stream = torch.cuda.current_stream().cuda_stream
     pads_little = -(-sq // 80) * 80 * 20 <= -(-sq // 64) * 64 * 21
     for d, h, hk in [(128, 4, 2), (72, 2, 2)]:
         q, k, v, dout = inputs(2, h, hk, sq, sk, d, DTYPES[dtype], "cuda", seed)
-        out, lse = fattn.attention(q, k, v, return_lse=True)
-        check(v3_bwd_br80_grads(q, k, v, dout, out, lse, False), q, k, v, dout, request=request)
-        g_det = v3_bwd_br80_grads(q, k, v, dout, out, lse, True)
-        check(g_det, q, k, v, dout, request=request)
-        assert all(torch.equal(a, b) for a, b in zip(g_det, v3_bwd_br80_grads(q, k, v, dout, out, lse, True)))
+        out, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
+        check(v3_bwd_br80_grads(q, k, v, dout, out, lse, False, causal), q, k, v, dout, causal, request=request)
+        g_det = v3_bwd_br80_grads(q, k, v, dout, out, lse, True, causal)
+        check(g_det, q, k, v, dout, causal, request=request)
+        assert all(torch.equal(a, b) for a, b in zip(g_det, v3_bwd_br80_grads(q, k, v, dout, out, lse, True, causal)))
         e = [torch.empty_like(x) for x in (q, k, v)]
-        plan = lambda **kw: _C._dev.plan_backward(dout, q, k, v, out, lse, *e, stream=stream, variant="v3", **kw)
+        plan = lambda **kw: _C._dev.plan_backward(dout, q, k, v, out, lse, *e, causal=CAUSAL[causal], stream=stream,
+                                                  variant="v3", **kw)
         for det in (False, True):
             assert (plan(deterministic=det)["config"] == V3_BWD_BR80) == pads_little, (sq, det)
-        assert plan(causal=CAUSAL["top_left"])["config"] != V3_BWD_BR80
-        with pytest.raises(ValueError, match="without a mask"):
-            plan(causal=CAUSAL["top_left"], config=V3_BWD_BR80)
+        assert plan(softcap=5.0)["config"] != V3_BWD_BR80
+        with pytest.raises(ValueError, match="without a softcap"):
+            plan(softcap=5.0, config=V3_BWD_BR80)
     q, k, v, dout = inputs(1, 2, 2, 512, 512, 128, DTYPES[dtype], "cuda", seed)  # 560 rows of steps against 512
     out, lse = fattn.attention(q, k, v, return_lse=True)
     e = [torch.empty_like(x) for x in (q, k, v)]

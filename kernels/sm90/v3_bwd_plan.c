@@ -68,8 +68,8 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "the v3 backward does not take %s yet", missing);
     if (why) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "%s", why);
     const int bucket = fattn_head_dim_bucket(f->d);
-    /* plain: what V3_BWD_PLAIN_CONFIGS' kernels take -- no softcap / ALiBi, not packed, no mask */
-    const int plain = !fattn_score_mods(f) && !f->cu_seqlens_q && f->mask.left < 0 && f->mask.right < 0;
+    /* plain: what V3_BWD_PLAIN_CONFIGS' kernels take -- no softcap / ALiBi, not packed */
+    const int plain = !fattn_score_mods(f) && !f->cu_seqlens_q;
     int idx = -1;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++) /* the bucket's first row; a plain row where the call is plain */
         if (v3_bwd_table[i].dp == bucket &&
@@ -80,8 +80,8 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
             return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d does not exist for head dim bucket %d",
                               ov->config, bucket);
         if (ov->config >= V3_BWD_FIRST_PLAIN && !plain)
-            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d runs only calls without a mask, softcap, "
-                              "ALiBi or packed batch", ov->config);
+            return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward config %d runs only calls without a softcap, ALiBi or "
+                              "packed batch", ov->config);
         idx = ov->config;
     }
     if (idx < 0) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: no config for head dim bucket %d", bucket);
