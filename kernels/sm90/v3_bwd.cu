@@ -50,7 +50,13 @@
  * v2.  Head dim 256 runs its own dK/dV kernel (v3_bwd_wide.cu: the consumers split the head dim)
  * between this file's prep and convert passes; the block placement and the producer are shared (v3_bwd_ring.cuh).
  * Built for sm_90a only (kernels/sm90/gencode).  Configurations: v3_bwd_configs.h.
- * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): D=128 0.86-0.98x cudnn (494 TFLOP/s
+ * BR = 80 (V3_BWD_PLAIN_CONFIGS: D=128 where 80-row steps pad Sq little): dQ cannot be split into 64-row wgmma tiles,
+ * so it is computed transposed, dQ^T = K^T dS^T (K's panel of the consumer's 64 columns M-major, dS K-major), a
+ * 64 x 80 tile per consumer; dS goes to shared memory as dS (rows: queries) by stmatrix .trans, and the convert pass
+ * of these tiles is v3_bwd_convert_t.  LSE and D are read from shared memory where used (no room to preload).
+ * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): at BR = 80 (8328cbe) D=128 non-causal
+ * 0.90-1.06x cudnn at S >= 1k (1.04-1.20x the BR = 64 kernel), causal 0.89-1.09x (1.02-1.11x),
+ * evidence/backward/h100_v3_bwd_br80_777e632.md.  Before it: D=128 0.86-0.98x cudnn (494 TFLOP/s
  * at S=16k), 1.01-1.07x the speed of b90005c's step order (dV while dP^T finished), deterministic mode 1.04-1.26x
  * the default's time (evidence/backward/h100_v3_bwd_step_order_a65f84f.md); D=64 0.84-0.97x at a213fcc
  * (h100_v3_bwd_a213fcc.md), then 1.03-1.08x faster with LSE2 and D read as float4s (34b28d2, the same file's
@@ -76,8 +82,10 @@
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
-/* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64 and the wide
- * kernel's 256 (at 128 it ran 0.95-1.03x on an H100, so D = 128's kernels are built without it) */
+/* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64, the wide
+ * kernel's 256, and 128 at br = 80 (at 128 with br = 64 it ran 0.95-1.03x on an H100, so those kernels are built
+ * without it; at br = 80, 1.057 / 1.090 / 1.075 / 1.014x at S = 1k / 2k / 4k / 8k non-causal against br = 80 without
+ * it: evidence/backward/h100_v3_bwd_br80_777e632.md) */
 #define V3B_STAGGERS(dp, br) ((dp) == 64 || (dp) == 256 || (br) == 80)
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's

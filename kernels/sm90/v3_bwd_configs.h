@@ -26,8 +26,9 @@ typedef struct {
     X(64, 128, 128, 2, 0)        \
     X(128, 64, 128, 2, 1)
 #define V3_BWD_WIDE_CONFIGS(X) X(256, 64, 64, 2, 1)
-/* Rows that have only the plain kernels (no softcap / ALiBi or packed batches), for such calls without a mask: D=128
- * at br = 80, FlashAttention-3's tile for non-causal head dim 128 (v3_bwd_plan.c: where its padding is small).  br is not a
+/* Rows that have only the plain kernels (no softcap / ALiBi or packed batches), for such calls: D=128 at br = 80,
+ * FlashAttention-3's tile for non-causal head dim 128, here faster with a causal mask too (v3_bwd_plan.c: where its
+ * padding of Sq is small).  br is not a
  * multiple of 64, so dQ is computed transposed, dQ^T = K^T dS^T: each consumer's 64 columns by the step's 80 rows
  * (40 registers a thread), from dS stored K-major (rows: queries) by stmatrix .trans.  Registers: dK, dV 128, S^T and
  * dP^T 80 (LSE and D read from shared memory where used, not preloaded). */

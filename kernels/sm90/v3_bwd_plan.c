@@ -36,8 +36,8 @@ static int tensors_ok(const attn_bwd_params *p) {
 }
 
 /* Whether steps of br rows pad sq by at most 5% more rows than steps of br0 do.  A plain row's br = 80 against
- * the default's 64 at D=128 (evidence/backward/h100_v3_bwd_br80_777e632.md): S=512 (560 rows against 512) ran
- * 0.953x, S=1k (1040 against 1024) 1.04x, 2k-16k 1.06-1.20x. */
+ * the default's 64 at D=128 (evidence/backward/h100_v3_bwd_br80_777e632.md): non-causal S=512 (560 rows against 512)
+ * ran 0.953x, S=1k (1040 against 1024) 1.04x, 2k-16k 1.06-1.20x; causal 1k-16k 1.02-1.12x. */
 static int v3_bwd_pads_little(int64_t sq, int br, int br0) {
     return (sq + br - 1) / br * br * 20 <= (sq + br0 - 1) / br0 * br0 * 21;
 }
