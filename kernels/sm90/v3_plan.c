@@ -22,7 +22,8 @@ typedef struct {
     int waves_min, waves_max; /* > 0: the bucket default's tiles at least / at most this many per SM */
 } v3_rule;
 static const v3_rule v3_rules[V3_NRULES + 1] = {
-#define RULE(dp, bc, st, cwg, pp, causal, sk_min, sk_max, wmin, wmax) {{dp, bc, st, cwg, pp}, causal, sk_min, sk_max, wmin, wmax},
+#define RULE(dp, bc, st, cwg, pp, causal, sk_min, sk_max, wmin, wmax)                                                 \
+    {{dp, bc, st, cwg, pp}, causal, sk_min, sk_max, wmin, wmax},
     V3_RULES(RULE)
 #undef RULE
     {{0, 0, 0, 0, 0}, -1, 0, 0, 0, 0}};
@@ -217,7 +218,8 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     const int br = 64 * c->consumers;
     const int64_t blocks = (p->sq + br - 1) / br * p->b * p->h;
     if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: %lld tiles are too many", (long long)blocks);
-    const int64_t slots = (int64_t)plan->dev.sm_count * V3_BLOCKS_PER_SM(c->dp, c->bc, c->stages, c->consumers); /* persistent */
+    /* the persistent grid: as many blocks as fit at once */
+    const int64_t slots = (int64_t)plan->dev.sm_count * V3_BLOCKS_PER_SM(c->dp, c->bc, c->stages, c->consumers);
     const int64_t grid = blocks < slots ? blocks : slots;
     plan->config = idx;
     plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
@@ -225,9 +227,9 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     plan->threads = (unsigned)(128 * (c->consumers + 1));
     plan->smem = V3_SMEM(c->dp, c->bc, c->stages, c->consumers);
     const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX;
-    plan->head_group = ov->order == FATTN_ORDER_HEADS ? 1 : ov->order == FATTN_ORDER_BLOCKS ? nbh
-                                                                                          : v3_order(p, br, c->bc, grid,
-                                                                                                     plan->dev.sm_count);
+    plan->head_group = ov->order == FATTN_ORDER_HEADS    ? 1
+                       : ov->order == FATTN_ORDER_BLOCKS ? nbh
+                                                         : v3_order(p, br, c->bc, grid, plan->dev.sm_count);
     plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
     return FATTN_OK;
 }
