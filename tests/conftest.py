@@ -21,6 +21,8 @@ from fattn._api import CAUSAL  # noqa: E402
 from fattn.testing import accuracy  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available() and fattn.cuda_available()
+# tests of the Hopper variant v3 (sm_90 only)
+V3 = pytest.mark.skipif(HAS_CUDA and torch.cuda.get_device_capability() != (9, 0), reason="v3 needs sm_90 (H100/H200)")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -63,6 +65,13 @@ def dev_forward(q, k, v, *, causal=False, scale=None, layout="bhsd", window=None
     plan = _C._dev.plan(q, k, v, out, lse, causal=CAUSAL[causal], scale=scale, layout=fattn._api.LAYOUT[layout],
                         window=window, variant=variant, stream=stream_for(q), **overrides)
     return out, lse, plan
+
+
+def plan_of(q, k, v, causal=False, variant=None, out=None, **overrides):
+    """The plan fattn would run for this call (fattn._C._dev.plan)."""
+    out = torch.empty_like(q) if out is None else out
+    return _C._dev.plan(q, k, v, out, causal=fattn._api.CAUSAL[causal], variant=variant, stream=stream_for(q),
+                        **overrides)
 
 
 def attention(q, k, v, variant=None, **kw):
