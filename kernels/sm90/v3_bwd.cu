@@ -255,7 +255,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         float2 lse2[PRELOAD ? NS / 4 : 1], dsum[PRELOAD ? NS / 4 : 1];
         /* where pair j (rows 8 j + 2 t, + 1) sits: V3_ORDER, bwd_v3_row_pos(8 j + 2 t) in 32-bit arithmetic (its
          * 64-bit form changed the D=64 kernels' SASS; the gradient tests check that both agree) */
-        auto pair_at = [&](int j) { return V3_ORDER ? 64 * (j / 8) + 16 * t + 2 * (j % 8) : 8 * j + 2 * t; };
+        auto pair_at = [&](int j) {
+            return V3_ORDER ? 64 * (j / 8) + 16 * ((j % 8) / 2) + 4 * t + 2 * (j % 2) : 8 * j + 2 * t;
+        };
         auto pick = [&](const float2 *regs, const float *smem, int j) {
             if constexpr (PRELOAD) return regs[j];
             else return *(const float2 *)(smem + pair_at(j));
