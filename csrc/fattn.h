@@ -250,14 +250,15 @@ FATTN_HD void fattn_seq_bwd_params(const attn_bwd_params *p, int64_t b, attn_bwd
     if (p->dq_sem) s->dq_sem = p->dq_sem + b * p->fwd.h * p->ws_rows;
 }
 
-/* The GPU backward's workspace: ws_rows = sq rounded up to 80 (the steps of v3's br = 80 backward end there), then to
- * 128; ws_cols = the head-dim bucket; dq_accum first, then
+/* The GPU backward's workspace: ws_rows = sq rounded up to FATTN_BWD_STEP_ROWS (the steps of v3's br = 80 backward
+ * end there), then to 128; ws_cols = the head-dim bucket; dq_accum first, then
  * dpsum and lse2 (a float per row each; v3 at head dim 64 orders them inside each 64-row block as its threads read
  * them: kernels/bwd_common.cuh, bwd_v3_row_pos), then dq_sem (an int per row).  One rule for every GPU variant (the
  * Python side sizes a framework-allocated workspace with it). */
 #define FATTN_BWD_ROW_ALIGN 128
+#define FATTN_BWD_STEP_ROWS 80 /* the query rows of a step of v3's backward that are not a multiple of 64 */
 FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
-    const int64_t steps = (sq + 79) / 80 * 80;
+    const int64_t steps = (sq + FATTN_BWD_STEP_ROWS - 1) / FATTN_BWD_STEP_ROWS * FATTN_BWD_STEP_ROWS;
     return (steps + FATTN_BWD_ROW_ALIGN - 1) / FATTN_BWD_ROW_ALIGN * FATTN_BWD_ROW_ALIGN;
 }
 /* The head-dim bucket kernels are compiled for: 64, 128 or 256 (columns past d are zero-filled). */

@@ -57,8 +57,8 @@ DEV void rows_seeing(const fattn_mask *m, int64_t sq, int64_t sk, int64_t j0, in
 /* ---- preprocess and convert: one group of DP / 8 lanes per row, 16 bytes per lane -------------------------------- */
 
 /* bwd_prep's flags: zero dq_accum (its first add is an add); LSE2 and D in v3's order (below); dQ added in tiles of
- * 80 rows (v3's Br = 80 row), not 64. */
-enum { BWD_PREP_ZERO_DQ = 1, BWD_PREP_V3_ORDER = 2, BWD_PREP_ROWS80 = 4 };
+ * FATTN_BWD_STEP_ROWS rows (v3's Br = 80 row), not 64. */
+enum { BWD_PREP_ZERO_DQ = 1, BWD_PREP_V3_ORDER = 2, BWD_PREP_STEP_ROWS = 4 };
 
 /* v3's order of LSE2 and D inside each 64-row block of the workspace: the rows a consumer thread reads together side
  * by side.  A thread of lane quad position t reads rows 8 j + 2 t + y (j = 0..7, y = 0, 1: wgmma's accumulator
@@ -73,7 +73,8 @@ DEV int64_t bwd_v3_row_pos(int64_t i) {
 /* D_i = rowsum(dO_i * O_i) and LSE_i in base 2 for the b * h * ws_rows workspace rows (0 and +inf for rows past Sq,
  * so nothing there is ever uninitialised), in row order or v3's (BWD_PREP_V3_ORDER); dq_accum zeroed when the first
  * add to it is an add (BWD_PREP_ZERO_DQ) -- the rows of the dQ tiles that hold rows below Sq (Sq rounded up to 64, or
- * to 80: BWD_PREP_ROWS80; a tile's floats lie anywhere in its rows' span), not the rest, which no convert reads --;
+ * to FATTN_BWD_STEP_ROWS: BWD_PREP_STEP_ROWS; a tile's floats lie anywhere in its rows' span), not the rest, which
+ * no convert reads --;
  * dq_sem zeroed (v3's deterministic mode counts the adds to each dQ tile). */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int flags) {
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const i
         p.lse2[at] = i < x_.sq ? lse2_of(f.lse + b * f.lse_stride_b + h * f.lse_stride_h + x_.q0, i, x_.sq) : INFINITY;
         if (p.dq_sem) p.dq_sem[row] = 0;
     }
-    const int64_t tile_rows = flags & BWD_PREP_ROWS80 ? 80 : 64;
+    const int64_t tile_rows = flags & BWD_PREP_STEP_ROWS ? FATTN_BWD_STEP_ROWS : 64;
     if ((flags & BWD_PREP_ZERO_DQ) && i < (x_.sq + tile_rows - 1) / tile_rows * tile_rows) {
         float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);
         z[0] = make_float4(0.f, 0.f, 0.f, 0.f);

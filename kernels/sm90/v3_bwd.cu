@@ -109,6 +109,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     constexpr bool DQ_SWAP = BR % 64 != 0;
     constexpr int DQ_TILE = 64 * V3_BWD_DQ_ROWS(BR); /* floats of a consumer's dQ tile */
     static_assert(!DQ_SWAP || (!MODS && !SEQ && DP == 128), "dQ^T: D=128's plain kernels");
+    static_assert(!DQ_SWAP || BR == FATTN_BWD_STEP_ROWS, "the workspace's rows end where steps of BR rows do");
     /* LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128, 64
      * would spill) */
     constexpr bool PRELOAD = BR == 64 && !MODS;
@@ -523,7 +524,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no kernel for this call", plan->config);
     /* deterministic: each tile's first add is a store, dq_accum not zeroed */
     int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) | (V3_BWD_LSE_V3_ORDER(r->dp) ? BWD_PREP_V3_ORDER : 0) |
-                     (V3_BWD_DQ_ROWS(r->br) == 80 ? BWD_PREP_ROWS80 : 0);
+                     (V3_BWD_DQ_ROWS(r->br) == FATTN_BWD_STEP_ROWS ? BWD_PREP_STEP_ROWS : 0);
     void *pargs[] = {(void *)p, (void *)&prep_flags};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     /* Deterministic mode without a mask, a dense batch (v3_bwd_ring.cuh: V3B_STAGGER_*): whole heads staggered

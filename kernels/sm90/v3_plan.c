@@ -129,14 +129,14 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
 /* ---- the tile order ------------------------------------------------------------------------------------------- */
 
 /* The busiest SM's work over the mean when `grid` persistent blocks walk the tiles in order `group`
- * (v3_tile_index's zig-zag rounds; a tile costs its key blocks plus one for its prologue and epilogue).  With
- * several blocks per SM (one consumer) an SM's load is its blocks' together -- block x taken to share SM x % sms
- * with x + sms, ... -- since a block that finishes early leaves its SM to the others: counted per block, a grid of
- * three blocks per SM read 5-8% less balanced head by head at D=64 causal 1k-4k and went heads-fastest, 1.3-1.7x
- * slower than head by head (evidence/bench/h100_v3_three_blocks_2c94c1b.md). */
-static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t sms, int64_t group,
+ * (v3_tile_index's zig-zag rounds; a tile costs its key blocks plus one for its prologue and epilogue), over the n
+ * SMs it spans.  With several blocks per SM (one consumer) an SM's load is its blocks' together -- block x taken to
+ * share SM x % n with x + n, ... -- since a block that finishes early leaves its SM to the others: counted per
+ * block, a grid of three blocks per SM read 5-8% less balanced head by head at D=64 causal 1k-4k and went
+ * heads-fastest, 1.3-1.7x slower than head by head (evidence/bench/h100_v3_three_blocks_2c94c1b.md). */
+static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t n, int64_t group,
                            int64_t *load) {
-    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h, n = sms > 0 && sms < grid ? sms : grid;
+    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h; /* n: the SMs the grid spans, load[n] */
     int64_t total = 0, most = 0;
     for (int64_t x = 0; x < n; x++) load[x] = 0;
     for (int64_t k = 0; k * grid < ntiles; k++)
@@ -169,8 +169,7 @@ static pthread_mutex_t v3_memo_lock = PTHREAD_MUTEX_INITIALIZER;
 static int memo_matches(const v3_order_memo *m, const attn_params *p, int64_t nbh, int br, int bc, int64_t grid,
                         int64_t sms) {
     return m->group && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->grid == grid && m->sms == sms &&
-           m->br == br &&
-           m->bc == bc && m->left == p->mask.left && m->right == p->mask.right &&
+           m->br == br && m->bc == bc && m->left == p->mask.left && m->right == p->mask.right &&
            m->bottom_right == p->mask.bottom_right;
 }
 
@@ -186,10 +185,11 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid, int6
         if (memo_matches(&v3_memo[i], p, nbh, br, bc, grid, sms)) group = v3_memo[i].group;
     pthread_mutex_unlock(&v3_memo_lock);
     if (group) return group;
-    int64_t *load = (int64_t *)malloc((size_t)(sms > 0 && sms < grid ? sms : grid) * sizeof(int64_t));
+    const int64_t n = sms > 0 && sms < grid ? sms : grid; /* the SMs the grid spans */
+    int64_t *load = (int64_t *)malloc((size_t)n * sizeof(int64_t));
     if (!load) return nbh;
-    const double by_head = v3_imbalance(p, br, bc, grid, sms, 1, load);
-    const double by_block = v3_imbalance(p, br, bc, grid, sms, nbh, load);
+    const double by_head = v3_imbalance(p, br, bc, grid, n, 1, load);
+    const double by_block = v3_imbalance(p, br, bc, grid, n, nbh, load);
     free(load);
     group = by_head <= 1.05 * by_block ? 1 : nbh;
     const v3_order_memo m = {p->sq, p->sk, nbh, grid, sms, p->mask.left, p->mask.right, br, bc, p->mask.bottom_right,
