@@ -110,12 +110,12 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     constexpr int DQ_TILE = 64 * V3_BWD_DQ_ROWS(BR); /* floats of a consumer's dQ tile */
     static_assert(!DQ_SWAP || (!MODS && !SEQ && DP == 128), "dQ^T: D=128's plain kernels");
     static_assert(!DQ_SWAP || BR == FATTN_BWD_STEP_ROWS, "the workspace's rows end where steps of BR rows do");
-    /* LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128, 64
-     * would spill) */
-    constexpr bool PRELOAD = BR == 64 && !MODS;
     /* LSE2 and D in the workspace's v3 order (v3_bwd_configs.h), and read a float4 per k-step (QUADS; the score-mod
      * and packed kernels read a float2 at a time: a float4's registers spill 8 bytes there) */
-    constexpr bool V3_ORDER = V3_BWD_LSE_V3_ORDER(DP), QUADS = V3_ORDER && !MODS && !SEQ;
+    constexpr bool V3_ORDER = V3_BWD_LSE_V3_ORDER(DP, BR), QUADS = V3_ORDER && !MODS && !SEQ;
+    /* else LSE and D of the step's columns in registers before the GEMMs' results (32 registers at BR = 64; at 128,
+     * 64 would spill) */
+    constexpr bool PRELOAD = BR == 64 && !MODS && !QUADS;
     static_assert(DQ_ROWS ? DP == 64 : DP == 128, "a consumer's dQ tile is 64 x 64");
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)smem_align1024(smem_raw);
@@ -281,14 +281,14 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         };
         if constexpr (PRELOAD) {
 #pragma unroll
-            for (int j = 0; j < NS / 4; j++) lse2[j] = *(const float2 *)(lse_s + 8 * j + 2 * t);
+            for (int j = 0; j < NS / 4; j++) lse2[j] = *(const float2 *)(lse_s + pair_at(j));
         }
         wgmma_wait<1>();
         reg_fence(st);
 
         if constexpr (PRELOAD) {
 #pragma unroll
-            for (int j = 0; j < NS / 4; j++) dsum[j] = *(const float2 *)(d_s + 8 * j + 2 * t);
+            for (int j = 0; j < NS / 4; j++) dsum[j] = *(const float2 *)(d_s + pair_at(j));
         }
         /* key r, column q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
         const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, j0);
@@ -523,7 +523,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     if (!dkdv) /* (the planner sends such calls to v2) */
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no kernel for this call", plan->config);
     /* deterministic: each tile's first add is a store, dq_accum not zeroed */
-    int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) | (V3_BWD_LSE_V3_ORDER(r->dp) ? BWD_PREP_V3_ORDER : 0) |
+    int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) | (V3_BWD_LSE_V3_ORDER(r->dp, r->br) ? BWD_PREP_V3_ORDER : 0) |
                      (V3_BWD_DQ_ROWS(r->br) == FATTN_BWD_STEP_ROWS ? BWD_PREP_STEP_ROWS : 0);
     void *pargs[] = {(void *)p, (void *)&prep_flags};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));

@@ -40,7 +40,7 @@ typedef struct {
  * H100: evidence/backward/h100_v3_bwd_br80_777e632.md, section 7); elsewhere in row order (D=128's float4 reads
  * measured 0.90-0.97x, in the order that had bank conflicts: h100_v3_bwd_step_order_a65f84f.md, section 7).  The
  * launcher tells bwd_prep, the kernels read. */
-#define V3_BWD_LSE_V3_ORDER(dp) ((dp) == 64)
+#define V3_BWD_LSE_V3_ORDER(dp, br) ((dp) == 64 || ((dp) == 128 && (br) == 64))
 
 #define V3_BWD_COUNT(...) +1
 enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT),
