@@ -64,24 +64,6 @@ DEV float fast_exp2(float x) {
     return y;
 }
 
-/* 2^x on the FMA pipe, for the softmax to split its exponentials between this and MUFU (MUFU issues 16 a clock per
- * SM, as many as the tensor cores' work on 64-wide heads can hide).  x = n + f with n = rint(x) (the 1.5 * 2^23
- * rounding trick: t's low bits hold n) and |f| <= 1/2; 2^f by a degree-3 polynomial with p(0) = 1, fitted here for
- * the least maximum relative error on [-1/2, 1/2]: 1.01e-4 (2^-13.3) in float arithmetic, a quarter of fp16's
- * rounding; and 2^n as a float built from n's bits, multiplied in.  x is clamped at -127 (NaN kept: max.NaN), where
- * f = 0, p = 1 and 2^n's bits are 0, so exp2(-inf) = 0 exactly (a fully masked row keeps l = 0); between -127 and
- * -126 it returns a denormal or 0 where ex2.approx.ftz returns 0, 2^-126 off at most. */
-DEV float poly_exp2(float x) {
-    float xc;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(xc) : "f"(x), "f"(-127.f));
-    const float t = __fadd_rn(xc, 0x1.8p23f); /* round to nearest: t = 1.5 * 2^23 + n */
-    const float f = __fadd_rn(xc, -__fadd_rn(t, -0x1.8p23f));
-    float q = fmaf(0x1.c2a196p-5f, f, 0x1.f00c2p-3f); /* 0.05500869, 0.24221063 */
-    q = fmaf(q, f, 0x1.62f5fap-1f);                /* 0.6932829 */
-    const float two_n = __int_as_float((__float_as_int(t) << 23) + 0x3f800000); /* (n + 127) << 23 */
-    return fmaf(q * f, two_n, two_n);                                           /* (1 + q f) 2^n */
-}
-
 /* tanh(x) on the special-function unit (tanh.approx.f32, sm_75+: relative error below 2^-10.98, fp16's own
  * rounding).  The softcap's cost: in an interleaved A/B on the H100 (evidence/serving/h100_score_mods_1c7ea64.md)
  * it ran v2's softcap forward at 1.20-1.32x the plain call's time, against 1.76-2.50x for 1 - 2 / (2^(2x log2 e) + 1)

@@ -35,11 +35,13 @@ typedef struct {
 #define V3_BWD_PLAIN_CONFIGS(X) X(128, 80, 128, 2, 0)
 #define V3_BWD_CONFIGS(X) V3_BWD_NARROW_CONFIGS(X) V3_BWD_WIDE_CONFIGS(X) V3_BWD_PLAIN_CONFIGS(X)
 
-/* LSE2 and D in the workspace in v3's order (bwd_common.cuh: bwd_v3_row_pos), which the D=64 kernels read a float4
- * per k-step (1.03-1.08x at D=64 on an H200; with the reads on distinct banks, ae7257e, another 1.02-1.07x on an
- * H100: evidence/backward/h100_v3_bwd_br80_777e632.md, section 7); elsewhere in row order (D=128's float4 reads
- * measured 0.90-0.97x, in the order that had bank conflicts: h100_v3_bwd_step_order_a65f84f.md, section 7).  The
- * launcher tells bwd_prep, the kernels read. */
+/* LSE2 and D in the workspace in v3's order (bwd_common.cuh: bwd_v3_row_pos), which the kernels of 64-row steps read
+ * a float4 per k-step: D=64 (1.03-1.08x on an H200; with the reads on distinct banks, ae7257e, another 1.02-1.07x on
+ * an H100: evidence/backward/h100_v3_bwd_br80_777e632.md, section 7) and D=128 at Br = 64 (in the order that had
+ * bank conflicts 0.90-0.97x, h100_v3_bwd_step_order_a65f84f.md, section 7; on distinct banks, 5e7d3b4 against
+ * c282b59 at S = 512 on an H100, 1.003-1.016x, deterministic mode 1.016-1.025x:
+ * h100_ab_bwd_d128_br64_quads_5e7d3b4_vs_c282b59.json).  Br = 80 steps, which do not start on 64-row blocks, read
+ * row order.  The launcher tells bwd_prep, the kernels read. */
 #define V3_BWD_LSE_V3_ORDER(dp, br) ((dp) == 64 || ((dp) == 128 && (br) == 64))
 
 #define V3_BWD_COUNT(...) +1

@@ -76,12 +76,6 @@ typedef struct {
     X(128, 128, 2, 2, 1)  \
     X(256, 64, 2, 2, 1)
 
-/* Of every 8 exponentials of the forward's softmax, how many go to the FMA pipe (mma.cuh: poly_exp2) rather than
- * MUFU, by head-dim bucket.  MUFU's 16 a clock per SM take as long as the tensor cores' work at D=64 (2 x 64 x 2
- * FLOP per score at 4096 a clock: 0.0625 clocks, one exponential's), half of it at D=128, a quarter at D=256; the
- * polynomial costs 9 FMA-pipe instructions against MUFU's one issue. */
-#define V3_POLY_EXP(DP) ((DP) == 128 ? 2 : 1)
-
 /* The table compiled ahead of time, in index order: the defaults (index = bucket), then the sweep candidates; a
  * rule names one of these configs by value.  The kernel file and the planner expand this one list. */
 #define V3_TABLE(X) V3_DEFAULT_CONFIGS(X) V3_SWEEP_CONFIGS(X)

@@ -201,11 +201,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
      * element.  a[]: alpha of the thread's two rows.  The row max is lazy: a warp moves its rows' m only when one
      * of them grew by more than V3_MAX_SLACK (log2 units) since m was set, so P <= 2^V3_MAX_SLACK, and most blocks
      * leave O as it is.  Returns whether the warp moved m (the caller then rescales O by a). */
-    /* P's exponentials: V3_POLY_EXP(DP) of every 8 (element i's turn, spread evenly) on the FMA pipe, the rest on
-     * MUFU (v3_configs.h) */
-    auto exp2_split = [](int i, float x) {
-        return (i * V3_POLY_EXP(DP)) % 8 < V3_POLY_EXP(DP) ? poly_exp2(x) : fast_exp2(x);
-    };
     auto softmax = [&](int j, float a[2], bool masked) -> bool {
         float mx[2] = {m[0], m[1]};
         if constexpr (MODS) { /* softcap, then ALiBi: the distance of row0 to key kbase + 2 t in float, once */
@@ -253,7 +248,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             for (int r = 0; r < 2; r++) a[r] = fast_exp2(m[r] * c - mc[r]); /* m = -inf (first block): alpha = 0 */
 #pragma unroll
             for (int i = 0; i < NS; i++) {
-                s[i] = exp2_split(i, fmaf(s[i], c, -mc[(i >> 1) & 1]));
+                s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
                 sum[(i >> 1) & 1] += s[i];
             }
         } else {
@@ -261,7 +256,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             for (int r = 0; r < 2; r++) a[r] = fast_exp2((m[r] - mu[r]) * c);
 #pragma unroll
             for (int i = 0; i < NS; i++) {
-                s[i] = exp2_split(i, (s[i] - mu[(i >> 1) & 1]) * c);
+                s[i] = fast_exp2((s[i] - mu[(i >> 1) & 1]) * c);
                 sum[(i >> 1) & 1] += s[i];
             }
         }
