@@ -25,7 +25,8 @@
  *     dQ_i = dS K          wgmma SS with both operands transposed by their descriptors (dS^T M-major, K N-major):
  *                          a 64 x 64 tile per consumer -- BR = 128: its 64 query rows; BR = 64: its 64 columns
  *     dK  += dS^T Q_i      wgmma RS as dV, issued behind dQ: it runs while the dQ tile goes to shared memory
- *   then dK * scale and dV are stored (rows < Sk, columns < d);
+ *   then dK * scale and dV are stored (rows < Sk, columns < d): staged in K's and V's tiles, once both consumers'
+ *     GEMMs are done, and written a 16-byte chunk a thread, each warp whole rows (v3_bwd_ring.cuh: v3b_store_rows);
  *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
  *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
  *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
@@ -405,19 +406,21 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         mbar_arrive(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
 
-    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
-    T *dkp = (T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h;
-    T *dvp = (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h;
+    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d, staged in K's and V's tiles (free once both
+     * consumers' GEMMs are done) so that each warp stores whole rows, 16 bytes a thread ---- */
+    named_barrier_sync(V3B_BAR_DS, 256);
+    T *sdK = sK + cw * 64 * DP, *sdV = sV + cw * 64 * DP; /* this consumer's 64 keys (v3b_stage_at) */
     const float scale = f.scale;
 #pragma unroll
     for (int i = 0; i < NA; i += 2) {
-        const int64_t r = j0 + krow + 8 * ((i >> 1) & 1);
-        const int col = 8 * (i / 4) + 2 * t;
-        if (r < f.sk && col < f.d) {
-            *(unsigned *)(dkp + r * p.dk_stride_s + col) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
-            *(unsigned *)(dvp + r * p.dv_stride_s + col) = pack2(dv[i], dv[i + 1], T());
-        }
+        const int at = v3b_stage_at<DP>(krow - cw * 64 + 8 * ((i >> 1) & 1), i / 4) + 2 * t;
+        *(unsigned *)(sdK + at) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
+        *(unsigned *)(sdV + at) = pack2(dv[i], dv[i + 1], T());
     }
+    named_barrier_sync(V3B_BAR_DS, 256);
+    v3b_store_rows<T, DP>((T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, p.dk_stride_s, sdK,
+                          (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h, p.dv_stride_s, sdV,
+                          j0 + cw * 64, f.sk, f.d, tid);
 }
 
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */

@@ -227,6 +227,30 @@ DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUt
     }
 }
 
+/* The epilogue's staging of a consumer's dK or dV (64 keys x COLS columns, fp16 / bf16) in shared memory that its
+ * GEMMs no longer read: rows of COLS elements, the 16-byte chunk ch of row r at ch ^ (r mod 8) within its group of
+ * eight, so that a warp's pair stores from the accumulators (rows g, g + 8 of its 16, one chunk) and a quarter warp's
+ * 16-byte reads of one row's eight chunks both fall on distinct banks.  The element offset of (r, chunk ch). */
+template <int COLS> DEV int v3b_stage_at(int r, int ch) { return r * COLS + 8 * (ch ^ (r & 7)); }
+
+/* A consumer's 128 threads store its staged dK and dV (rows key0 + [0, 64) of dk / dv, which point at the tile's
+ * first column; rows < sk and columns < d only) a 16-byte chunk at a time, a warp covering whole rows (the
+ * planner's rule: gradients 16-byte aligned, strides and d multiples of 8). */
+template <typename T, int COLS>
+DEV void v3b_store_rows(T *dk, int64_t dk_stride, const T *sdk, T *dv, int64_t dv_stride, const T *sdv, int64_t key0,
+                        int64_t sk, int d, int tid) {
+    constexpr int CHUNKS = COLS / 8;
+#pragma unroll
+    for (int q = tid; q < 64 * CHUNKS; q += 128) {
+        const int r = q / CHUNKS, ch = q % CHUNKS;
+        const int64_t key = key0 + r;
+        if (key < sk && 8 * ch < d) {
+            *(uint4 *)(dk + key * dk_stride + 8 * ch) = *(const uint4 *)(sdk + v3b_stage_at<COLS>(r, ch));
+            *(uint4 *)(dv + key * dv_stride + 8 * ch) = *(const uint4 *)(sdv + v3b_stage_at<COLS>(r, ch));
+        }
+    }
+}
+
 /* The barriers' initial counts: kv_full and q_full[s] one arrival (the producer's, with the bytes), q_empty[s]
  * every consumer thread's.  Thread 0, before the block's first __syncthreads. */
 template <typename T, int STAGES> DEV void v3b_ring_init(const v3b_ring<T> &r, int consumer_threads) {

@@ -298,19 +298,22 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         mbar_arrive(&ring.q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
     }
 
-    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d ---- */
-    T *dkp = (T *)p.dk + blk.b * p.dk_stride_b + blk.hk * p.dk_stride_h;
-    T *dvp = (T *)p.dv + blk.b * p.dv_stride_b + blk.hk * p.dv_stride_h;
+    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d, staged in K's and V's tiles (free once both
+     * consumers' GEMMs are done; consumer cw's 64 x 128 in its half of each) so that each warp stores whole rows,
+     * 16 bytes a thread ---- */
+    named_barrier_sync(V3W_BAR_PDS, 256);
+    T *sdK = sK + cw * 64 * 128, *sdV = sV + cw * 64 * 128; /* (v3b_stage_at) */
     const float scale = f.scale;
 #pragma unroll
     for (int i = 0; i < NA; i += 2) {
-        const int64_t r = blk.j0 + qrow + 8 * ((i >> 1) & 1);
-        const int col = 128 * cw + 8 * (i / 4) + 2 * t;
-        if (r < f.sk && col < f.d) {
-            *(unsigned *)(dkp + r * p.dk_stride_s + col) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
-            *(unsigned *)(dvp + r * p.dv_stride_s + col) = pack2(dv[i], dv[i + 1], T());
-        }
+        const int at = v3b_stage_at<128>(qrow + 8 * ((i >> 1) & 1), i / 4) + 2 * t;
+        *(unsigned *)(sdK + at) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
+        *(unsigned *)(sdV + at) = pack2(dv[i], dv[i + 1], T());
     }
+    named_barrier_sync(V3W_BAR_PDS, 256);
+    v3b_store_rows<T, 128>((T *)p.dk + blk.b * p.dk_stride_b + blk.hk * p.dk_stride_h + 128 * cw, p.dk_stride_s, sdK,
+                           (T *)p.dv + blk.b * p.dv_stride_b + blk.hk * p.dv_stride_h + 128 * cw, p.dv_stride_s, sdV,
+                           blk.j0, f.sk, f.d - 128 * cw, tid);
 }
 
 /* The kernels of V3_BWD_WIDE_CONFIGS (v3_bwd_configs.h), for v3_bwd.cu's launcher: kind = 2 seq + mods (packed
