@@ -200,6 +200,32 @@ def test_v3_varlen(d, causal, window, mods, seed, request):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+def test_v3_varlen_backward_persistent(causal, seed, request):
+    """v3's packed-batch backward with far more grid places than SMs (7 sequences x 32 kv heads x the longest's
+    9 key blocks), most of them past their own sequence's keys, which the persistent dK/dV blocks skip: every
+    sequence's gradients by the 3x rule, in default and deterministic mode."""
+    require("cuda")
+    if "v3" not in fattn.variants("cuda"):
+        pytest.skip("v3 runs on compute capability 9.0 only")
+    lq, lk = [0, 1, 17, 300, 1100, 64, 129], [5, 1, 40, 300, 1100, 0, 200]
+    q, k, v, cq, ck = packed(lq, lk, 32, 32, 128, torch.float16, "cuda", seed)
+    dout = randn(tuple(q.shape), torch.float16, "cuda", seed + 3)
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal=causal, return_lse=True, variant="v3")
+    for det in (False, True):
+        g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal=causal, deterministic=det,
+                                            variant="v3")
+        for b in range(len(lq)):
+            gs = [per_sequence(x, c, b) for x, c in ((g[0], cq), (g[1], ck), (g[2], ck))]
+            if lq[b] == 0 or lk[b] == 0:  # no query rows: dK = dV = 0; no keys: dQ = 0
+                assert not any(x.any() for x in gs), f"det={det} sequence {b}: nonzero gradients"
+                continue
+            qs, ks, vs = (per_sequence(x, c, b) for x, c in ((q, cq), (k, ck), (v, ck)))
+            why, stats = accuracy.check_gradients(gs, qs, ks, vs, per_sequence(dout, cq, b), causal)
+            assert why is None, f"det={det} sequence {b}: {why} {stats}. {repro(request)}"
+
+
+@pytest.mark.gpu
 def test_v3_kvcache_chunked_prefill(seed, request):
     """A chunk of 200 queries over a contiguous cache with new keys appended: per-sequence key counts (seqused_k)
     on v3, dense q."""
