@@ -145,7 +145,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     if (threadIdx.x == 0) {
         for (int k = 0; k < 2; k++) {
             mbar_init(&sched_full[k], 1);
-            mbar_init(&sched_empty[k], 256 + 1); /* every consumer thread and the writer's lane 0 */
+            mbar_init(&sched_empty[k], 256 + 32); /* every consumer and writer thread (each its own read) */
         }
         v3b_ring_init<T, STAGES>(ring, 256);
     }
@@ -178,7 +178,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             } else {
                 mbar_wait(&sched_full[k & 1], (k >> 1) & 1);
                 vb = sched_place[k & 1];
-                if (R == V3B_ROLE_CONSUMER || lane == 0) mbar_arrive(&sched_empty[k & 1]);
+                mbar_arrive(&sched_empty[k & 1]);
             }
             if (vb >= nblocks) break;
             v3b_params<BC, SEQ> bp;

@@ -26,8 +26,8 @@ template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0
 /* setmaxnreg: the block is launched with 168 registers a thread (384 threads); the producer warpgroup gives up what
  * the consumers take, exactly: 128 (168 - 24) = 256 (240 - 168).  (A consumer asking for more than was given back
  * waits in setmaxnreg forever.) */
-#define V3B_PRODUCER_REGS 40
-#define V3B_CONSUMER_REGS 232
+#define V3B_PRODUCER_REGS 24
+#define V3B_CONSUMER_REGS 240
 static_assert(128 * (168 - V3B_PRODUCER_REGS) >= 256 * (V3B_CONSUMER_REGS - 168),
               "setmaxnreg: registers given < taken");
 
