@@ -10,7 +10,7 @@ scalar variants); and each variant's backward (FATTN_SANITIZE_BACKWARD=0 skips i
     FATTN_SANITIZE_CASES=600x1100 ...  # these (Sq, Sk) instead (comma-separated): 600 x 1100 at D=256 runs the
                                      # deterministic backward's chunks of key blocks, staggered
 A last call per head dim has more query tiles (2 x 80 heads x 300 rows) and key blocks than an H100 has
-multiprocessors, so a persistent kernel's blocks (v3's forward, its backward at head dims to 128) walk several each.  Exits non-zero if any result is NaN where it must not be (the
+multiprocessors, so v3's persistent forward walks several tiles per block, and the backward runs several waves.  Exits non-zero if any result is NaN where it must not be (the
 sanitizer's own report is what this is for)."""
 import os
 import sys
@@ -62,7 +62,7 @@ def main():
                             bad += int(torch.isnan(o).any().item())
                             if backward:
                                 bad += sweep_backward(q, k, o, lse, causal, window, variant)
-            for d in dims:  # more tiles / key blocks than the persistent grids have blocks: v3 walks several each
+            for d in dims:  # more tiles and key blocks than SMs: several per SM
                 q = torch.randn(2, 80, 300, d, device="cuda", dtype=dt)
                 for causal in (False, "bottom_right"):
                     o, lse = fattn.attention(q, q, q, causal=causal, variant=variant, return_lse=True)

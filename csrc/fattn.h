@@ -227,8 +227,7 @@ typedef struct attn_bwd_params {
                                          no key (so that P = 0 there) */
     float *dq_accum;                  /* [((b * h + h) * ws_rows + i) * ws_cols + e] */
     int *dq_sem;                      /* [(b * h + h) * ws_rows + k]: v3's deterministic mode, the adds each dQ tile
-                                         has had (fattn_bwd_workspace_set); the last, v3's dK/dV grid places taken
-                                         (no tile's counter reaches it: a tile spans 40 rows or more) */
+                                         has had (fattn_bwd_workspace_set) */
     int64_t ws_rows, ws_cols;
     int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
 } attn_bwd_params;

@@ -79,18 +79,11 @@
 #include "v3_bwd_configs.h"
 #include "v3_tma.h"
 
-/* The roles of a dK/dV block's threads (run_blocks) */
-enum { V3B_ROLE_PRODUCER, V3B_ROLE_WRITER, V3B_ROLE_CONSUMER };
-template <int R> struct v3b_role { static constexpr int value = R; };
-
-/* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory (and, after a block's
- * steps, both are done with them; then done with the epilogue's staging); 2 + cw consumer cw's dQ tile is in shared
- * memory (its 128 threads and the dQ writer warp), 4 + cw the writer has read it out; 6 + cw consumer cw's dK and dV
- * are staged for the epilogue's stores. */
+/* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory; 2 + cw consumer cw's
+ * dQ tile is in shared memory (its 128 threads and the dQ writer warp), 4 + cw the writer has read it out. */
 #define V3B_BAR_DS 1
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
-#define V3B_BAR_STAGED 6
 #define V3B_DQ_THREADS 160
 /* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64, the wide
  * kernel's 256, and 128 at br = 80 (at 128 with br = 64 it ran 0.95-1.03x on an H100, so those kernels are built
@@ -125,119 +118,59 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
      * 64 would spill) */
     constexpr bool PRELOAD = BR == 64 && !MODS && !QUADS;
     static_assert(DQ_ROWS ? DP == 64 : DP == 128, "a consumer's dQ tile is 64 x 64");
-    static_assert(128 * DP <= 2 * BC * BR && 64 * DP * 2 <= DQ_TILE * 4,
-                  "the epilogue stages dK in dS^T's tiles, dV in a dQ slot");
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)smem_align1024(smem_raw);
     T *sV = sK + KV_TILE, *sQ = sV + KV_TILE, *sdO = sQ + STAGES * Q_TILE, *sdS = sdO + STAGES * Q_TILE;
     float *sdQ = (float *)(sdS + 2 * DS_TILE); /* [2][DQ_TILE]: each consumer's dQ tile, in v3_dq_index order */
     float *sLse = sdQ + 2 * DQ_TILE, *sD = sLse + STAGES * BR;
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
-    const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES, bar + 1 + 2 * STAGES};
+    const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
     uint64_t *q_full = ring.q_full, *q_empty = ring.q_empty;
-    /* the grid places taken (v3b_next_place): slot k % 2 the k-th, published by the producer (sched_full) and read
-     * by the consumers and the dQ writer (sched_empty) */
-    uint64_t *sched_full = bar + 2 + 2 * STAGES, *sched_empty = sched_full + 2;
-    int *sched_place = (int *)(sched_empty + 2);
+
+    v3b_params<BC, SEQ> bp;
     const bool desc = DET && v3b_descends<SEQ>(all.fwd);
+    if (!bp.init(all, desc)) return; /* past its sequence's keys: no rows of dK, dV here */
+    const attn_bwd_params &p = SEQ ? bp.seq : all;
+    const attn_params &f = p.fwd;
+    v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
+    blk.desc = desc;
+    const int nkb = (int)((f.sk + BC - 1) / BC);
+    /* v3b_stagger_turn (the launcher's rule) */
+    const bool staggered = DET && !SEQ && V3B_STAGGERS(DP, BR) && stagger == V3B_STAGGER_HEADS && blk.nm > 0;
+    if (staggered) blk.rot = blk.kb % blk.nm;
+    const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
+    const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
+    auto row0_of = [&](int it) { return v3b_row0<BR, DET, true>(blk, it); };
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    if (threadIdx.x == 0) {
-        for (int k = 0; k < 2; k++) {
-            mbar_init(&sched_full[k], 1);
-            mbar_init(&sched_empty[k], 256 + 32); /* every consumer and writer thread (each its own read) */
-        }
-        v3b_ring_init<T, STAGES>(ring, 256);
-    }
+    if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
 
-    /* Roles: the producer (warp 0's lane 0: TMA, LSE, D, and the grid places), the dQ writer (warp 1), two
-     * consumers; the producer warpgroup's other threads have nothing to do. */
-    const bool producer = wg == 0 && warp == 0 && lane == 0, writer = wg == 0 && warp == 1;
-    /* v3b_stagger_turn (the launcher's rule) */
-    auto staggers = [&](const v3b_block &blk) {
-        return DET && !SEQ && V3B_STAGGERS(DP, BR) && stagger == V3B_STAGGER_HEADS && blk.nm > 0;
+    /* the number of step it's 64 x 64 dQ tile of consumer cw_ (BR = 128: its 64 rows; BR = 64: its 64 columns) */
+    auto dq_tile = [&](int it, int cw_) {
+        return v3_dq_tile<DP>(b * f.h + h0 + it / nm, p.ws_rows, row0_of(it) + (DQ_ROWS ? cw_ * 64 : 0),
+                              DQ_ROWS ? 0 : cw_);
     };
-    const int64_t nblocks = (all.fwd.sk + BC - 1) / BC * all.fwd.b * all.fwd.h_kv;
-    /* Persistent (the launcher's grid: one block per SM, or every grid place in deterministic mode): grid place
-     * after grid place, the first blockIdx.x, the next taken from the workspace's counter (v3b_next_place) while
-     * this one runs.  Per block: kv_n K / V loads and gs ring steps before it; dq_held: the consumer holds its dQ
-     * slot (the epilogue stages dV there), so its next step need not wait for it.
-     * run_blocks(role, body): body(p, bp, blk, kv_n, gs) for each block of the role's (V3B_ROLE_*: the loop is
-     * compiled into each role's code, after its setmaxnreg), with the block's params p, placement bp, work blk. */
-    auto run_blocks = [&](auto role, auto &&body) {
-        constexpr int R = decltype(role)::value;
-        int kv_n = 0, gs = 0;
-        int64_t vb = blockIdx.x, next = 0;
-        for (int k = 0;; k++, vb = next) {
-            if constexpr (R == V3B_ROLE_PRODUCER) { /* the place in slot k % 2, and the next one asked for */
-                if (k >= 2) mbar_wait(&sched_empty[k & 1], ((k >> 1) - 1) & 1);
-                sched_place[k & 1] = (int)(vb < nblocks ? vb : nblocks);
-                mbar_arrive(&sched_full[k & 1]);
-                if (vb < nblocks) next = v3b_next_place(all);
-            } else {
-                mbar_wait(&sched_full[k & 1], (k >> 1) & 1);
-                vb = sched_place[k & 1];
-                mbar_arrive(&sched_empty[k & 1]);
-            }
-            if (vb >= nblocks) break;
-            v3b_params<BC, SEQ> bp;
-            if (!bp.init(all, vb, desc)) continue; /* past its sequence's keys: no rows of dK, dV here */
-            const attn_bwd_params &p = SEQ ? bp.seq : all;
-            v3b_block blk = v3b_block_of<BR, BC>(p.fwd, bp.kb, bp.b, bp.hk);
-            blk.desc = desc;
-            if (staggers(blk)) blk.rot = blk.kb % blk.nm;
-            body(p, bp, (const v3b_block &)blk, kv_n, gs);
-            if (blk.n_it > 0) {
-                kv_n++;
-                gs += blk.n_it;
-            }
-        }
+    /* where that tile is added in dq_accum: DQ_SWAP, rows row0 + [0, BR) of (b, h) -- BR x DP floats, both consumers'
+     * tiles side by side (v3_bwd_convert_t reads them) -- else tile dq_tile's 4096 floats; and its counter in dq_sem
+     * (deterministic mode): DQ_SWAP, the tile's offset / DQ_TILE (tiles are DQ_TILE floats apart at least, so each
+     * has its own, below b h ws_rows / 40), else dq_tile */
+    auto dq_off = [&](int it, int cw_) -> int64_t {
+        if constexpr (DQ_SWAP)
+            return ((b * f.h + h0 + it / nm) * p.ws_rows + row0_of(it)) * DP + cw_ * DQ_TILE;
+        else
+            return 4096 * dq_tile(it, cw_);
     };
+    auto dq_sem = [&](int it, int cw_) { return p.dq_sem + (DQ_SWAP ? dq_off(it, cw_) / DQ_TILE : dq_tile(it, cw_)); };
 
-    if (wg == 0) {
+    if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
-        if (producer)
-            run_blocks(v3b_role<V3B_ROLE_PRODUCER>{}, [&](const attn_bwd_params &p, const v3b_params<BC, SEQ> &bp,
-                                                          const v3b_block &blk, int kv_n, int gs) {
-                if (blk.n_it > 0)
-                    v3b_produce<T, DP, BR, BC, STAGES, DET, true>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0,
-                                                                  bp.k0, bp.tma_b, kv_n, gs);
-            });
-        if (!writer) return;
-        /* the dQ writer: each step, each consumer's tile from shared memory into dq_accum by one bulk reduce-add,
-         * then its slot handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is
-         * their turn, then one wait for both adds to land before they are counted (a round trip per step, not per
-         * tile). */
-        named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS); /* both consumers' dQ slots start free */
-        named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
-        run_blocks(v3b_role<V3B_ROLE_WRITER>{}, [&](const attn_bwd_params &p, const v3b_params<BC, SEQ> &,
-                                                    const v3b_block &blk, int, int) {
-            const attn_params &f = p.fwd;
-            const int nm = blk.nm, n_it = blk.n_it;
-            const int64_t b = blk.b, h0 = blk.h0;
-            auto row0_of = [&](int it) { return v3b_row0<BR, DET, true>(blk, it); };
-            const int nkb = (int)((f.sk + BC - 1) / BC);
-            const bool staggered = staggers(blk);
-            /* the number of step it's 64 x 64 dQ tile of consumer cw_ (BR = 128: its 64 rows; BR = 64: its 64
-             * columns) */
-            auto dq_tile = [&](int it, int cw_) {
-                return v3_dq_tile<DP>(b * f.h + h0 + it / nm, p.ws_rows, row0_of(it) + (DQ_ROWS ? cw_ * 64 : 0),
-                                      DQ_ROWS ? 0 : cw_);
-            };
-            /* where that tile is added in dq_accum: DQ_SWAP, rows row0 + [0, BR) of (b, h) -- BR x DP floats, both
-             * consumers' tiles side by side (v3_bwd_convert_t reads them) -- else tile dq_tile's 4096 floats; and its
-             * counter in dq_sem (deterministic mode): DQ_SWAP, the tile's offset / DQ_TILE (tiles are DQ_TILE floats
-             * apart at least, so each has its own, below b h ws_rows / 40), else dq_tile */
-            auto dq_off = [&](int it, int cw_) -> int64_t {
-                if constexpr (DQ_SWAP)
-                    return ((b * f.h + h0 + it / nm) * p.ws_rows + row0_of(it)) * DP + cw_ * DQ_TILE;
-                else
-                    return 4096 * dq_tile(it, cw_);
-            };
-            auto dq_sem = [&](int it, int cw_) {
-                return p.dq_sem + (DQ_SWAP ? dq_off(it, cw_) / DQ_TILE : dq_tile(it, cw_));
-            };
+        if (warp == 1 && n_it > 0) {
+            /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
+             * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
+             * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
+            named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+            named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
                 if constexpr (DET) {
                     const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC);
@@ -276,230 +209,218 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     }
                 }
             }
-        });
-        if (lane == 0) tma_store_wait_all();
+            if (lane == 0) tma_store_wait_all();
+            return;
+        }
+        if (warp != 0 || lane != 0 || n_it == 0) return;
+        v3b_produce<T, DP, BR, BC, STAGES, DET, true>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
+                                                      bp.tma_b);
         return;
     }
 
     /* ---- consumers ---- */
     setmaxnreg_inc<V3B_CONSUMER_REGS>();
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
-    bool dq_held = false; /* (run_blocks) */
-    run_blocks(v3b_role<V3B_ROLE_CONSUMER>{}, [&](const attn_bwd_params &p, const v3b_params<BC, SEQ> &,
-                                                  const v3b_block &blk, int kv_n, int gs) {
-        const attn_params &f = p.fwd;
-        const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
-        const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
-        auto row0_of = [&](int it) { return v3b_row0<BR, DET, true>(blk, it); };
-        const int krow = cw * 64 + warp * 16 + g; /* this thread's first key row in the block (the second is + 8) */
-        const float c = f.scale_log2;             /* > 0 (the planner's rule): masked scores stay -inf */
-        const float cap2 = f.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f; /* MODS */
-        float dk[NA], dv[NA];
+    const int krow = cw * 64 + warp * 16 + g; /* this thread's first key row in the block (the second is + 8) */
+    const float c = f.scale_log2;             /* > 0 (the planner's rule): masked scores stay -inf */
+    const float cap2 = f.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f; /* MODS */
+    float dk[NA], dv[NA];
 #pragma unroll
-        for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
-        /* descriptors' low words: K, V as the A operand of S^T / dP^T (K-major, this consumer's 64 rows), K as the B
-         * operand of dQ = dS K (N-major: 64-column panels BC * 128 bytes apart), or (DQ_SWAP) the A operand of
-         * dQ^T = K^T dS^T (M-major, the same layout) */
-        const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
-        const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
-        float *sdQw = sdQ + cw * DQ_TILE;
-        if (n_it > 0) mbar_wait(ring.kv_full, kv_n & 1);
-        for (int it = 0; it < n_it; it++) {
-            const int s = (gs + it) % STAGES, i0 = row0_of(it);
-            T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (it & 1) * DS_TILE;
-            const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
-            const bool masked = !(kb >= sp.n_full_min && kb < sp.n_full_max);
-            mbar_wait(&q_full[s], ((gs + it) / STAGES) & 1);
+    for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
+    /* descriptors' low words: K, V as the A operand of S^T / dP^T (K-major, this consumer's 64 rows), K as the B
+     * operand of dQ = dS K (N-major: 64-column panels BC * 128 bytes apart), or (DQ_SWAP) the A operand of
+     * dQ^T = K^T dS^T (M-major, the same layout) */
+    const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
+    const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
+    float *sdQw = sdQ + cw * DQ_TILE;
+    if (n_it > 0) mbar_wait(ring.kv_full, 0);
+    for (int it = 0; it < n_it; it++) {
+        const int s = it % STAGES, i0 = row0_of(it);
+        T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (it & 1) * DS_TILE;
+        const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
+        const bool masked = !(kb >= sp.n_full_min && kb < sp.n_full_max);
+        mbar_wait(&q_full[s], (it / STAGES) & 1);
 
-            /* S^T = K_w Q^T and dP^T = V_w dO^T: DP / 16 k-steps each, four per 64-column panel, 32 bytes apart */
-            float st[NS], dpt[NS];
-            const unsigned q_lo = desc_lo(q_s, 0), do_lo = desc_lo(do_s, 0);
-            wgmma_fence();
-            wgmma_kmajor_tiles<BR, T, DP, BC, BR>(st, k_lo, q_lo);
-            wgmma_commit();
-            wgmma_kmajor_tiles<BR, T, DP, BC, BR>(dpt, v_lo, do_lo);
-            wgmma_commit();
-            /* LSE and D of this thread's columns: element i is key krow + 8 ((i >> 1) & 1), query column 8 (i / 4) +
-             * 2 t + (i & 1) of the step, so columns come in pairs, one float2 per n8 tile (pair j = i / 4).  PRELOAD:
-             * read into registers while the GEMMs run (else each exponential waits on its shared-memory load).  In v3's
-             * order (V3_ORDER) k-step kk's two pairs, j = 2 kk and 2 kk + 1, are one float4 (QUADS reads it so). */
-            const float *lse_s = sLse + s * BR, *d_s = sD + s * BR;
-            float2 lse2[PRELOAD ? NS / 4 : 1], dsum[PRELOAD ? NS / 4 : 1];
-            /* where pair j (rows 8 j + 2 t, + 1) sits: V3_ORDER, bwd_v3_row_pos(8 j + 2 t) in 32-bit arithmetic (its
-             * 64-bit form changed the D=64 kernels' SASS; the gradient tests check that both agree) */
-            auto pair_at = [&](int j) {
-                return V3_ORDER ? 64 * (j / 8) + 16 * ((j % 8) / 2) + 4 * t + 2 * (j % 2) : 8 * j + 2 * t;
-            };
-            auto pick = [&](const float2 *regs, const float *smem, int j) {
-                if constexpr (PRELOAD) return regs[j];
-                else return *(const float2 *)(smem + pair_at(j));
-            };
-            /* body(kk, e, the two floats of element pair e of k-step kk) for every pair, from regs (PRELOAD) or smem */
-            auto each_pair = [&](const float2 *regs, const float *smem, auto &&body) {
-                if constexpr (QUADS) {
-#pragma unroll
-                    for (int kk = 0; kk < KS; kk++) {
-                        const float4 q = *(const float4 *)(smem + pair_at(2 * kk));
-#pragma unroll
-                        for (int e = 0; e < 4; e++) body(kk, e, e < 2 ? make_float2(q.x, q.y) : make_float2(q.z, q.w));
-                    }
-                } else {
-#pragma unroll
-                    for (int kk = 0; kk < KS; kk++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) body(kk, e, pick(regs, smem, 2 * kk + (e >> 1)));
-                }
-            };
-            if constexpr (PRELOAD) {
-#pragma unroll
-                for (int j = 0; j < NS / 4; j++) lse2[j] = *(const float2 *)(lse_s + pair_at(j));
-            }
-            wgmma_wait<1>();
-            reg_fence(st);
-
-            if constexpr (PRELOAD) {
-#pragma unroll
-                for (int j = 0; j < NS / 4; j++) dsum[j] = *(const float2 *)(d_s + pair_at(j));
-            }
-            /* key r, column q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
-            const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, j0);
-            auto visible = [&](int i) {
-                return fattn_block_sees(&bm, 8 * (i / 4) + 2 * t + (i & 1), krow + 8 * ((i >> 1) & 1));
-            };
-            if (!MODS && masked) {
-#pragma unroll
-                for (int i = 0; i < NS; i++)
-                    if (!visible(i)) st[i] = -INFINITY;
-            }
-            /* P^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1) for dV += P^T dO (BR / 16 k-steps of 16 query
-             * rows, 2048 bytes each; dO's panels BR * 128 bytes apart), issued once dS^T is out (below).  MODS: the score
-             * in log2 units, then the softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key| as the forward, the mask,
-             * P packed, and st = P (1 - tanh^2) from then on (dS's chain rule). */
-            const float slope2 = MODS ? fattn_alibi_slope2(&f, b, h0 + it / nm) : 0.f;
-            /* ALiBi's distance pos - key of element i: base + its column - its key row's offset */
-            const float base = MODS ? (float)(i0 + f.sk - f.sq - j0 - krow) : 0.f;
-            unsigned pp[KS][4], pd[KS][4];
-            /* element pair e of k-step kk: P, packed (l2: the two columns' LSE2) */
-            auto exp_pair = [&](int kk, int e, float2 l2) {
-                const int i = 8 * kk + 2 * e;
-                if constexpr (MODS) {
-                    float pv[2];
-#pragma unroll
-                    for (int y = 0; y < 2; y++) {
-                        float dcap, x = v3b_mods_score(st[i + y], c, cap2, inv_cap2, slope2,
-                                                       base + (float)(8 * (i / 4) + 2 * t + y - 8 * ((i >> 1) & 1)),
-                                                       &dcap);
-                        if (masked && !visible(i + y)) x = -INFINITY;
-                        pv[y] = fast_exp2(x - (y ? l2.y : l2.x));
-                        st[i + y] = pv[y] * dcap;
-                    }
-                    pp[kk][e] = pack2(pv[0], pv[1], T());
-                } else {
-                    st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
-                    st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
-                    pp[kk][e] = pack2(st[i], st[i + 1], T());
-                }
-            };
-            each_pair(lse2, lse_s, exp_pair);
-            const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
-            wgmma_wait<0>(); /* dP^T done */
-            reg_fence(dpt);
-            /* dS^T = P^T (dP^T - D): A fragments, and to shared memory for dQ (rows keys, 64-query panels, swizzled;
-             * DQ_SWAP: after the loop) */
-            auto ds_pair = [&](int kk, int e, float2 dd) { /* dd: the two columns' D */
-                const int i = 8 * kk + 2 * e;
-                pd[kk][e] = pack2(st[i] * (dpt[i] - dd.x), st[i + 1] * (dpt[i + 1] - dd.y), T());
-                if constexpr (!DQ_SWAP) {
-                    const int col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1), chunk = (col % 64) / 8;
-                    *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
-                }
-            };
-            each_pair(dsum, d_s, ds_pair);
-            if constexpr (DQ_SWAP) {
-                /* dS K-major: BR rows (queries) by BC keys in two 64-key panels, this consumer's the panel cw.  k-step kk's
-                 * four fragments pd[kk][m] are the 8 x 8 blocks (queries 16 kk + 8 (m >> 1) + [0, 8), keys 16 warp +
-                 * 8 (m & 1) + [0, 8)) of dS^T; stored transposed, lane 8 m + j addresses query row 16 kk + 8 (m >> 1) + j,
-                 * whose 16 bytes of keys sit in 16-byte chunk 2 warp + (m & 1), swizzled by the row */
-                const unsigned ds_panel = smem_u32(ds_b + cw * BR * 64);
-                const int m = lane >> 3, chunk = 2 * warp + (m & 1);
+        /* S^T = K_w Q^T and dP^T = V_w dO^T: DP / 16 k-steps each, four per 64-column panel, 32 bytes apart */
+        float st[NS], dpt[NS];
+        const unsigned q_lo = desc_lo(q_s, 0), do_lo = desc_lo(do_s, 0);
+        wgmma_fence();
+        wgmma_kmajor_tiles<BR, T, DP, BC, BR>(st, k_lo, q_lo);
+        wgmma_commit();
+        wgmma_kmajor_tiles<BR, T, DP, BC, BR>(dpt, v_lo, do_lo);
+        wgmma_commit();
+        /* LSE and D of this thread's columns: element i is key krow + 8 ((i >> 1) & 1), query column 8 (i / 4) +
+         * 2 t + (i & 1) of the step, so columns come in pairs, one float2 per n8 tile (pair j = i / 4).  PRELOAD:
+         * read into registers while the GEMMs run (else each exponential waits on its shared-memory load).  In v3's
+         * order (V3_ORDER) k-step kk's two pairs, j = 2 kk and 2 kk + 1, are one float4 (QUADS reads it so). */
+        const float *lse_s = sLse + s * BR, *d_s = sD + s * BR;
+        float2 lse2[PRELOAD ? NS / 4 : 1], dsum[PRELOAD ? NS / 4 : 1];
+        /* where pair j (rows 8 j + 2 t, + 1) sits: V3_ORDER, bwd_v3_row_pos(8 j + 2 t) in 32-bit arithmetic (its
+         * 64-bit form changed the D=64 kernels' SASS; the gradient tests check that both agree) */
+        auto pair_at = [&](int j) {
+            return V3_ORDER ? 64 * (j / 8) + 16 * ((j % 8) / 2) + 4 * t + 2 * (j % 2) : 8 * j + 2 * t;
+        };
+        auto pick = [&](const float2 *regs, const float *smem, int j) {
+            if constexpr (PRELOAD) return regs[j];
+            else return *(const float2 *)(smem + pair_at(j));
+        };
+        /* body(kk, e, the two floats of element pair e of k-step kk) for every pair, from regs (PRELOAD) or smem */
+        auto each_pair = [&](const float2 *regs, const float *smem, auto &&body) {
+            if constexpr (QUADS) {
 #pragma unroll
                 for (int kk = 0; kk < KS; kk++) {
-                    const int q = 16 * kk + 8 * (m >> 1) + (lane & 7);
-                    stmatrix_x4_trans(ds_panel + q * 128 + ((chunk ^ (q & 7)) << 4), pd[kk][0], pd[kk][1], pd[kk][2],
-                                      pd[kk][3]);
+                    const float4 q = *(const float4 *)(smem + pair_at(2 * kk));
+#pragma unroll
+                    for (int e = 0; e < 4; e++) body(kk, e, e < 2 ? make_float2(q.x, q.y) : make_float2(q.z, q.w));
                 }
-            }
-            fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
-            /* dV += P^T dO, on the tensor cores while the consumers meet.  Issued here rather than while dP^T finishes (as
-             * D=128 did before): 1.01-1.07x faster at D=128 (evidence/backward/h100_v3_bwd_step_order_a65f84f.md), where
-             * dV's reads of dO would overlap dP^T's 64-wide products, both operands from shared memory. */
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dv, pp[kk], dot_lo + ((kk * 2048) >> 4), 1);
-            wgmma_commit();
-            named_barrier_sync(V3B_BAR_DS, 256);
-
-            /* dQ_i = dS K (BC / 16 k-steps of 16 keys; dS^T's panel of this consumer's rows (BR = 128) or the whole dS^T
-             * with K's panel of its columns (BR = 64)), then dK += dS^T Q, which runs while dQ goes out */
-            float dq[DQ_TILE / 128];
-            wgmma_fence();
-            if constexpr (DQ_SWAP) { /* dQ^T = K^T dS^T: K's panel cw M-major (A), dS K-major (B, BR rows a panel) */
-                const unsigned dsk_lo = desc_lo(ds_b, 0);
-#pragma unroll
-                for (int kk = 0; kk < BC / 16; kk++)
-                    wgmma_ssta<BR, T>(dq, kn_lo + ((kk * 2048) >> 4),
-                                      dsk_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4), kk > 0);
             } else {
-                const unsigned ds_lo = desc_lo(ds_b + (DQ_ROWS ? cw * BC * 64 : 0), BC * 128);
 #pragma unroll
-                for (int kk = 0; kk < BC / 16; kk++)
-                    wgmma_sstt<64, T>(dq, ds_lo + ((kk * 2048) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
+                for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) body(kk, e, pick(regs, smem, 2 * kk + (e >> 1)));
             }
-            wgmma_commit();
+        };
+        if constexpr (PRELOAD) {
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dk, pd[kk], qt_lo + ((kk * 2048) >> 4), 1);
-            wgmma_commit();
-            wgmma_wait<1>(); /* dV and dQ done; dK may still run */
-            reg_fence(dq);
-            /* the dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds it to
-             * dq_accum (whose tiles are laid out alike, v3_dq_index) */
-            if (!dq_held) named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
-#pragma unroll
-            for (int v4 = 0; v4 < DQ_TILE / 512; v4++)
-                *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
-                    make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
-            fence_proxy_async();
-            named_barrier_arrive(V3B_BAR_DQ_FULL + cw, V3B_DQ_THREADS);
-            dq_held = false;
-            wgmma_wait<0>();
-            reg_fence(dk);
-            reg_fence(dv);
-            mbar_arrive(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
+            for (int j = 0; j < NS / 4; j++) lse2[j] = *(const float2 *)(lse_s + pair_at(j));
         }
+        wgmma_wait<1>();
+        reg_fence(st);
 
-        if (n_it > 0) mbar_arrive(ring.kv_empty); /* K and V read: the producer may load the next block's */
-
-        /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d.  Staged in shared memory the next block's
-         * loads leave alone -- dK in dS^T's tiles (once both consumers' dQ products have read them), dV in this
-         * consumer's dQ slot (once the writer has read it out) -- so that each warp stores whole rows, 16 bytes a
-         * thread (v3b_store_rows); then both consumers meet again before the next block's dS^T goes there. ---- */
-        named_barrier_sync(V3B_BAR_DS, 256);
-        if (!dq_held) named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
-        dq_held = true;
-        T *sdK = sdS + cw * 64 * DP, *sdV = (T *)sdQw; /* this consumer's 64 keys (v3b_stage_at) */
-        const float scale = f.scale;
+        if constexpr (PRELOAD) {
 #pragma unroll
-        for (int i = 0; i < NA; i += 2) {
-            const int at = v3b_stage_at<DP>(krow - cw * 64 + 8 * ((i >> 1) & 1), i / 4) + 2 * t;
-            *(unsigned *)(sdK + at) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
-            *(unsigned *)(sdV + at) = pack2(dv[i], dv[i + 1], T());
+            for (int j = 0; j < NS / 4; j++) dsum[j] = *(const float2 *)(d_s + pair_at(j));
         }
-        named_barrier_sync(V3B_BAR_STAGED + cw, 128);
-        v3b_store_rows<T, DP>((T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, p.dk_stride_s, sdK,
-                              (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h, p.dv_stride_s, sdV,
-                              j0 + cw * 64, f.sk, f.d, tid);
+        /* key r, column q visible iff pl <= r - q < pr and r < kc (mask.h, from the step's first row) */
+        const fattn_block_mask bm = fattn_block_mask_of(&f.mask, f.sq, f.sk, i0, j0);
+        auto visible = [&](int i) {
+            return fattn_block_sees(&bm, 8 * (i / 4) + 2 * t + (i & 1), krow + 8 * ((i >> 1) & 1));
+        };
+        if (!MODS && masked) {
+#pragma unroll
+            for (int i = 0; i < NS; i++)
+                if (!visible(i)) st[i] = -INFINITY;
+        }
+        /* P^T as A fragments (k-step kk: S^T's n8 tiles 2 kk, 2 kk + 1) for dV += P^T dO (BR / 16 k-steps of 16 query
+         * rows, 2048 bytes each; dO's panels BR * 128 bytes apart), issued once dS^T is out (below).  MODS: the score
+         * in log2 units, then the softcap c2 tanh(S2 / c2) and ALiBi's -slope2 |pos - key| as the forward, the mask,
+         * P packed, and st = P (1 - tanh^2) from then on (dS's chain rule). */
+        const float slope2 = MODS ? fattn_alibi_slope2(&f, b, h0 + it / nm) : 0.f;
+        /* ALiBi's distance pos - key of element i: base + its column - its key row's offset */
+        const float base = MODS ? (float)(i0 + f.sk - f.sq - j0 - krow) : 0.f;
+        unsigned pp[KS][4], pd[KS][4];
+        /* element pair e of k-step kk: P, packed (l2: the two columns' LSE2) */
+        auto exp_pair = [&](int kk, int e, float2 l2) {
+            const int i = 8 * kk + 2 * e;
+            if constexpr (MODS) {
+                float pv[2];
+#pragma unroll
+                for (int y = 0; y < 2; y++) {
+                    float dcap, x = v3b_mods_score(st[i + y], c, cap2, inv_cap2, slope2,
+                                                   base + (float)(8 * (i / 4) + 2 * t + y - 8 * ((i >> 1) & 1)),
+                                                   &dcap);
+                    if (masked && !visible(i + y)) x = -INFINITY;
+                    pv[y] = fast_exp2(x - (y ? l2.y : l2.x));
+                    st[i + y] = pv[y] * dcap;
+                }
+                pp[kk][e] = pack2(pv[0], pv[1], T());
+            } else {
+                st[i] = fast_exp2(fmaf(st[i], c, -l2.x));
+                st[i + 1] = fast_exp2(fmaf(st[i + 1], c, -l2.y));
+                pp[kk][e] = pack2(st[i], st[i + 1], T());
+            }
+        };
+        each_pair(lse2, lse_s, exp_pair);
+        const unsigned dot_lo = desc_lo(do_s, BR * 128), qt_lo = desc_lo(q_s, BR * 128);
+        wgmma_wait<0>(); /* dP^T done */
+        reg_fence(dpt);
+        /* dS^T = P^T (dP^T - D): A fragments, and to shared memory for dQ (rows keys, 64-query panels, swizzled;
+         * DQ_SWAP: after the loop) */
+        auto ds_pair = [&](int kk, int e, float2 dd) { /* dd: the two columns' D */
+            const int i = 8 * kk + 2 * e;
+            pd[kk][e] = pack2(st[i] * (dpt[i] - dd.x), st[i + 1] * (dpt[i + 1] - dd.y), T());
+            if constexpr (!DQ_SWAP) {
+                const int col = 8 * (i / 4) + 2 * t, r = krow + 8 * (e & 1), chunk = (col % 64) / 8;
+                *(unsigned *)(ds_b + (col / 64) * BC * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + col % 8) = pd[kk][e];
+            }
+        };
+        each_pair(dsum, d_s, ds_pair);
+        if constexpr (DQ_SWAP) {
+            /* dS K-major: BR rows (queries) by BC keys in two 64-key panels, this consumer's the panel cw.  k-step kk's
+             * four fragments pd[kk][m] are the 8 x 8 blocks (queries 16 kk + 8 (m >> 1) + [0, 8), keys 16 warp +
+             * 8 (m & 1) + [0, 8)) of dS^T; stored transposed, lane 8 m + j addresses query row 16 kk + 8 (m >> 1) + j,
+             * whose 16 bytes of keys sit in 16-byte chunk 2 warp + (m & 1), swizzled by the row */
+            const unsigned ds_panel = smem_u32(ds_b + cw * BR * 64);
+            const int m = lane >> 3, chunk = 2 * warp + (m & 1);
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                const int q = 16 * kk + 8 * (m >> 1) + (lane & 7);
+                stmatrix_x4_trans(ds_panel + q * 128 + ((chunk ^ (q & 7)) << 4), pd[kk][0], pd[kk][1], pd[kk][2],
+                                  pd[kk][3]);
+            }
+        }
+        fence_proxy_async(); /* the dS^T stores, before the other consumer's wgmma reads them */
+        /* dV += P^T dO, on the tensor cores while the consumers meet.  Issued here rather than while dP^T finishes (as
+         * D=128 did before): 1.01-1.07x faster at D=128 (evidence/backward/h100_v3_bwd_step_order_a65f84f.md), where
+         * dV's reads of dO would overlap dP^T's 64-wide products, both operands from shared memory. */
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dv, pp[kk], dot_lo + ((kk * 2048) >> 4), 1);
+        wgmma_commit();
         named_barrier_sync(V3B_BAR_DS, 256);
-    });
+
+        /* dQ_i = dS K (BC / 16 k-steps of 16 keys; dS^T's panel of this consumer's rows (BR = 128) or the whole dS^T
+         * with K's panel of its columns (BR = 64)), then dK += dS^T Q, which runs while dQ goes out */
+        float dq[DQ_TILE / 128];
+        wgmma_fence();
+        if constexpr (DQ_SWAP) { /* dQ^T = K^T dS^T: K's panel cw M-major (A), dS K-major (B, BR rows a panel) */
+            const unsigned dsk_lo = desc_lo(ds_b, 0);
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++)
+                wgmma_ssta<BR, T>(dq, kn_lo + ((kk * 2048) >> 4),
+                                  dsk_lo + (((kk / 4) * BR * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        } else {
+            const unsigned ds_lo = desc_lo(ds_b + (DQ_ROWS ? cw * BC * 64 : 0), BC * 128);
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++)
+                wgmma_sstt<64, T>(dq, ds_lo + ((kk * 2048) >> 4), kn_lo + ((kk * 2048) >> 4), kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(dk, pd[kk], qt_lo + ((kk * 2048) >> 4), 1);
+        wgmma_commit();
+        wgmma_wait<1>(); /* dV and dQ done; dK may still run */
+        reg_fence(dq);
+        /* the dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds it to
+         * dq_accum (whose tiles are laid out alike, v3_dq_index) */
+        named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
+#pragma unroll
+        for (int v4 = 0; v4 < DQ_TILE / 512; v4++)
+            *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
+                make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+        fence_proxy_async();
+        named_barrier_arrive(V3B_BAR_DQ_FULL + cw, V3B_DQ_THREADS);
+        wgmma_wait<0>();
+        reg_fence(dk);
+        reg_fence(dv);
+        mbar_arrive(&q_empty[s]); /* Q_i, dO_i, LSE, D of slot s all read */
+    }
+
+    /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d, staged in K's and V's tiles (free once both
+     * consumers' GEMMs are done) so that each warp stores whole rows, 16 bytes a thread ---- */
+    named_barrier_sync(V3B_BAR_DS, 256);
+    T *sdK = sK + cw * 64 * DP, *sdV = sV + cw * 64 * DP; /* this consumer's 64 keys (v3b_stage_at) */
+    const float scale = f.scale;
+#pragma unroll
+    for (int i = 0; i < NA; i += 2) {
+        const int at = v3b_stage_at<DP>(krow - cw * 64 + 8 * ((i >> 1) & 1), i / 4) + 2 * t;
+        *(unsigned *)(sdK + at) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
+        *(unsigned *)(sdV + at) = pack2(dv[i], dv[i + 1], T());
+    }
+    named_barrier_sync(V3B_BAR_DS, 256);
+    v3b_store_rows<T, DP>((T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, p.dk_stride_s, sdK,
+                          (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h, p.dv_stride_s, sdV,
+                          j0 + cw * 64, f.sk, f.d, tid);
 }
 
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */

@@ -54,13 +54,12 @@ enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT),
 
 /* Dynamic shared memory, bytes: K and V (bc x dp), Q and dO (stages x br x dp), dS^T twice (bc x br) -- the wide
  * kernel: P and dS twice each (br x bc) --, all fp16 / bf16; the consumers' dQ tiles (float, 64 x V3_BWD_DQ_ROWS;
- * not in the wide kernel); LSE and D of each stage's rows (float); the mbarriers (kv_full, q_full and q_empty per
- * stage, kv_empty, and the grid places' two full and two empty) and the two places (ints); 1024 bytes of alignment
- * slack (128-byte swizzled tiles start on 1024-byte boundaries).  At most 227 KB (the wide config: 231512 bytes;
- * br = 80: 231768). */
+ * not in the wide kernel); LSE and D of each stage's rows (float); the mbarriers; 1024 bytes of alignment slack
+ * (128-byte swizzled tiles start on 1024-byte boundaries).  At most 227 KB (the wide config: 231464 bytes; br = 80:
+ * 231720). */
 #define V3_BWD_SMEM(dp, br, bc, stages)                                                                          \
     ((size_t)(2 * (bc) * (dp) + 2 * (stages) * (br) * (dp) + ((dp) == 256 ? 4 : 2) * (bc) * (br)) * 2 +          \
      (size_t)((dp) == 256 ? 0 : 2 * 64 * V3_BWD_DQ_ROWS(br) * 4) + (size_t)2 * (stages) * (br) * 4 +            \
-     (size_t)(6 + 2 * (stages)) * 8 + 8 + 1024)
+     (size_t)(1 + 2 * (stages)) * 8 + 1024)
 
 #endif

@@ -92,11 +92,7 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     if (blocks > 0x7fffffff || f->b * f->h * fattn_bwd_ws_rows(f->sq) / 8 > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 backward: grid too large");
     plan->config = idx;
-    /* D <= 128's dK/dV kernel is persistent (v3_bwd.cu): one block per SM, each taking grid places in turn, so that a
-     * block's epilogue overlaps the next one's loads -- but in deterministic mode every place has a block of its
-     * own, as the wide kernel's always have (their turns wait on other blocks, which must all be resident or done) */
-    plan->grid_x = (unsigned)(c->dp != 256 && !p->deterministic && blocks > plan->dev.sm_count ? plan->dev.sm_count
-                                                                                                : blocks);
+    plan->grid_x = (unsigned)blocks;
     plan->grid_y = 1;
     plan->threads = 384; /* a producer warpgroup and two consumers */
     plan->smem = V3_BWD_SMEM(c->dp, c->br, c->bc, c->stages);

@@ -103,8 +103,8 @@ DEV int v3b_stagger_turn(const v3b_block &k, int it, int nkb) {
     return before + k.kb / nm;
 }
 
-/* The block at grid place vb (blockIdx.x, or the place a persistent block took): key block kb of batch (packed:
- * sequence) b, kv head hk.  nkb key blocks per (b, kv head), of the longest sequence's keys in a packed batch.  G = 0: head by head, key blocks in order.  G > 0: in chunks of
+/* The block's grid place: key block kb of batch (packed: sequence) b, kv head hk.  nkb key blocks per (b, kv head),
+ * of the longest sequence's keys in a packed batch.  G = 0: head by head, key blocks in order.  G > 0: in chunks of
  * G key blocks -- chunk c is key blocks [c G, c G + G) of every (b, kv head), head by head -- so the blocks in flight
  * span several heads and deterministic mode's turns on a dQ tile chain G blocks a wave, not a wave's worth (the wide
  * kernel's deterministic mode, G = 16, against head by head: causal 1.10-1.20x faster at S >= 2k, non-causal
@@ -112,16 +112,16 @@ DEV int v3b_stagger_turn(const v3b_block &k, int it, int nkb) {
  * lower key blocks of its head come earlier in the grid -- or, desc (v3b_descends), its higher ones: key block
  * nkb - 1 - k takes k's place.  heads: head by head whatever G (whole heads staggered: v3b_stagger_turn). */
 template <int BC, int G>
-DEV void v3b_place(const attn_params &all, int64_t vb, bool desc, bool heads, int *kb, int64_t *b, int64_t *hk) {
+DEV void v3b_place(const attn_params &all, bool desc, bool heads, int *kb, int64_t *b, int64_t *hk) {
     const int nkb = (int)((all.sk + BC - 1) / BC);
     int64_t bhk;
     /* desc: no turn waits on another block's walk to chain, so head by head; heads: asked for (v3b_stagger_turn) */
     if (G == 0 || desc || heads) {
-        bhk = vb / nkb;
-        *kb = (int)(vb % nkb);
+        bhk = blockIdx.x / nkb;
+        *kb = (int)(blockIdx.x % nkb);
     } else {
-        const int64_t per_chunk = (int64_t)G * all.b * all.h_kv, c = vb / per_chunk;
-        const int64_t r = vb - c * per_chunk, w = nkb - c * G < G ? nkb - c * G : G; /* the last is narrower */
+        const int64_t per_chunk = (int64_t)G * all.b * all.h_kv, c = blockIdx.x / per_chunk;
+        const int64_t r = blockIdx.x - c * per_chunk, w = nkb - c * G < G ? nkb - c * G : G; /* the last is narrower */
         bhk = r / w;
         *kb = (int)(c * G + r % w);
     }
@@ -155,9 +155,8 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
     attn_bwd_params seq;
     int64_t b, hk;
     int kb, q0, k0, tma_b; /* TMA row offsets and batch coordinate */
-    __device__ __forceinline__ bool init(const attn_bwd_params &all, int64_t vb, bool desc = false,
-                                         bool heads = false) {
-        v3b_place<BC, G>(all.fwd, vb, desc, heads, &kb, &b, &hk);
+    __device__ __forceinline__ bool init(const attn_bwd_params &all, bool desc = false, bool heads = false) {
+        v3b_place<BC, G>(all.fwd, desc, heads, &kb, &b, &hk);
         q0 = k0 = 0;
         tma_b = (int)b;
         if constexpr (SEQ) {
@@ -189,29 +188,22 @@ template <int BR, bool DET, bool SUB = false> DEV int v3b_row0(const v3b_block &
 }
 
 /* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2
- * and D (BR floats), the mbarriers kv_full, q_full[STAGES], q_empty[STAGES], and kv_empty (a persistent block's
- * consumers are done with K and V: every consumer thread arrives). */
+ * and D (BR floats), the mbarriers kv_full, q_full[STAGES], q_empty[STAGES]. */
 template <typename T> struct v3b_ring {
     T *k, *v, *q, *dout;
     float *lse, *dsum;
-    uint64_t *kv_full, *q_full, *q_empty, *kv_empty;
+    uint64_t *kv_full, *q_full, *q_empty;
 };
 
 /* The producer: one thread.  K_j, V_j once, then each step's slot once its consumers have released it.  q0, k0: the
- * rows of the tensor maps where the block's sequence starts; tma_b its batch coordinate; SUB: v3b_row0's.  A
- * persistent block's kv_n-th K / V (kv_n > 0: once the consumers are done with the last, kv_empty) and the ring's
- * steps from gs0 on (the steps of the blocks before). */
+ * rows of the tensor maps where the block's sequence starts; tma_b its batch coordinate; SUB: v3b_row0's. */
 template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool SUB = false>
 DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                      const CUtensorMap *tm_do, const attn_bwd_params &p, const v3b_block &k, const v3b_ring<T> &r,
-                     int q0, int k0, int tma_b, int kv_n = 0, int gs0 = 0) {
+                     int q0, int k0, int tma_b) {
     constexpr int PANELS = DP / 64, KV_TILE = BC * DP, Q_TILE = BR * DP;
-    if (kv_n == 0) {
-        tma_prefetch_map(tm_q);
-        tma_prefetch_map(tm_do);
-    } else {
-        mbar_wait(r.kv_empty, (kv_n - 1) & 1);
-    }
+    tma_prefetch_map(tm_q);
+    tma_prefetch_map(tm_do);
     mbar_arrive_expect_tx(r.kv_full, 2 * KV_TILE * 2);
 #pragma unroll
     for (int c = 0; c < PANELS; c++) {
@@ -220,9 +212,9 @@ DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUt
     }
     const attn_params &f = p.fwd;
     for (int it = 0; it < k.n_it; it++) {
-        const int gs = gs0 + it, s = gs % STAGES, i0 = v3b_row0<BR, DET, SUB>(k, it);
+        const int s = it % STAGES, i0 = v3b_row0<BR, DET, SUB>(k, it);
         const int64_t h = k.h0 + it / k.nm;
-        if (gs >= STAGES) mbar_wait(&r.q_empty[s], (gs / STAGES - 1) & 1);
+        if (it >= STAGES) mbar_wait(&r.q_empty[s], (it / STAGES - 1) & 1);
         const int64_t row = (k.b * f.h + h) * p.ws_rows + i0; /* ws_rows >= every step's rows */
         mbar_arrive_expect_tx(&r.q_full[s], 2 * Q_TILE * 2 + 2 * BR * 4);
         bulk_load(r.lse + s * BR, p.lse2 + row, BR * 4, &r.q_full[s]);
@@ -259,18 +251,10 @@ DEV void v3b_store_rows(T *dk, int64_t dk_stride, const T *sdk, T *dv, int64_t d
     }
 }
 
-/* A persistent dK/dV block's next grid place: blockIdx.x was its first, the others are taken from a counter -- the
- * workspace's last int of dq_sem, which bwd_prep zeroes and no dQ tile's counter reaches (csrc/fattn.h) -- beyond
- * the first gridDim.x places, so places go out in order as blocks ask for them. */
-DEV int64_t v3b_next_place(const attn_bwd_params &all) {
-    return (int64_t)atomicAdd(all.dq_sem + all.fwd.b * all.fwd.h * all.ws_rows - 1, 1) + gridDim.x;
-}
-
 /* The barriers' initial counts: kv_full and q_full[s] one arrival (the producer's, with the bytes), q_empty[s]
  * every consumer thread's.  Thread 0, before the block's first __syncthreads. */
 template <typename T, int STAGES> DEV void v3b_ring_init(const v3b_ring<T> &r, int consumer_threads) {
     mbar_init(r.kv_full, 1);
-    if (r.kv_empty) mbar_init(r.kv_empty, consumer_threads);
     for (int s = 0; s < STAGES; s++) {
         mbar_init(&r.q_full[s], 1);
         mbar_init(&r.q_empty[s], consumer_threads);

@@ -139,12 +139,12 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     T *sdS = sP + 2 * PS_TILE;
     float *sLse = (float *)(sdS + 2 * PS_TILE), *sD = sLse + STAGES * BR;
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
-    const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES, nullptr};
+    const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
 
     v3b_params<BC, SEQ, DET ? (SEQ ? V3W_SEQ_CHUNK : V3B_DET_CHUNK) : 0> bp;
     /* stagger_asked: the launcher's V3B_STAGGER_* (none under a mask or in a packed batch) */
     const bool desc = DET && v3b_descends<SEQ>(all.fwd), heads = DET && !SEQ && stagger_asked == V3B_STAGGER_HEADS;
-    if (!bp.init(all, blockIdx.x, desc, heads)) return; /* past its sequence's keys: no rows of dK, dV here */
+    if (!bp.init(all, desc, heads)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
