@@ -5,13 +5,13 @@
  *               max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None, check_indices=True)
  *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
- *   _C.backward_workspace_bytes(b, h, sq, d, deterministic=False) -> the bytes a GPU backward's workspace needs
+ *   _C.backward_workspace_bytes(b, h, sq, d) -> the bytes a GPU backward's workspace needs
  *
  * The forward's arguments mean what they mean in forward() (bind.c) and must be those of the call that produced
  * out and lse; dq, dk, dv (q's, k's and v's shapes and dtype, any strides with a contiguous last dimension) are
  * written.  variant names the forward variant whose backward runs (its table row's bwd); config overrides a GPU
  * backward's config index or the CPU's (br, bc, threads).  workspace: a writable array on the call's device of at
- * least backward_workspace_bytes(b, h, sq, d, deterministic) bytes (GPU only; None: one cached per device and stream, which cannot
+ * least backward_workspace_bytes(b, h, sq, d) bytes (GPU only; None: one cached per device and stream, which cannot
  * be had while the stream is being captured into a CUDA graph). */
 #include "module.h"
 
@@ -72,7 +72,7 @@ static int take_workspace(call *c) {
         return -1;
     }
     c->ws_bytes = (size_t)n * ((x->dtype.bits * x->dtype.lanes + 7) / 8);
-    const size_t need = (size_t)fattn_bwd_workspace_bytes(c->p.fwd.b, c->p.fwd.h, c->p.fwd.sq, c->p.fwd.d, c->p.deterministic);
+    const size_t need = (size_t)fattn_bwd_workspace_bytes(c->p.fwd.b, c->p.fwd.h, c->p.fwd.sq, c->p.fwd.d);
     if (c->gpu && c->ws_bytes < need) {
         PyErr_Format(PyExc_ValueError, "workspace: %zu bytes, need %zu (backward_workspace_bytes)", c->ws_bytes, need);
         return -1;
@@ -221,13 +221,11 @@ PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *a
     (void)module;
     static const char *names[4] = {"b", "h", "sq", "d"};
     long v[4];
-    if (nargs != 4 && nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "backward_workspace_bytes(b, h, sq, d, deterministic=False)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "backward_workspace_bytes(b, h, sq, d)");
         return NULL;
     }
     for (int i = 0; i < 4; i++)
         if (fattn_arg_long(args[i], names[i], 0, 1L << 40, &v[i])) return NULL;
-    const int det = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
-    if (det < 0) return NULL;
-    return PyLong_FromLongLong(fattn_bwd_workspace_bytes(v[0], v[1], v[2], v[3], det));
+    return PyLong_FromLongLong(fattn_bwd_workspace_bytes(v[0], v[1], v[2], v[3]));
 }

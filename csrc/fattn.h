@@ -227,10 +227,7 @@ typedef struct attn_bwd_params {
                                          no key (so that P = 0 there) */
     float *dq_accum;                  /* [((b * h + h) * ws_rows + i) * ws_cols + e] */
     int *dq_sem;                      /* [(b * h + h) * ws_rows + k]: v3's deterministic mode, the adds each dQ tile
-                                         has had (fattn_bwd_workspace_set); from fattn_bwd_odd_sems on, those of its
-                                         twin in dq_accum2 */
-    float *dq_accum2;                 /* deterministic mode: dq_accum's twin, where v3's odd turns add (NULL
-                                         otherwise) */
+                                         has had (fattn_bwd_workspace_set) */
     int64_t ws_rows, ws_cols;
     int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
 } attn_bwd_params;
@@ -251,15 +248,13 @@ FATTN_HD void fattn_seq_bwd_params(const attn_bwd_params *p, int64_t b, attn_bwd
     if (p->lse2) s->lse2 = p->lse2 + b * p->fwd.h * p->ws_rows;
     if (p->dq_accum) s->dq_accum = p->dq_accum + b * p->fwd.h * p->ws_rows * p->ws_cols;
     if (p->dq_sem) s->dq_sem = p->dq_sem + b * p->fwd.h * p->ws_rows;
-    if (p->dq_accum2) s->dq_accum2 = p->dq_accum2 + b * p->fwd.h * p->ws_rows * p->ws_cols;
 }
 
 /* The GPU backward's workspace: ws_rows = sq rounded up to FATTN_BWD_STEP_ROWS (the steps of v3's br = 80 backward
  * end there), then to 128; ws_cols = the head-dim bucket; dq_accum first, then
  * dpsum and lse2 (a float per row each; v3 at head dim 64 orders them inside each 64-row block as its threads read
- * them: kernels/bwd_common.cuh, bwd_v3_row_pos), then dq_sem (an int per row), then, in deterministic mode only,
- * dq_accum2 (dq_accum's size: v3's adds to a dQ tile alternate between the two, each with its own chain of turns).
- * One rule for every GPU variant (the Python side sizes a framework-allocated workspace with it). */
+ * them: kernels/bwd_common.cuh, bwd_v3_row_pos), then dq_sem (an int per row).  One rule for every GPU variant (the
+ * Python side sizes a framework-allocated workspace with it). */
 #define FATTN_BWD_ROW_ALIGN 128
 #define FATTN_BWD_STEP_ROWS 80 /* the query rows of a step of v3's backward that are not a multiple of 64 */
 FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
@@ -269,8 +264,8 @@ FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
 /* The head-dim bucket kernels are compiled for: 64, 128 or 256 (columns past d are zero-filled). */
 FATTN_HD int fattn_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d, int deterministic) {
-    const int64_t n = 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) * (deterministic ? 2 : 1) + 3);
+FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d) {
+    const int64_t n = 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 3);
     return n > 0 ? n : 16; /* never empty: with no query rows the dK / dV kernel still runs (dK = dV = 0), and a
                               zero-byte allocation may have no address to give it */
 }
@@ -281,11 +276,7 @@ FATTN_HD void fattn_bwd_workspace_set(attn_bwd_params *p, float *ws) {
     p->dpsum = ws + rows * fattn_head_dim_bucket(p->fwd.d);
     p->lse2 = p->dpsum + rows;
     p->dq_sem = (int *)(p->lse2 + rows);
-    p->dq_accum2 = p->deterministic ? (float *)(p->dq_sem + rows) : (float *)0;
 }
-/* Where the counters of dq_accum2's tiles start in dq_sem (p: the call's, or a packed sequence's): half its rows on,
- * past every dq_accum tile's counter (a tile spans 40 rows or more, so its number is below rows / 40). */
-FATTN_HD int64_t fattn_bwd_odd_sems(const attn_bwd_params *p) { return p->fwd.b * p->fwd.h * p->ws_rows / 2; }
 
 /* Status codes; a non-zero status comes with a message from fattn_last_error(). */
 typedef enum {

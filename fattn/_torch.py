@@ -80,17 +80,16 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                        sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
                        check_indices: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    det = deterministic or torch.are_deterministic_algorithms_enabled()
     workspace = None
     if q.is_cuda:
         b, h, sq = (cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q) if cu_seqlens_q is not None \
             else _args.bhs(q.shape, layout)
-        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1], det) // 4,), dtype=torch.float32)
+        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1]) // 4,), dtype=torch.float32)
     if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
         dout = dout.contiguous()
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,
                 window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
-                deterministic=det, workspace=workspace,
+                deterministic=deterministic or torch.are_deterministic_algorithms_enabled(), workspace=workspace,
                 alibi_slopes=alibi_slopes, check_indices=check_indices, **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     dsinks = q.new_empty((0,), dtype=torch.float32)
     if sinks is not None:

@@ -49,9 +49,6 @@ def test_backward_numpy_and_empty_shapes():
             assert x.numel() == 0 or (x == 0).all()
     # the GPU workspace is never empty (with Sq = 0 the dK / dV kernel still runs and needs an address)
     assert _C.backward_workspace_bytes(2, 4, 0, 64) == 16 and _C.backward_workspace_bytes(0, 4, 9, 64) == 16
-    # deterministic mode adds dq_accum's twin: 2 x 4 heads x 128 rows (70 rounded) x 64 columns of floats
-    assert _C.backward_workspace_bytes(2, 4, 70, 64, True) - _C.backward_workspace_bytes(2, 4, 70, 64) == 4 * 1024 * 64
-    assert _C.backward_workspace_bytes(2, 4, 70, 64, False) == _C.backward_workspace_bytes(2, 4, 70, 64)
 
 
 # ---- GPU dispatch: plans, fallback, graphs, streams -------------------------------------------------------------
@@ -84,8 +81,6 @@ def test_grad_gpu_plans_and_unaligned_fallback(seed):
     sm = torch.cuda.get_device_capability()
     assert plan["variant"] == ("v3" if sm == (9, 0) else "v2" if sm >= (8, 0) else "v1")
     assert plan["workspace"] == _C.backward_workspace_bytes(1, 4, 70, 64)
-    det_plan = _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, deterministic=True)
-    assert det_plan["workspace"] == _C.backward_workspace_bytes(1, 4, 70, 64, True)
     if "v3" in fattn.variants("cuda"):  # forced to v3, a call v3's backward does not take (scale < 0) runs v2's
         assert _C._dev.plan_backward(dout, q, k, v, out, lse, *g, stream=stream, variant="v3",
                                      deterministic=True)["variant"] == "v3"

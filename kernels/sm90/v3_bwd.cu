@@ -177,24 +177,21 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     const int turn = staggered ? v3b_stagger_turn(blk, it, nkb) : v3b_turn(blk, sp.n_min, sp.n_max);
                     named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
                     named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
-                    /* odd turns add to dq_accum2, counted from fattn_bwd_odd_sems on (v3_bwd_ring.cuh: twin chains) */
-                    float *acc = turn & 1 ? p.dq_accum2 : p.dq_accum;
-                    const int64_t odd = turn & 1 ? fattn_bwd_odd_sems(&p) : 0;
                     if (lane == 0) {
                         for (int w = 0; w < 2; w++) {
-                            while (ld_acquire(dq_sem(it, w) + odd) != turn >> 1) {
+                            while (ld_acquire(dq_sem(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
-                            if (turn < 2) /* its chain's first add: a store (the accumulator is not zeroed) */
-                                bulk_store(acc + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
+                            if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
+                                bulk_store(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             else
-                                bulk_reduce_add_f32(acc + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
+                                bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                         }
                         tma_store_commit();
                         tma_store_wait_all();
                         fence_proxy_async_global();
-                        red_release_add(dq_sem(it, 0) + odd, 1);
-                        red_release_add(dq_sem(it, 1) + odd, 1);
+                        red_release_add(dq_sem(it, 0), 1);
+                        red_release_add(dq_sem(it, 1), 1);
                     }
                     __syncwarp();
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);

@@ -9,22 +9,8 @@
 /* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum,
  * read in v3_dq_index's order (thread tid its own float4s, coalesced), turned row-major in shared memory, and written
  * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
- * elements, d a multiple of 8).  Deterministic mode: v3b_accumulated. */
-/* The float4 at dq_accum[at] of the tile whose counter is dq_sem[t]: in deterministic mode the sum of its two
- * chains (v3_bwd_ring.cuh: twin chains), the even turns' first, each only where it had an add (a chain's first add is
- * a store, so one with none -- a tile no key block added to, rows that see no key; or one add in all -- left its
- * floats unwritten). */
-DEV float4 v3b_accumulated(const attn_bwd_params &p, int64_t t, int64_t at) {
-    if (!p.deterministic) return *(const float4 *)(p.dq_accum + at);
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p.dq_sem[t] > 0) x = *(const float4 *)(p.dq_accum + at);
-    if (p.dq_sem[fattn_bwd_odd_sems(&p) + t] > 0) {
-        const float4 y = *(const float4 *)(p.dq_accum2 + at);
-        x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-    }
-    return x;
-}
-
+ * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
+ * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
 template <typename T, int DP, bool SEQ>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
@@ -38,11 +24,12 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
     const int panel = (int)(blockIdx.x % (DP / 64)), tid = threadIdx.x;
     /* the tile as the dK/dV kernel numbered it: from p's workspace pointers (a sequence's: moved by its rows) */
     const int64_t t = v3_dq_tile<DP>(SEQ ? bh % f.h : bh, p.ws_rows, rb * 64, panel);
-    const int64_t at = 4096 * t;
+    const bool added = !p.deterministic || p.dq_sem[t] > 0;
+    const float *src = p.dq_accum + 4096 * t;
     const int row = (tid / 32) * 16 + (tid % 32) / 4;
 #pragma unroll
     for (int v4 = 0; v4 < 8; v4++) {
-        const float4 x = v3b_accumulated(p, t, at + v3_dq_index(tid, 4 * v4));
+        const float4 x = added ? *(const float4 *)(src + v3_dq_index(tid, 4 * v4)) : make_float4(0.f, 0.f, 0.f, 0.f);
         const int col = 8 * v4 + 2 * (tid % 4);
         *(float2 *)&tile[row][col] = make_float2(x.x, x.y);
         *(float2 *)&tile[row + 8][col] = make_float2(x.z, x.w);
@@ -65,8 +52,8 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
 /* dQ = scale * dq_accum for the dQ^T tiles (DQ_SWAP, D=128): a block of 128 threads per BR rows and 64 columns
  * (panel) of a (b, h), read in v3_dq_index's order -- thread tid's element i is column 16 (tid / 32) + (tid % 32) / 4
  * + 8 ((i >> 1) & 1), row 8 (i / 4) + 2 (tid % 4) + (i & 1): the accumulator of dQ^T -- turned row-major in shared
- * memory and written as 16-byte stores, eight threads to a 128-byte row.  Deterministic mode: v3b_accumulated (the
- * tile's counter at its offset / (64 BR)). */
+ * memory and written as 16-byte stores, eight threads to a 128-byte row.  Deterministic mode: a tile no key block
+ * added to (its counter, at its offset / (64 BR), is 0) was never written, and its dQ is 0. */
 template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_convert_t(const attn_bwd_params p) {
     constexpr int DP = 128;
     __shared__ float tile[BR][68]; /* 68: a warp's stores (rows 2 (tid % 4) + .., columns (tid % 32) / 4 + ..) hit
@@ -75,10 +62,12 @@ template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_conv
     const int64_t nrb = (f.sq + BR - 1) / BR, rb = (blockIdx.x / 2) % nrb, bh = blockIdx.x / 2 / nrb;
     const int panel = (int)(blockIdx.x % 2), tid = threadIdx.x;
     const int64_t off = (bh * p.ws_rows + rb * BR) * DP + panel * 64 * BR;
+    const bool added = !p.deterministic || p.dq_sem[off / (64 * BR)] > 0;
+    const float *src = p.dq_accum + off;
     const int col = 16 * (tid / 32) + (tid % 32) / 4, row = 2 * (tid % 4);
 #pragma unroll
     for (int v4 = 0; v4 < BR / 8; v4++) {
-        const float4 x = v3b_accumulated(p, off / (64 * BR), off + v3_dq_index(tid, 4 * v4));
+        const float4 x = added ? *(const float4 *)(src + v3_dq_index(tid, 4 * v4)) : make_float4(0.f, 0.f, 0.f, 0.f);
         tile[8 * v4 + row][col] = x.x;
         tile[8 * v4 + row + 1][col] = x.y;
         tile[8 * v4 + row][col + 8] = x.z;

@@ -82,14 +82,6 @@ enum { V3B_STAGGER_NONE, V3B_STAGGER_CHUNKS, V3B_STAGGER_HEADS };
  * in two runs, evidence/backward/h100_v3_bwd_stagger_88a1dbe.md) */
 #define V3B_DET_CHUNK 32
 
-/* Deterministic mode's twin chains.  A dQ tile's adds come in a fixed order of turns (v3b_turn, v3b_stagger_turn,
- * the wide kernel's v3w_turn), each waiting until the turn before it has landed; one chain would make every wait as
- * long as an add's round trip (the reduce, the fence, the count) less one step.  So even turns add to dq_accum and
- * odd ones to its twin dq_accum2 (in the workspace in deterministic mode: csrc/fattn.h), each chain counted on its
- * own (the twin's counters from fattn_bwd_odd_sems on): turn u waits for turn u - 2, which came two steps before.
- * Each chain's first add is a store; the convert pass sums the two in a fixed order (v3_bwd_convert.cuh:
- * v3b_accumulated), so dQ is the same bits run to run. */
-
 /* The key blocks k < nkb with k mod nm < x (0 <= x <= nm). */
 DEV int v3b_blocks_below(int nkb, int nm, int x) { return nkb / nm * x + (nkb % nm < x ? nkb % nm : x); }
 

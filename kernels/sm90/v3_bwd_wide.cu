@@ -100,14 +100,13 @@ DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stag
     for (int it = 0; it < blk.n_it; it++) {
         const int i0 = v3b_row0<BR, true>(blk, it);
         const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
-        const int turn = v3w_turn(blk, it, sp, stagger, nkb), n = turn >> 1; /* n: in its twin's chain */
-        int *sem = p.dq_sem + (turn & 1 ? fattn_bwd_odd_sems(&p) : 0) +
-                   v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
+        const int turn = v3w_turn(blk, it, sp, stagger, nkb);
+        int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
         if (lane == 0) {
             for (;;) {
                 const int c0 = ld_relaxed(sem), c1 = ld_relaxed(sem + 1), c2 = ld_relaxed(sem + 2),
                           c3 = ld_relaxed(sem + 3);
-                if (c0 == n && c1 == n && c2 == n && c3 == n) break;
+                if (c0 == turn && c1 == turn && c2 == turn && c3 == turn) break;
             }
             fence_acq_rel_gpu();
         }
@@ -278,10 +277,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
         float *acc = p.dq_accum + 4096 * tile;
         if constexpr (DET) {
-            /* odd turns add to dq_accum2 (v3_bwd_ring.cuh: twin chains); the first of each chain is a store */
-            const int turn = v3w_turn(blk, it, sp, stagger, nkb);
-            const bool first = turn < 2;
-            if (turn & 1) acc = p.dq_accum2 + 4096 * tile;
+            const bool first = v3w_turn(blk, it, sp, stagger, nkb) == 0; /* the tile's first add */
             named_barrier_sync(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++) { /* the tile's first add is a store: the accumulator is not zeroed */
