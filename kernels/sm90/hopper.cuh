@@ -84,8 +84,6 @@ DEV void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "
 DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 /* Waits until the committed stores / reductions have finished writing global memory. */
 DEV void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-/* The same for all but the N most recently committed groups. */
-template <int N> DEV void tma_store_wait_all_but() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
 
 /* Counters between blocks: acquire load, release add. */
@@ -96,12 +94,6 @@ DEV int ld_acquire(const int *a) {
 }
 DEV void red_release_add(int *a, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
-}
-/* Adds v and returns the count before, acquiring and releasing at once. */
-DEV int atom_acq_rel_add(int *a, int v) {
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(a), "r"(v) : "memory");
-    return old;
 }
 /* The same in parts, for several counters at once: relaxed loads polled until they show the count, then one fence
  * (the acquire pattern); one fence, then relaxed adds (the release pattern).  Each ld.acquire invalidates the SM's

@@ -163,32 +163,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     };
     auto dq_sem = [&](int it, int cw_) { return p.dq_sem + (DQ_SWAP ? dq_off(it, cw_) / DQ_TILE : dq_tile(it, cw_)); };
 
-    /* Default mode: the writer counts step it's adds to its two dQ tiles, once landed; a tile whose last add that
-     * was is converted here (v3_bwd_convert.cuh: v3b_convert_tile) -- tile w's rows and columns as dq_tile's */
-    auto finish_step = [&](int it) {
-        const int lane = threadIdx.x % 32;
-        const int64_t i0 = row0_of(it);
-        const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
-        int last = 0; /* bit w: this block's add to tile w was its last */
-        if (lane == 0) {
-            fence_proxy_async_global(); /* the reduces (async proxy), before the counts */
-            for (int w = 0; w < 2; w++)
-                last |= (atom_acq_rel_add(dq_sem(it, w), 1) == sp.n_max - sp.n_min - 1) << w;
-        }
-        last = __shfl_sync(0xffffffffu, last, 0);
-        __syncwarp(); /* lane 0's acquire, before every lane's reads */
-        for (int w = 0; w < 2; w++) {
-            if (!(last >> w & 1)) continue;
-            const int64_t r0 = i0 + (DQ_ROWS ? 64 * w : 0);
-            const int c0 = DQ_ROWS ? 0 : 64 * w;
-            T *out = (T *)p.dq + b * p.dq_stride_b + (h0 + it / nm) * p.dq_stride_h + r0 * p.dq_stride_s + c0;
-            v3b_convert_tile<T, BR>(p.dq_accum + dq_off(it, w), out, p.dq_stride_s, f.sq - r0, (int)f.d - c0,
-                                    f.scale, lane);
-            __syncwarp();
-            if (lane == 0) *dq_sem(it, w) = -1; /* for the convert pass: done */
-        }
-    };
-
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (warp == 1 && n_it > 0) {
@@ -233,14 +207,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                         __syncwarp();
                         named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
                     }
-                    if (it > 0) { /* the step before: its two adds have landed once only this step's are pending */
-                        if (lane == 0) tma_store_wait_all_but<2>();
-                        finish_step(it - 1);
-                    }
                 }
             }
             if (lane == 0) tma_store_wait_all();
-            if (!DET) finish_step(n_it - 1);
             return;
         }
         if (warp != 0 || lane != 0 || n_it == 0) return;

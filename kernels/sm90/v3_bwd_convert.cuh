@@ -11,39 +11,6 @@
  * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
  * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
  * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
-/* Default mode's dQ tiles converted where they are finished: the dK/dV kernel's dQ writer warp counts its adds to a
- * tile once they have landed (dq_sem, zeroed by bwd_prep), and the warp whose add was the tile's last (the count
- * reaches the key blocks that see its rows) reads it back from L2 and stores dQ = scale * tile, then marks the
- * counter -1 so that the convert pass, still launched for tiles no key block added to (rows that see no key: 0),
- * leaves it.  out: dQ at the tile's first row and column; rows_left / cols_left: the rows below Sq and columns below
- * d from there.  BR % 64: the dQ^T tile of BR rows (v3_bwd_convert_t's layout), else 64 x 64 (v3_dq_index's). */
-template <typename T, int BR>
-DEV void v3b_convert_tile(const float *acc, T *out, int64_t stride, int64_t rows_left, int cols_left, float s,
-                          int lane) {
-    constexpr bool SWAP = BR % 64 != 0;
-    constexpr int NQ = 128 * (SWAP ? BR / 8 : 8); /* float4s: thread tid's v-th of 128 at 128 v + tid */
-    for (int q = lane; q < NQ; q += 32) {
-        const int v = q / 128, tid = q % 128;
-        const float4 x = __ldcg((const float4 *)(acc + 4 * q));
-        const int a = 16 * (tid / 32) + (tid % 32) / 4, c = 8 * v + 2 * (tid % 4);
-        if constexpr (!SWAP) { /* rows a, a + 8; columns c, c + 1 */
-            if (c >= cols_left) continue;
-            if (a < rows_left) *(unsigned *)(out + a * stride + c) = pack2(x.x * s, x.y * s, T());
-            if (a + 8 < rows_left) *(unsigned *)(out + (a + 8) * stride + c) = pack2(x.z * s, x.w * s, T());
-        } else { /* columns a, a + 8; rows c, c + 1 */
-            T *o = out + c * stride + a;
-            if (a < cols_left) {
-                if (c < rows_left) o[0] = T(x.x * s);
-                if (c + 1 < rows_left) o[stride] = T(x.y * s);
-            }
-            if (a + 8 < cols_left) {
-                if (c < rows_left) o[8] = T(x.z * s);
-                if (c + 1 < rows_left) o[stride + 8] = T(x.w * s);
-            }
-        }
-    }
-}
-
 template <typename T, int DP, bool SEQ>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
@@ -57,7 +24,6 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
     const int panel = (int)(blockIdx.x % (DP / 64)), tid = threadIdx.x;
     /* the tile as the dK/dV kernel numbered it: from p's workspace pointers (a sequence's: moved by its rows) */
     const int64_t t = v3_dq_tile<DP>(SEQ ? bh % f.h : bh, p.ws_rows, rb * 64, panel);
-    if (!p.deterministic && p.dq_sem[t] < 0) return; /* converted where it was finished (v3b_convert_tile) */
     const bool added = !p.deterministic || p.dq_sem[t] > 0;
     const float *src = p.dq_accum + 4096 * t;
     const int row = (tid / 32) * 16 + (tid % 32) / 4;
@@ -96,7 +62,6 @@ template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_conv
     const int64_t nrb = (f.sq + BR - 1) / BR, rb = (blockIdx.x / 2) % nrb, bh = blockIdx.x / 2 / nrb;
     const int panel = (int)(blockIdx.x % 2), tid = threadIdx.x;
     const int64_t off = (bh * p.ws_rows + rb * BR) * DP + panel * 64 * BR;
-    if (!p.deterministic && p.dq_sem[off / (64 * BR)] < 0) return; /* converted where finished (v3b_convert_tile) */
     const bool added = !p.deterministic || p.dq_sem[off / (64 * BR)] > 0;
     const float *src = p.dq_accum + off;
     const int col = 16 * (tid / 32) + (tid % 32) / 4, row = 2 * (tid % 4);
