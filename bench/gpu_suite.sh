@@ -48,10 +48,10 @@ if ! FATTN_CUDA_ARCHS="${FATTN_CUDA_ARCHS:-arch=compute_90,code=sm_90;arch=compu
 fi
 say "build took $(( $(date +%s) - t0 )) s"
 grep "spilled" "$LOG" | grep -v " 0 bytes spill" | sed 's/.*function //' | head -40 >> "$OUT/spills.txt"
-# ptxas C7515-C7520: wgmma serialized or waits injected (a wgmma issued or awaited under a condition, an
-# accumulator written while a group is open, a group open across a loop's back edge)
-if grep -qE "C75(1[5-9]|20)" "$LOG"; then
-  say "WARNING: ptxas serialized wgmma in: $(grep -E "C75(1[5-9]|20)" "$LOG" | sed 's/.*function //' | sort -u | tr '\n' ' ')"
+# ptxas C7512, C7515-C7520: wgmma serialized or waits injected (too few registers for the function, a wgmma issued
+# or awaited under a condition, an accumulator written while a group is open, a group open across a loop's back edge)
+if grep -qE "C75(12|1[5-9]|20)" "$LOG"; then
+  say "WARNING: ptxas serialized wgmma in: $(grep -E "C75(12|1[5-9]|20)" "$LOG" | sed 's/.*function //' | sort -u | tr '\n' ' ')"
 fi
 python3 bench/kernel_report.py > "$OUT/kernel_report.md" 2>>"$LOG"
 
