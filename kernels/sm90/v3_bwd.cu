@@ -56,8 +56,10 @@
  * so it is computed transposed, dQ^T = K^T dS^T (K's panel of the consumer's 64 columns M-major, dS K-major), a
  * 64 x 80 tile per consumer; dS goes to shared memory as dS (rows: queries) by stmatrix .trans, and the convert pass
  * of these tiles is v3_bwd_convert_t.  LSE and D are read from shared memory where used (no room to preload).
- * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): at BR = 80 (8328cbe) D=128 non-causal
- * 0.90-1.06x cudnn at S >= 1k (1.04-1.20x the BR = 64 kernel), causal 0.89-1.09x (1.02-1.11x),
+ * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): one pass at 9034942 (after the staged
+ * epilogue, 6ceffe0: 1.04-1.13x at S = 512 / 1k, evidence/backward/h100_v3_bwd_epilogue_6ceffe0.md) 0.956-1.152x
+ * cudnn over D = 64 / 128 / 256, >= 1.05x at 14 of 36 points (h100_fa3_bwd_9034942.json).  At BR = 80 (8328cbe)
+ * D=128 non-causal 0.90-1.06x cudnn at S >= 1k (1.04-1.20x the BR = 64 kernel), causal 0.89-1.09x (1.02-1.11x),
  * evidence/backward/h100_v3_bwd_br80_777e632.md.  Before it: D=128 0.86-0.98x cudnn (494 TFLOP/s
  * at S=16k), 1.01-1.07x the speed of b90005c's step order (dV while dP^T finished), deterministic mode 1.04-1.26x
  * the default's time (evidence/backward/h100_v3_bwd_step_order_a65f84f.md); D=64 0.84-0.97x at a213fcc
