@@ -411,14 +411,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d, staged in K's and V's tiles (free once both
      * consumers' GEMMs are done) so that each warp stores whole rows, 16 bytes a thread ---- */
     named_barrier_sync(V3B_BAR_DS, 256);
-    T *sdK = sK + cw * 64 * DP, *sdV = sV + cw * 64 * DP; /* this consumer's 64 keys (v3b_stage_at) */
-    const float scale = f.scale;
-#pragma unroll
-    for (int i = 0; i < NA; i += 2) {
-        const int at = v3b_stage_at<DP>(krow - cw * 64 + 8 * ((i >> 1) & 1), i / 4) + 2 * t;
-        *(unsigned *)(sdK + at) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
-        *(unsigned *)(sdV + at) = pack2(dv[i], dv[i + 1], T());
-    }
+    T *sdK = sK + cw * 64 * DP, *sdV = sV + cw * 64 * DP; /* this consumer's 64 keys */
+    v3b_stage<T, DP>(sdK, sdV, dk, dv, f.scale, krow - cw * 64, t);
     named_barrier_sync(V3B_BAR_DS, 256);
     v3b_store_rows<T, DP>((T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, p.dk_stride_s, sdK,
                           (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h, p.dv_stride_s, sdV,

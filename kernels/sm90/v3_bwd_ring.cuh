@@ -233,6 +233,19 @@ DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUt
  * 16-byte reads of one row's eight chunks both fall on distinct banks.  The element offset of (r, chunk ch). */
 template <int COLS> DEV int v3b_stage_at(int r, int ch) { return r * COLS + 8 * (ch ^ (r & 7)); }
 
+/* A consumer thread's share of its scale * dK and its dV, from wgmma accumulators of 64 keys x COLS columns (element
+ * i: key row + 8 ((i >> 1) & 1), row = 16 warp + lane / 4; column 8 (i / 4) + 2 t + (i & 1), t = lane % 4), into the
+ * staging tiles sdk, sdv (v3b_stage_at), in the dtype. */
+template <typename T, int COLS>
+DEV void v3b_stage(T *sdk, T *sdv, const float *dk, const float *dv, float scale, int row, int t) {
+#pragma unroll
+    for (int i = 0; i < COLS / 2; i += 2) {
+        const int at = v3b_stage_at<COLS>(row + 8 * ((i >> 1) & 1), i / 4) + 2 * t;
+        *(unsigned *)(sdk + at) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
+        *(unsigned *)(sdv + at) = pack2(dv[i], dv[i + 1], T());
+    }
+}
+
 /* A consumer's 128 threads store its staged dK and dV (rows key0 + [0, 64) of dk / dv, which point at the tile's
  * first column; rows < sk and columns < d only) a 16-byte chunk at a time, a warp covering whole rows (the
  * planner's rule: gradients 16-byte aligned, strides and d multiples of 8). */

@@ -302,14 +302,8 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
      * consumers' GEMMs are done; consumer cw's 64 x 128 in its half of each) so that each warp stores whole rows,
      * 16 bytes a thread ---- */
     named_barrier_sync(V3W_BAR_PDS, 256);
-    T *sdK = sK + cw * 64 * 128, *sdV = sV + cw * 64 * 128; /* (v3b_stage_at) */
-    const float scale = f.scale;
-#pragma unroll
-    for (int i = 0; i < NA; i += 2) {
-        const int at = v3b_stage_at<128>(qrow + 8 * ((i >> 1) & 1), i / 4) + 2 * t;
-        *(unsigned *)(sdK + at) = pack2(dk[i] * scale, dk[i + 1] * scale, T());
-        *(unsigned *)(sdV + at) = pack2(dv[i], dv[i + 1], T());
-    }
+    T *sdK = sK + cw * 64 * 128, *sdV = sV + cw * 64 * 128;
+    v3b_stage<T, 128>(sdK, sdV, dk, dv, f.scale, qrow, t);
     named_barrier_sync(V3W_BAR_PDS, 256);
     v3b_store_rows<T, 128>((T *)p.dk + blk.b * p.dk_stride_b + blk.hk * p.dk_stride_h + 128 * cw, p.dk_stride_s, sdK,
                            (T *)p.dv + blk.b * p.dv_stride_b + blk.hk * p.dv_stride_h + 128 * cw, p.dv_stride_s, sdV,
