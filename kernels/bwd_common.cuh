@@ -81,9 +81,7 @@ __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const i
     constexpr int G = DP / 8, RPB = 256 / G;
     const attn_params &f = p.fwd;
     const int c = threadIdx.x % G;
-    /* blocks last first: the dK/dV kernels start with the first heads, whose rows (D, LSE2, the zeroed dq_accum) are
-     * then the last written here, still in L2 */
-    const int64_t row = (int64_t)(gridDim.x - 1 - blockIdx.x) * RPB + threadIdx.x / G, nrows = f.b * f.h * p.ws_rows;
+    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / G, nrows = f.b * f.h * p.ws_rows;
     const bool live = row < nrows;
     const int64_t bh = row / p.ws_rows, i = row % p.ws_rows, b = bh / f.h, h = bh % f.h;
     /* a packed batch: sequence b's rows start at q0 and number its own sq */

@@ -14,16 +14,14 @@
 template <typename T, int DP, bool SEQ>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
-    /* tiles last first: the dK/dV kernel added to the last heads' last, so they are still in L2 */
-    const int64_t bx = gridDim.x - 1 - blockIdx.x;
-    const int64_t nrb = (all.fwd.sq + 63) / 64, rb = (bx / (DP / 64)) % nrb, bh = bx / (DP / 64) / nrb;
+    const int64_t nrb = (all.fwd.sq + 63) / 64, rb = (blockIdx.x / (DP / 64)) % nrb, bh = blockIdx.x / (DP / 64) / nrb;
     /* SEQ (a packed batch): sequence bh / h's params alone (its dQ rows, its length, its workspace rows) */
     attn_bwd_params seq;
     if (SEQ) fattn_seq_bwd_params(&all, bh / all.fwd.h, &seq);
     const attn_bwd_params &p = SEQ ? seq : all;
     const attn_params &f = p.fwd;
     if (SEQ && rb * 64 >= f.sq) return; /* past its sequence's rows */
-    const int panel = (int)(bx % (DP / 64)), tid = threadIdx.x;
+    const int panel = (int)(blockIdx.x % (DP / 64)), tid = threadIdx.x;
     /* the tile as the dK/dV kernel numbered it: from p's workspace pointers (a sequence's: moved by its rows) */
     const int64_t t = v3_dq_tile<DP>(SEQ ? bh % f.h : bh, p.ws_rows, rb * 64, panel);
     const bool added = !p.deterministic || p.dq_sem[t] > 0;
@@ -61,9 +59,8 @@ template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_conv
     __shared__ float tile[BR][68]; /* 68: a warp's stores (rows 2 (tid % 4) + .., columns (tid % 32) / 4 + ..) hit
                                       distinct banks */
     const attn_params &f = p.fwd;
-    const int64_t bx = gridDim.x - 1 - blockIdx.x; /* tiles last first, as v3_bwd_convert */
-    const int64_t nrb = (f.sq + BR - 1) / BR, rb = (bx / 2) % nrb, bh = bx / 2 / nrb;
-    const int panel = (int)(bx % 2), tid = threadIdx.x;
+    const int64_t nrb = (f.sq + BR - 1) / BR, rb = (blockIdx.x / 2) % nrb, bh = blockIdx.x / 2 / nrb;
+    const int panel = (int)(blockIdx.x % 2), tid = threadIdx.x;
     const int64_t off = (bh * p.ws_rows + rb * BR) * DP + panel * 64 * BR;
     const bool added = !p.deterministic || p.dq_sem[off / (64 * BR)] > 0;
     const float *src = p.dq_accum + off;
