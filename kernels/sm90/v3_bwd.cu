@@ -77,7 +77,6 @@
 #include "wgmma_tiles.cuh"
 
 #include <string.h>
-#include <stdlib.h> /* EXPERIMENT: getenv */
 
 #include "../../csrc/variants.h"
 #include "v3_bwd_configs.h"
@@ -144,9 +143,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const int nkb = (int)((f.sk + BC - 1) / BC);
     /* v3b_stagger_turn (the launcher's rule) */
     const bool staggered = DET && !SEQ && V3B_STAGGERS(DP, BR) && stagger == V3B_STAGGER_HEADS && blk.nm > 0;
-    /* default mode: the launcher's V3B_STAGGER_HEADS rotates the walks alike (no turns), so that a head's blocks,
-     * in lock step without a mask, reach its dQ tiles one at a time, not all at once (v3b_dq_ticket's waits) */
-    if (staggered || (!DET && !SEQ && stagger == V3B_STAGGER_HEADS && blk.nm > 0)) blk.rot = blk.kb % blk.nm;
+    if (staggered) blk.rot = blk.kb % blk.nm;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;
     auto row0_of = [&](int it) { return v3b_row0<BR, DET, true>(blk, it); };
@@ -208,26 +205,21 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
                     named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
                 } else {
-                    int ticket[2] = {1, 1}; /* (without dq_first_store: every add an add) */
-                    if (lane == 0 && p.dq_first_store) {
-                        ticket[0] = v3b_dq_ticket(dq_sem(it, 0));
-                        ticket[1] = v3b_dq_ticket(dq_sem(it, 1));
-                    }
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
+                        bool first = false;
                         if (lane == 0) {
-                            if (ticket[w] == 0) {
+                            if (p.dq_first_store) first = v3b_dq_ticket(dq_sem(it, w));
+                            if (first)
                                 bulk_store(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
-                            } else {
-                                if (p.dq_first_store) v3b_dq_wait_stored(dq_sem(it, w), ticket[w]);
+                            else
                                 bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
-                            }
                             tma_store_commit();
                             tma_store_wait_read();
                         }
                         __syncwarp();
                         named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
-                        if (lane == 0 && ticket[w] == 0) v3b_dq_stored(dq_sem(it, w));
+                        if (first) v3b_dq_stored(dq_sem(it, w));
                     }
                 }
             }
@@ -514,9 +506,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *given, const 
      * dq_accum's first of four trips through DRAM, 134 MB at B = 32, H = 16, S = 512, D = 128.  (D = 256's kernel
      * adds from the consumers' registers, with no writer warp to take a ticket: it keeps the zero fill.) */
     attn_bwd_params q = *given;
-    const char *xe = getenv("FATTN_X_DQ"); /* EXPERIMENT (to be removed): bit 0 first store, bit 1 rotation */
-    const int xdq = xe ? atoi(xe) : 3;
-    q.dq_first_store = given->deterministic || (V3B_FIRST_STORE(r->dp) && (xdq & 1));
+    q.dq_first_store = given->deterministic || V3B_FIRST_STORE(r->dp);
     const attn_bwd_params *p = &q;
     const attn_params *f = &p->fwd;
     if (p->ws_cols != r->dp || p->ws_rows < f->sq || p->ws_rows % 128 || !p->dq_accum || !p->dpsum || !p->lse2 ||
@@ -566,8 +556,6 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *given, const 
         stagger = V3B_STAGGERS(r->dp, r->br) && nkb <= room ? V3B_STAGGER_HEADS
                   : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
                                                           : V3B_STAGGER_NONE;
-    if (!p->deterministic && r->dp <= 128 && !seq && f->mask.left < 0 && f->mask.right < 0 && (xdq & 2))
-        stagger = V3B_STAGGER_HEADS;
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};

@@ -25,21 +25,22 @@ template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0
 }
 
 /* Default mode with the launcher's dq_first_store: a dQ tile's first add is a store, so dq_accum need not be zeroed.
- * Each block takes a ticket on a tile's counter (its old value) when it starts the step that adds to it, before the
- * tile is ready: the block with ticket 0 stores, and once the store has landed sets V3B_DQ_STORED in the counter;
- * the others add once they see that bit.  A block waits only on a store whose ticket was taken at the start of a step,
- * and a step's two tiles are taken, stored and waited on in the same order by every block, so no wait closes a cycle.
- * The counter stays > 0 once touched, what the convert pass reads.  Lane 0 of the dQ writer. */
+ * Whichever block reaches the tile first stores it -- its ticket (the counter's old value) is 0 -- and, once the store
+ * has landed, sets V3B_DQ_STORED in the counter; a later block adds once it sees that bit.  A block waits only for a
+ * store already issued, whose landing waits on nothing: no cycle, and no order among the blocks (the others arrive
+ * in any order, as plain adds would).  The counter stays > 0 once touched, what the convert pass reads.  Lane 0 of
+ * the dQ writer: true if this block is the first (it stores, then calls v3b_dq_stored once its slot is handed back);
+ * else it returns once the store has landed, fenced for the bulk add that follows. */
 #define V3B_DQ_STORED (1 << 30)
-DEV int v3b_dq_ticket(int *sem) { return atom_acquire_add(sem, 1); }
-/* before a later ticket's add: wait until the first store has landed, and fence for the bulk add that follows */
-DEV void v3b_dq_wait_stored(const int *sem, int ticket) {
-    if (!(ticket & V3B_DQ_STORED))
+DEV bool v3b_dq_ticket(int *sem) {
+    const int old = atom_acquire_add(sem, 1);
+    if (old == 0) return true;
+    if (!(old & V3B_DQ_STORED))
         while (!(ld_acquire(sem) & V3B_DQ_STORED)) {
         }
     fence_proxy_async_global();
+    return false;
 }
-/* after ticket 0's store (committed): once it has landed, say so */
 DEV void v3b_dq_stored(int *sem) {
     tma_store_wait_all();
     fence_proxy_async_global();
@@ -205,10 +206,9 @@ template <int BR, bool DET, bool SUB = false> DEV int v3b_row0(const v3b_block &
     const int u = it % k.nm;
     if constexpr (SUB) {
         const int w = k.rot ? (u + k.rot < k.nm ? u + k.rot : u + k.rot - k.nm) : u;
-        return k.i_begin + (DET && !k.desc ? k.nm - 1 - w : w) * BR;
+        return k.i_begin + (DET && !k.desc ? k.nm - 1 - w : u) * BR;
     }
-    const int w = k.rot ? (u + k.rot) % k.nm : u;
-    return k.i_begin + (DET && !k.desc ? k.nm - 1 - w : w) * BR;
+    return k.i_begin + (DET && !k.desc ? k.nm - 1 - (k.rot ? (u + k.rot) % k.nm : u) : u) * BR;
 }
 
 /* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2
