@@ -230,8 +230,6 @@ typedef struct attn_bwd_params {
                                          has had (fattn_bwd_workspace_set) */
     int64_t ws_rows, ws_cols;
     int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
-    int dq_first_store;               /* v3 (its launcher's rule): each dQ tile's first add is a store, so dq_accum is
-                                         not zeroed and a tile's counter is 0 until something lands there */
 } attn_bwd_params;
 
 /* The backward's params of sequence b alone (fattn_seq_params, with dO and the gradients moved alike and the

@@ -92,12 +92,6 @@ DEV int ld_acquire(const int *a) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
     return v;
 }
-/* *a += v, returning the old value, with acquire semantics (what a load of the value would see, ordered alike) */
-DEV int atom_acquire_add(int *a, int v) {
-    int old;
-    asm volatile("atom.acquire.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(a), "r"(v) : "memory");
-    return old;
-}
 DEV void red_release_add(int *a, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
 }

@@ -1,7 +1,7 @@
 /* v3_bwd.cu -- version 3's backward: Hopper (sm_90a), wgmma for all five products, TMA loads into an mbarrier ring,
  * warp specialisation; the FlashAttention-3 structure.  The math is v2's (kernels/sm80/v2_bwd.cu): P recomputed from
  * the forward's LSE, D_i = rowsum(dO_i * O_i), dV = P^T dO, dP = dO V^T, dS = P (dP - D), dK = scale dS^T Q,
- * dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i; dQ's counters zeroed, and its accumulator at D = 256;
+ * dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i, dQ's accumulator and counters zeroed;
  * kernels/bwd_common.cuh), v3_bwd_dkdv, v3_bwd_convert or v3_bwd_convert_t (dQ = scale * dq_accum in the dtype, from
  * v3's tile layouts; v3_bwd_convert.cuh).
  *
@@ -28,8 +28,7 @@
  *   then dK * scale and dV are stored (rows < Sk, columns < d): staged in K's and V's tiles, once both consumers'
  *     GEMMs are done, and written a 16-byte chunk a thread, each warp whole rows (v3_bwd_ring.cuh: v3b_store_rows);
  *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
- *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers); the
- *     first block to reach a tile stores it instead (v3_bwd_ring.cuh: v3b_dq_ticket), so prep need not zero it.
+ *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
  *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
  *     the workspace (dq_sem) for its turn and counts its add once it has landed; the first is a plain store, so the
  *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in
@@ -93,9 +92,6 @@
  * without it; at br = 80, 1.057 / 1.090 / 1.075 / 1.014x at S = 1k / 2k / 4k / 8k non-causal against br = 80 without
  * it: evidence/backward/h100_v3_bwd_br80_777e632.md) */
 #define V3B_STAGGERS(dp, br) ((dp) == 64 || (dp) == 256 || (br) == 80)
-/* Default mode's first store (v3b_dq_ticket) is built for these head-dim buckets: this file's kernels (the launcher's
- * rule) */
-#define V3B_FIRST_STORE(dp) ((dp) <= 128)
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
  * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
@@ -173,10 +169,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (warp == 1 && n_it > 0) {
             /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
-             * handed back; with the launcher's dq_first_store, the first block to reach a tile stores it
-             * (v3b_dq_ticket).  Deterministic mode: in key-block order -- both tiles of the step once it is their
-             * turn, then one wait for both adds to land before they are counted (a round trip per step, not per
-             * tile). */
+             * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
+             * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
             named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
             named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
@@ -207,19 +201,13 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                 } else {
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
-                        bool first = false;
                         if (lane == 0) {
-                            if (p.dq_first_store) first = v3b_dq_ticket(dq_sem(it, w));
-                            if (first)
-                                bulk_store(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
-                            else
-                                bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
+                            bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
                         __syncwarp();
                         named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
-                        if (first) v3b_dq_stored(dq_sem(it, w));
                     }
                 }
             }
@@ -497,17 +485,10 @@ extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     return FATTN_OK;
 }
 
-extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *given, const fattn_plan *plan, void *stream) {
+extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {
     if (plan->config < 0 || plan->config >= V3_BWD_NCONFIGS)
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: no config %d", plan->config);
     const v3_bwd_row *r = &v3_bwd_rows[plan->config];
-    /* Each dQ tile's first add a store, dq_accum not zeroed: deterministic mode always (its first turn), and the
-     * default mode of the head dims to 128 (v3b_dq_ticket: whichever block comes first) -- prep's zero fill was
-     * dq_accum's first of four trips through DRAM, 134 MB at B = 32, H = 16, S = 512, D = 128.  (D = 256's kernel
-     * adds from the consumers' registers, with no writer warp to take a ticket: it keeps the zero fill.) */
-    attn_bwd_params q = *given;
-    q.dq_first_store = given->deterministic || V3B_FIRST_STORE(r->dp);
-    const attn_bwd_params *p = &q;
     const attn_params *f = &p->fwd;
     if (p->ws_cols != r->dp || p->ws_rows < f->sq || p->ws_rows % 128 || !p->dq_accum || !p->dpsum || !p->lse2 ||
         !p->dq_sem)
@@ -540,7 +521,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *given, const 
     const void *dkdv = v3_bwd_dkdv_kernel(r, kind, p->deterministic != 0, ti);
     if (!dkdv) /* (the planner sends such calls to v2) */
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no kernel for this call", plan->config);
-    int prep_flags = (p->dq_first_store ? 0 : BWD_PREP_ZERO_DQ) |
+    /* deterministic: each tile's first add is a store, dq_accum not zeroed */
+    int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) |
                      (V3_BWD_LSE_V3_ORDER(r->dp, r->br) ? BWD_PREP_V3_ORDER : 0) |
                      (V3_BWD_DQ_ROWS(r->br) == FATTN_BWD_STEP_ROWS ? BWD_PREP_STEP_ROWS : 0);
     void *pargs[] = {(void *)p, (void *)&prep_flags};

@@ -9,9 +9,8 @@
 /* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum,
  * read in v3_dq_index's order (thread tid its own float4s, coalesced), turned row-major in shared memory, and written
  * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
- * elements, d a multiple of 8).  With dq_first_store (always in deterministic mode) each tile's first add is a store
- * and the accumulator is not zeroed, so a tile no key block added to (rows that see no key) is unwritten there: its
- * counter is 0, and its dQ is 0. */
+ * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
+ * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
 template <typename T, int DP, bool SEQ>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
@@ -25,7 +24,7 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
     const int panel = (int)(blockIdx.x % (DP / 64)), tid = threadIdx.x;
     /* the tile as the dK/dV kernel numbered it: from p's workspace pointers (a sequence's: moved by its rows) */
     const int64_t t = v3_dq_tile<DP>(SEQ ? bh % f.h : bh, p.ws_rows, rb * 64, panel);
-    const bool added = !p.dq_first_store || p.dq_sem[t] > 0;
+    const bool added = !p.deterministic || p.dq_sem[t] > 0;
     const float *src = p.dq_accum + 4096 * t;
     const int row = (tid / 32) * 16 + (tid % 32) / 4;
 #pragma unroll
@@ -53,7 +52,7 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all)
 /* dQ = scale * dq_accum for the dQ^T tiles (DQ_SWAP, D=128): a block of 128 threads per BR rows and 64 columns
  * (panel) of a (b, h), read in v3_dq_index's order -- thread tid's element i is column 16 (tid / 32) + (tid % 32) / 4
  * + 8 ((i >> 1) & 1), row 8 (i / 4) + 2 (tid % 4) + (i & 1): the accumulator of dQ^T -- turned row-major in shared
- * memory and written as 16-byte stores, eight threads to a 128-byte row.  With dq_first_store, a tile no key block
+ * memory and written as 16-byte stores, eight threads to a 128-byte row.  Deterministic mode: a tile no key block
  * added to (its counter, at its offset / (64 BR), is 0) was never written, and its dQ is 0. */
 template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_convert_t(const attn_bwd_params p) {
     constexpr int DP = 128;
@@ -63,7 +62,7 @@ template <typename T, int BR> __global__ void __launch_bounds__(128) v3_bwd_conv
     const int64_t nrb = (f.sq + BR - 1) / BR, rb = (blockIdx.x / 2) % nrb, bh = blockIdx.x / 2 / nrb;
     const int panel = (int)(blockIdx.x % 2), tid = threadIdx.x;
     const int64_t off = (bh * p.ws_rows + rb * BR) * DP + panel * 64 * BR;
-    const bool added = !p.dq_first_store || p.dq_sem[off / (64 * BR)] > 0;
+    const bool added = !p.deterministic || p.dq_sem[off / (64 * BR)] > 0;
     const float *src = p.dq_accum + off;
     const int col = 16 * (tid / 32) + (tid % 32) / 4, row = 2 * (tid % 4);
 #pragma unroll

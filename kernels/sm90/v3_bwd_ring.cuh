@@ -18,33 +18,9 @@
 DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; }
 
 /* The number of the 64 x 64 tile of rows r0 + [0, 64), columns 64 panel + [0, 64) of (b, h) = bh: its floats are
- * dq_accum[4096 t ..] (the layout above) and its counter dq_sem[t] (deterministic mode: the adds that have landed; with
- * dq_first_store, v3b_dq_ticket's). */
+ * dq_accum[4096 t ..] (the layout above) and its counter dq_sem[t] (deterministic mode: the adds that have landed). */
 template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0, int panel) {
     return (bh * ws_rows + r0) / 64 * (DP / 64) + panel;
-}
-
-/* Default mode with the launcher's dq_first_store: a dQ tile's first add is a store, so dq_accum need not be zeroed.
- * Whichever block reaches the tile first stores it -- its ticket (the counter's old value) is 0 -- and, once the store
- * has landed, sets V3B_DQ_STORED in the counter; a later block adds once it sees that bit.  A block waits only for a
- * store already issued, whose landing waits on nothing: no cycle, and no order among the blocks (the others arrive
- * in any order, as plain adds would).  The counter stays > 0 once touched, what the convert pass reads.  Lane 0 of
- * the dQ writer: true if this block is the first (it stores, then calls v3b_dq_stored once its slot is handed back);
- * else it returns once the store has landed, fenced for the bulk add that follows. */
-#define V3B_DQ_STORED (1 << 30)
-DEV bool v3b_dq_ticket(int *sem) {
-    const int old = atom_acquire_add(sem, 1);
-    if (old == 0) return true;
-    if (!(old & V3B_DQ_STORED))
-        while (!(ld_acquire(sem) & V3B_DQ_STORED)) {
-        }
-    fence_proxy_async_global();
-    return false;
-}
-DEV void v3b_dq_stored(int *sem) {
-    tma_store_wait_all();
-    fence_proxy_async_global();
-    red_release_add(sem, V3B_DQ_STORED);
 }
 
 /* setmaxnreg: the block is launched with 168 registers a thread (384 threads); the producer warpgroup gives up what
