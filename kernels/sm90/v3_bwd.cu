@@ -81,12 +81,11 @@
 #include "v3_bwd_configs.h"
 #include "v3_tma.h"
 
-/* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory; 2 + 2 slot + cw
- * consumer cw's dQ tile is in its slot (its 128 threads and the dQ writer warp), 6 + 2 slot + cw the writer has read
- * it out. */
+/* Named barriers (0 is __syncthreads): 1 both consumers' dS^T of the step are in shared memory; 2 + cw consumer cw's
+ * dQ tile is in shared memory (its 128 threads and the dQ writer warp), 4 + cw the writer has read it out. */
 #define V3B_BAR_DS 1
-#define V3B_BAR_DQ_FULL 2 /* (V3_BWD_DQ_SLOTS: at most 2) */
-#define V3B_BAR_DQ_EMPTY 6
+#define V3B_BAR_DQ_FULL 2
+#define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
 /* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64, the wide
  * kernel's 256, and 128 at br = 80 (at 128 with br = 64 it ran 0.95-1.03x on an H100, so those kernels are built
@@ -112,8 +111,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
      * the step's BR rows, dS stored K-major (rows: queries); plain kernels only (no score mods, not packed) */
     constexpr bool DQ_SWAP = BR % 64 != 0;
     constexpr int DQ_TILE = 64 * V3_BWD_DQ_ROWS(BR); /* floats of a consumer's dQ tile */
-    constexpr int DQ_SLOTS = V3_BWD_DQ_SLOTS(DP, BR);  /* step it's tile in slot it % DQ_SLOTS */
-    static_assert(DQ_SLOTS <= 2 && V3_BWD_SMEM(DP, BR, BC, STAGES) <= 232448, "227 KB of shared memory");
     static_assert(!DQ_SWAP || (!MODS && !SEQ && DP == 128), "dQ^T: D=128's plain kernels");
     static_assert(!DQ_SWAP || BR == FATTN_BWD_STEP_ROWS, "the workspace's rows end where steps of BR rows do");
     /* LSE2 and D in the workspace's v3 order (v3_bwd_configs.h), and read a float4 per k-step (QUADS; the score-mod
@@ -126,9 +123,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     extern __shared__ unsigned char smem_raw[];
     T *sK = (T *)smem_align1024(smem_raw);
     T *sV = sK + KV_TILE, *sQ = sV + KV_TILE, *sdO = sQ + STAGES * Q_TILE, *sdS = sdO + STAGES * Q_TILE;
-    /* [DQ_SLOTS][2][DQ_TILE]: each consumer's dQ tiles, in v3_dq_index order */
-    float *sdQ = (float *)(sdS + 2 * DS_TILE);
-    float *sLse = sdQ + DQ_SLOTS * 2 * DQ_TILE, *sD = sLse + STAGES * BR;
+    float *sdQ = (float *)(sdS + 2 * DS_TILE); /* [2][DQ_TILE]: each consumer's dQ tile, in v3_dq_index order */
+    float *sLse = sdQ + 2 * DQ_TILE, *sD = sLse + STAGES * BR;
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
     uint64_t *q_full = ring.q_full, *q_empty = ring.q_empty;
@@ -174,26 +170,24 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         if (warp == 1 && n_it > 0) {
             /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
              * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
-             * then one wait for both adds to land before they are counted (a round trip per step, not per tile).
-             * With two slots the consumers fill one while the writer adds the other. */
-            for (int i = 0; i < 2 * DQ_SLOTS; i++) named_barrier_arrive(V3B_BAR_DQ_EMPTY + i, V3B_DQ_THREADS);
+             * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
+            named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+            named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
-                const int sl = 2 * (it % DQ_SLOTS); /* the step's slot pair: barriers + sl + w, tiles sl + w */
                 if constexpr (DET) {
                     const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC);
                     const int turn = staggered ? v3b_stagger_turn(blk, it, nkb) : v3b_turn(blk, sp.n_min, sp.n_max);
-                    named_barrier_sync(V3B_BAR_DQ_FULL + sl, V3B_DQ_THREADS);
-                    named_barrier_sync(V3B_BAR_DQ_FULL + sl + 1, V3B_DQ_THREADS);
+                    named_barrier_sync(V3B_BAR_DQ_FULL, V3B_DQ_THREADS);
+                    named_barrier_sync(V3B_BAR_DQ_FULL + 1, V3B_DQ_THREADS);
                     if (lane == 0) {
                         for (int w = 0; w < 2; w++) {
                             while (ld_acquire(dq_sem(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
                             if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
-                                bulk_store(p.dq_accum + dq_off(it, w), sdQ + (sl + w) * DQ_TILE, DQ_TILE * 4);
+                                bulk_store(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             else
-                                bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + (sl + w) * DQ_TILE,
-                                                    DQ_TILE * 4);
+                                bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                         }
                         tma_store_commit();
                         tma_store_wait_all();
@@ -202,18 +196,18 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                         red_release_add(dq_sem(it, 1), 1);
                     }
                     __syncwarp();
-                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + sl, V3B_DQ_THREADS);
-                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + sl + 1, V3B_DQ_THREADS);
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+                    named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
                 } else {
                     for (int w = 0; w < 2; w++) {
-                        named_barrier_sync(V3B_BAR_DQ_FULL + sl + w, V3B_DQ_THREADS);
+                        named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + (sl + w) * DQ_TILE, DQ_TILE * 4);
+                            bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
                         __syncwarp();
-                        named_barrier_arrive(V3B_BAR_DQ_EMPTY + sl + w, V3B_DQ_THREADS);
+                        named_barrier_arrive(V3B_BAR_DQ_EMPTY + w, V3B_DQ_THREADS);
                     }
                 }
             }
@@ -240,6 +234,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
      * dQ^T = K^T dS^T (M-major, the same layout) */
     const unsigned k_lo = desc_lo(sK + cw * 64 * 64, 0), v_lo = desc_lo(sV + cw * 64 * 64, 0);
     const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
+    float *sdQw = sdQ + cw * DQ_TILE;
     if (n_it > 0) mbar_wait(ring.kv_full, 0);
     for (int it = 0; it < n_it; it++) {
         const int s = it % STAGES, i0 = row0_of(it);
@@ -400,15 +395,13 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         reg_fence(dq);
         /* the dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds it to
          * dq_accum (whose tiles are laid out alike, v3_dq_index) */
-        const int dq_slot = 2 * (it % DQ_SLOTS) + cw; /* this consumer's slot of the step (the writer's sl + w) */
-        named_barrier_sync(V3B_BAR_DQ_EMPTY + dq_slot, V3B_DQ_THREADS);
-        float *sdQw = sdQ + dq_slot * DQ_TILE;
+        named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
 #pragma unroll
         for (int v4 = 0; v4 < DQ_TILE / 512; v4++)
             *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
                 make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
         fence_proxy_async();
-        named_barrier_arrive(V3B_BAR_DQ_FULL + dq_slot, V3B_DQ_THREADS);
+        named_barrier_arrive(V3B_BAR_DQ_FULL + cw, V3B_DQ_THREADS);
         wgmma_wait<0>();
         reg_fence(dk);
         reg_fence(dv);

@@ -52,19 +52,14 @@ enum { V3_BWD_NCONFIGS = 0 V3_BWD_CONFIGS(V3_BWD_COUNT),
  * not a multiple of 64 (dQ^T, above). */
 #define V3_BWD_DQ_ROWS(br) ((br) % 64 ? (br) : 64)
 
-/* Slots of each consumer's dQ tile (v3_bwd.cu): two where they fit, so that a consumer stores step it + 1's tile
- * while the dQ writer still adds step it's -- D=128 at br = 64 (231464 bytes with both); D=64 at br = 128 would need
- * 40 bytes more than 227 KB, D=128 at br = 80 3.5 KB more. */
-#define V3_BWD_DQ_SLOTS(dp, br) ((dp) == 128 && (br) == 64 ? 2 : 1)
-
 /* Dynamic shared memory, bytes: K and V (bc x dp), Q and dO (stages x br x dp), dS^T twice (bc x br) -- the wide
- * kernel: P and dS twice each (br x bc) --, all fp16 / bf16; the consumers' dQ tiles (float, 64 x V3_BWD_DQ_ROWS,
- * V3_BWD_DQ_SLOTS each; not in the wide kernel); LSE and D of each stage's rows (float); the mbarriers; 1024 bytes of
- * alignment slack (128-byte swizzled tiles start on 1024-byte boundaries).  At most 227 KB = 232448 bytes (the wide
- * config and D=128 at br = 64: 231464; br = 80: 231720). */
+ * kernel: P and dS twice each (br x bc) --, all fp16 / bf16; the consumers' dQ tiles (float, 64 x V3_BWD_DQ_ROWS;
+ * not in the wide kernel); LSE and D of each stage's rows (float); the mbarriers; 1024 bytes of alignment slack
+ * (128-byte swizzled tiles start on 1024-byte boundaries).  At most 227 KB (the wide config: 231464 bytes; br = 80:
+ * 231720). */
 #define V3_BWD_SMEM(dp, br, bc, stages)                                                                          \
     ((size_t)(2 * (bc) * (dp) + 2 * (stages) * (br) * (dp) + ((dp) == 256 ? 4 : 2) * (bc) * (br)) * 2 +          \
-     (size_t)((dp) == 256 ? 0 : V3_BWD_DQ_SLOTS(dp, br) * 2 * 64 * V3_BWD_DQ_ROWS(br) * 4) +                   \
-     (size_t)2 * (stages) * (br) * 4 + (size_t)(1 + 2 * (stages)) * 8 + 1024)
+     (size_t)((dp) == 256 ? 0 : 2 * 64 * V3_BWD_DQ_ROWS(br) * 4) + (size_t)2 * (stages) * (br) * 4 +            \
+     (size_t)(1 + 2 * (stages)) * 8 + 1024)
 
 #endif

@@ -5,7 +5,6 @@
 #include "../../csrc/variants.h"
 #include "v3_addr.h"
 #include "v3_bwd_configs.h"
-#include <stdlib.h> /* EXPERIMENT: getenv */
 
 static const v3_bwd_config v3_bwd_table[V3_BWD_NCONFIGS] = {
 #define ROW(dp, br, bc, st, mods) {dp, br, bc, st, mods},
@@ -72,12 +71,9 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     /* plain: what V3_BWD_PLAIN_CONFIGS' kernels take -- no softcap / ALiBi, not packed */
     const int plain = !fattn_score_mods(f) && !f->cu_seqlens_q;
     int idx = -1;
-    const char *xe = getenv("FATTN_X_BR64"); /* EXPERIMENT (to be removed): 1 det mode, 2 both modes at br = 64 */
-    const int x64 = xe ? atoi(xe) : 0, no_plain = x64 == 2 || (x64 == 1 && p->deterministic);
     for (int i = 0; i < V3_BWD_NCONFIGS; i++) /* the bucket's first row; a plain row where the call is plain */
         if (v3_bwd_table[i].dp == bucket &&
-            (idx < 0 || (plain && !no_plain && i >= V3_BWD_FIRST_PLAIN &&
-                         v3_bwd_pads_little(f->sq, v3_bwd_table[i].br, 64))))
+            (idx < 0 || (plain && i >= V3_BWD_FIRST_PLAIN && v3_bwd_pads_little(f->sq, v3_bwd_table[i].br, 64))))
             idx = i;
     if (ov && ov->config >= 0) {
         if (ov->config >= V3_BWD_NCONFIGS || v3_bwd_table[ov->config].dp != bucket)
