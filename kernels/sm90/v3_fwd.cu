@@ -51,7 +51,6 @@
 #include "wgmma_tiles.cuh"
 
 #include <string.h>
-#include <stdlib.h>
 
 #include "../../csrc/variants.h"
 #include "v3_tma.h"
@@ -81,7 +80,7 @@ template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, b
 __global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG))
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
-       const int kv_batch_step, const int head_group, unsigned *const tile_ctr) {
+       const int kv_batch_step, const int head_group) {
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
     static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(DP, BC, STAGES, CWG),
                   "the config's tiles exceed its shared memory");
@@ -100,13 +99,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     extern __shared__ unsigned char smem_raw[];
     T *sQ = (T *)smem_align1024(smem_raw);
     T *sK = sQ + (QB + (SEP_O ? 1 : 0)) * Q_TILE, *sV = sK + STAGES * KV_TILE;
-    int4 *q_tile = (int4 *)(sV + STAGES * KV_TILE); /* dynamic: Q slot i's tile (i0, b, h, 1), or 0s: no more */
-    uint64_t *bar = (uint64_t *)(q_tile + QB);
+    uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
     uint64_t *q_full = bar, *q_empty = bar + QB, *k_full = bar + 2 * QB, *v_full = k_full + STAGES,
              *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
-    uint64_t *q_read = v_empty + STAGES; /* dynamic: every consumer warp has read q_tile[i] */
-    /* SEQ with a counter (the dispatch's, zero at launch): the dynamic schedule (v3_schedule.h: v3_seq_tile) */
-    const bool dynamic = SEQ && tile_ctr != nullptr;
     const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -114,7 +109,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         for (int i = 0; i < QB; i++) {
             mbar_init(&q_full[i], 1);
             mbar_init(&q_empty[i], 4 * CWG); /* one arrival per consumer warp */
-            mbar_init(&q_read[i], 4 * CWG);
         }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
@@ -132,13 +126,18 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_q);
         tma_prefetch_map(&tm_k);
         tma_prefetch_map(&tm_v);
-        int ring = 0; /* K/V ring position */
-        /* Tile w's Q into slot qr % QB (free once tile qr - QB's consumers released it) and its key blocks into the
-         * ring; packed batches are one batch of rows, sequence b's starting at row q0 / k0 (x) */
-        auto load_tile = [&](const v3_tile &w, const fattn_extent &x, int qr) {
+        int ring = 0, round = 0, qround = 0; /* K/V ring position, tiles walked, Q tiles loaded (SEQ skips some) */
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
+            v3_tile w = v3_tile_place(&p, BR, tile, head_group);
+            const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
+            if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
+            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+            const int qr = SEQ ? qround++ : round;
+            /* packed batches are one batch of rows: sequence b's start at row q0 / k0 */
             const int hk = (int)(w.h / p.h_per_kv), qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
             const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)x.k0;
-            const int qs = qr % QB;
+            const int qs = qr % QB; /* Q's slot, free once tile qr - QB's consumers released it */
+            if (qr >= QB) mbar_wait(&q_empty[qs], (qr / QB - 1) & 1);
             mbar_arrive_expect_tx(&q_full[qs], Q_TILE * 2);
 #pragma unroll
             for (int c = 0; c < PANELS; c++)
@@ -156,48 +155,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 };
                 load(sK + s * KV_TILE, &tm_k, &k_full[s], &k_empty[s]);
                 load(sV + s * KV_TILE, &tm_v, &v_full[s], &v_empty[s]);
-            }
-        };
-        if (!dynamic) {
-            int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
-            for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-                v3_tile w = v3_tile_place(&p, BR, tile, head_group);
-                const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
-                if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
-                v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-                const int qr = SEQ ? qround++ : round;
-                if (qr >= QB) mbar_wait(&q_empty[qr % QB], (qr / QB - 1) & 1);
-                load_tile(w, x, qr);
-            }
-            return;
-        }
-        /* dynamic: the tile number for the next tile is read while this one loads; the consumers learn each tile
-         * from its Q slot's q_tile, written before the slot's barrier is armed (the arrival releases the store) */
-        v3_seq_cursor seqs = {0, 0};
-        unsigned t = atomicAdd(tile_ctr, 1u);
-        for (int qr = 0;; qr++) {
-            v3_tile w;
-            const bool more = v3_seq_tile(&p, BR, (int)t, &seqs, &w);
-            const int qs = qr % QB;
-            if (qr >= QB) mbar_wait(&q_read[qs], (qr / QB - 1) & 1); /* the slot's last tile has been read */
-            if (!more) { /* no more: the consumers read zeros (the barrier's phase completes without a load) */
-                q_tile[qs] = make_int4(0, 0, 0, 0);
-                mbar_arrive_expect_tx(&q_full[qs], 0);
-                break;
-            }
-            t = atomicAdd(tile_ctr, 1u);
-            const fattn_extent x = fattn_extent_of(&p, w.b);
-            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-            q_tile[qs] = make_int4((int)w.i0, w.b, w.h, 1);
-            if (qr >= QB) mbar_wait(&q_empty[qs], (qr / QB - 1) & 1); /* ... and its Q */
-            load_tile(w, x, qr);
-        }
-        { /* the last block to take its final number sets the counter back to zero for the next launch */
-            __threadfence();
-            if (atomicAdd(tile_ctr + 1, 1u) == gridDim.x - 1) {
-                __threadfence();
-                tile_ctr[0] = 0u;
-                tile_ctr[1] = 0u;
             }
         }
         return;
@@ -336,27 +293,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
     int ring = 0, round = 0, qround = 0;
-    /* The next tile this block runs (the producer skips the same ones; dynamic: the tile the producer wrote beside
-     * its Q, the slot's barrier waited for): false when there is none. */
+    /* The next tile this block runs (the producer skips the same ones): false when there is none. */
     auto next_tile = [&](v3_tile &w, fattn_extent &x, int &qr) -> bool {
-        if (dynamic) { /* lane 0 reads the slot's tile and, once every lane is past the wait, hands the slot back */
-            qr = qround++;
-            mbar_wait(&q_full[qr % QB], (qr / QB) & 1);
-            int4 e = make_int4(0, 0, 0, 0);
-            if (lane == 0) e = q_tile[qr % QB];
-            e.x = __shfl_sync(0xffffffffu, e.x, 0);
-            e.y = __shfl_sync(0xffffffffu, e.y, 0);
-            e.z = __shfl_sync(0xffffffffu, e.z, 0);
-            e.w = __shfl_sync(0xffffffffu, e.w, 0);
-            if (lane == 0) mbar_arrive(&q_read[qr % QB]);
-            if (!e.w) return false;
-            w.i0 = e.x;
-            w.b = e.y;
-            w.h = e.z;
-            x = fattn_extent_of(&p, w.b);
-            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-            return true;
-        }
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             w = v3_tile_place(&p, BR, tile, head_group);
             x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
@@ -407,7 +345,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             f0 = 0;
             f1 = w.nblocks;
         }
-        if (!dynamic) mbar_wait(&q_full[cur.qs], (qr / QB) & 1); /* (dynamic: waited for in next_tile) */
+        mbar_wait(&q_full[cur.qs], (qr / QB) & 1);
     };
     auto masked = [&](int j) { return j < f0 || j >= f1; }; /* a window's left edge, the diagonal, the tail */
     auto finish = [&]() { /* the current tile's m and l, for its epilogue */
@@ -657,12 +595,7 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
         (st = v3_map(&to, p->o, p->dtype, p->d, rows_q, p->h, batch_q, p->o_stride_s, p->o_stride_h, p->o_stride_b,
                      64, "out")))
         return st;
-    unsigned *ctr = plan->counter;
-    { /* FATTN_X_DYN=0: the static schedule (an experiment's switch, to be removed) */
-        const char *e = getenv("FATTN_X_DYN");
-        if (e && e[0] == '0') ctr = NULL;
-    }
-    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group, (void *)&ctr};
+    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
     /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, whose table index the planner chose */
     const int seq = p->cu_seqlens_q || p->seqused_k;
     if (seq && plan->config != fattn_v3_seq_config(c->dp))

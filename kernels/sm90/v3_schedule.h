@@ -50,31 +50,4 @@ FATTN_HD v3_tile v3_tile_of(const attn_params *p, int br, int bc, int64_t tile, 
     return w;
 }
 
-/* The dynamic schedule of per-sequence calls (SEQ: packed batches, seqused_k): a block's producer takes tile numbers
- * from a counter in global memory (one add per tile), so a block that drew short tiles draws more, and the numbers
- * count only the tiles that exist -- sequence after sequence, in each its query blocks from the last (the longest
- * when causal) to the first with the heads fastest.  A producer's numbers only grow, so it walks the sequences
- * forwards with a cursor (b, base: the tiles of the sequences before b), reading each length once.  Returns 0 when
- * tile t is past the last sequence's tiles. */
-typedef struct {
-    int b, base; /* 32 bits: the planner keeps tile counts below 2^31 (64-bit divisions cost the producer a stack) */
-} v3_seq_cursor;
-
-FATTN_HD int v3_seq_tile(const attn_params *p, int br, int t, v3_seq_cursor *c, v3_tile *w) {
-    const int h = (int)p->h;
-    for (; c->b < p->b; c->b++) {
-        const int nqb = ((int)fattn_extent_of(p, c->b).sq + br - 1) / br, n = nqb * h;
-        if (t < c->base + n) {
-            const int r = (t - c->base) / h;
-            w->b = c->b;
-            w->h = t - c->base - r * h;
-            w->i0 = (int64_t)(nqb - 1 - r) * br;
-            w->n_min = w->nblocks = 0;
-            return 1;
-        }
-        c->base += n;
-    }
-    return 0;
-}
-
 #endif
