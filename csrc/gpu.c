@@ -218,36 +218,69 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
 
 /* Grown when a call needs more and never shared between streams (so calls on different streams cannot race on it);
  * allocated on the first call that needs one, not per call.  Under CUDA graph capture nothing is allocated: a
- * captured graph must not hold a buffer a later call might free. */
+ * captured graph must not hold a buffer a later call might free.  Beside it, the stream's tile counter (two words,
+ * zeroed on the stream when allocated; a kernel that takes tiles from it leaves it zero). */
 typedef struct {
     int device;
     void *stream;
     void *buf;
     size_t bytes;
+    unsigned *counter;
 } workspace;
 #define WORKSPACES 32
 static workspace ws_table[WORKSPACES];
 static int ws_count;
 
-/* A workspace of >= bytes for (device, stream), or NULL when none can be had without risk (capture, table full,
- * out of memory). */
-static void *workspace_get(int device, void *stream, size_t bytes) {
+/* 1 if the stream is being captured into a CUDA graph (or capture status cannot be had). */
+static int capturing(void *stream) {
     enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing((cudaStream_t)stream, &cap) != cudaSuccess) {
         cudaGetLastError(); /* the legacy stream while another stream captures: treat as capturing */
-        return NULL;
+        return 1;
     }
-    if (cap != cudaStreamCaptureStatusNone) return NULL;
+    return cap != cudaStreamCaptureStatusNone;
+}
+
+/* (device, stream)'s entry, made on first use; NULL when the table is full.  Call with dev_lock held. */
+static workspace *workspace_entry(int device, void *stream) {
+    for (int i = 0; i < ws_count; i++)
+        if (ws_table[i].device == device && ws_table[i].stream == stream) return &ws_table[i];
+    if (ws_count == WORKSPACES) return NULL;
+    workspace *w = &ws_table[ws_count++];
+    w->device = device;
+    w->stream = stream;
+    return w;
+}
+
+/* The tile counter of (device, stream), or NULL when none can be had without risk (capture, table full, out of
+ * memory). */
+static unsigned *counter_get(int device, void *stream) {
+    if (capturing(stream)) return NULL;
+    pthread_mutex_lock(&dev_lock);
+    workspace *w = workspace_entry(device, stream);
+    if (w && !w->counter) {
+        void *c = NULL;
+        if (cudaMalloc(&c, 2 * sizeof(unsigned)) != cudaSuccess) {
+            cudaGetLastError();
+        } else if (cudaMemsetAsync(c, 0, 2 * sizeof(unsigned), (cudaStream_t)stream) != cudaSuccess) {
+            cudaGetLastError();
+            cudaFree(c);
+        } else {
+            w->counter = (unsigned *)c;
+        }
+    }
+    unsigned *out = w ? w->counter : NULL;
+    pthread_mutex_unlock(&dev_lock);
+    return out;
+}
+
+/* A workspace of >= bytes for (device, stream), or NULL when none can be had without risk (capture, table full,
+ * out of memory). */
+static void *workspace_get(int device, void *stream, size_t bytes) {
+    if (capturing(stream)) return NULL;
     void *out = NULL;
     pthread_mutex_lock(&dev_lock);
-    workspace *w = NULL;
-    for (int i = 0; i < ws_count && !w; i++)
-        if (ws_table[i].device == device && ws_table[i].stream == stream) w = &ws_table[i];
-    if (!w && ws_count < WORKSPACES) {
-        w = &ws_table[ws_count++];
-        w->device = device;
-        w->stream = stream;
-    }
+    workspace *w = workspace_entry(device, stream);
     if (w && w->bytes < bytes) {
         const size_t grow = bytes > 2 * w->bytes ? bytes : 2 * w->bytes;
         void *nb = NULL;
@@ -297,6 +330,7 @@ static fattn_status run_on_device(const attn_params *p, const fattn_tuned *tuned
             if ((st = prepare_once(plan))) return st;
         }
     }
+    if (plan->tile_counter) plan->counter = counter_get(plan->dev.id, stream);
     return plan->variant->launch(p, plan, stream);
 }
 

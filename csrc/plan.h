@@ -67,6 +67,9 @@ typedef struct fattn_plan {
                                as rows of their kv head (fattn_pack_gqa; 1: none) */
     size_t workspace_bytes; /* device scratch the launch needs (split-KV partials) */
     void *workspace;        /* filled in by the dispatch step before launching */
+    int tile_counter;       /* 1: the launch takes tiles from a counter (v3's dynamic schedule) when it can have one */
+    unsigned *counter;      /* filled in by the dispatch step: two words, zero at launch (the kernel leaves them so);
+                               NULL (under CUDA graph capture, or no memory): the launch's static schedule */
 } fattn_plan;
 
 /* A variant's planner: fills plan (plan->dev is set) for p, or returns FATTN_ERR_UNSUPPORTED with the reason. */

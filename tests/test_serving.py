@@ -294,6 +294,61 @@ def test_serving_varlen_check_indices_false_captures(seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+def test_v3_varlen_dynamic_schedule(d, causal, seed, request):
+    """v3's packed calls take tiles from a per-stream counter (the dynamic schedule) eagerly and walk a static
+    schedule under CUDA graph capture: on 160 ragged sequences (empty ones, one row, one of 1100) with Sq != Sk, every
+    sequence by the accuracy rule; three calls in a row equal (the counter is back at zero after each); the captured
+    call's replay bitwise equal to the eager one; two streams at once (two counters) each equal to its own result."""
+    require("cuda")
+    if "v3" not in fattn.variants("cuda"):
+        pytest.skip("v3 runs on compute capability 9.0 only")
+    rng = np.random.default_rng(seed)
+    lq = [int(x) for x in rng.integers(0, 300, 160)]
+    lq[3], lq[50], lq[51], lq[100] = 0, 1, 1100, 0
+    lk = [n + int(x) for n, x in zip(lq, rng.integers(0, 40, 160))]
+    q, k, v, cq, ck = packed(lq, lk, 4, 2, d, torch.float16, "cuda", seed)
+    kw = dict(max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=causal, variant="v3")
+    outs = [fattn.attention_varlen(q, k, v, cq, ck, **kw) for _ in range(3)]
+    assert all(torch.equal(o, outs[0]) for o in outs[1:]), "repeated calls differ"
+    for b in range(len(lq)):
+        if lq[b] == 0:
+            continue
+        qs, ks, vs, os_ = (per_sequence(x, c, b) for x, c in ((q, cq), (k, ck), (v, ck), (outs[0], cq)))
+        why, _, _ = accuracy.check_attention(os_, qs, ks, vs, causal)
+        assert why is None, f"sequence {b} ({lq[b]} x {lk[b]}): {why}. {repro(request)}"
+    # the static schedule: a captured call (no counter under capture)
+    out = torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, out=out, **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, out=out, **kw)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, outs[0]), "the static schedule's result differs from the dynamic one's"
+    # two streams at once, each with its own counter
+    q2 = randn(tuple(q.shape), torch.float16, "cuda", seed + 9)
+    want2 = fattn.attention_varlen(q2, k, v, cq, ck, **kw)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    s1.wait_stream(torch.cuda.current_stream())
+    s2.wait_stream(torch.cuda.current_stream())
+    got1, got2 = [], []
+    for _ in range(4):
+        with torch.cuda.stream(s1):
+            got1.append(fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, **kw))
+        with torch.cuda.stream(s2):
+            got2.append(fattn.attention_varlen(q2, k, v, cq, ck, check_indices=False, **kw))
+    torch.cuda.synchronize()
+    assert all(torch.equal(g, outs[0]) for g in got1) and all(torch.equal(g, want2) for g in got2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["v2", "v3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, "bottom_right"])

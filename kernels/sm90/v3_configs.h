@@ -95,11 +95,13 @@ int fattn_v3_seq_config(int dp);
 #endif
 
 /* Shared memory of one block: QB slots of Q (Br x DP), the O staging tile when SEP_O (else O is staged in Q's slot),
- * STAGES slots of K and of V (Bc x DP), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the
- * 128-byte swizzle's period). */
-#define V3_NBARS(QB, STAGES) (2 * (QB) + 4 * (STAGES))
-#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QB, SEP_O) \
-    ((size_t)(64 * (CWG) * ((QB) + ((SEP_O) ? 1 : 0)) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(QB, STAGES) * 8 + 1024)
+ * STAGES slots of K and of V (Bc x DP), QB + 1 tiles of 16 bytes (the dynamic schedule's: the block's first, and
+ * beside each Q slot the tile after that Q's), the mbarriers, and 1 KB of slack to align the tiles to 1024 bytes (the 128-byte
+ * swizzle's period). */
+#define V3_NBARS(QB, STAGES) (3 * (QB) + 4 * (STAGES))
+#define V3_SMEM_BYTES(DP, BC, STAGES, CWG, QB, SEP_O)                                                               \
+    ((size_t)(64 * (CWG) * ((QB) + ((SEP_O) ? 1 : 0)) + 2 * (STAGES) * (BC)) * (DP) * 2 + V3_NBARS(QB, STAGES) * 8 + \
+     16 * ((QB) + 1) + 1024)
 /* Blocks per SM: one consumer runs three where its tiles (with two Q slots and the O tile) fit in a third of the
  * SM's 228 KB, else two; more consumers, one.  A block may have 227 KB of shared memory, 113 KB when two share an SM,
  * 75 KB when three do (1 KB of each block's share is reserved). */

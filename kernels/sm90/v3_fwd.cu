@@ -30,7 +30,10 @@
  * maps over all the rows, a sequence's tiles starting at its first row; tiles past its queries skipped by producer
  * and consumers alike, the Q barriers counting only the tiles run) and seqused_k.  Rows of the next sequence that
  * a tile's loads pick up are masked (keys) or never stored: a sequence's last, partial 64 rows of O are stored by
- * each thread instead of by TMA.
+ * each thread instead of by TMA.  DYN (the SEQ kernels again): the dynamic schedule -- tiles from a counter, only
+ * those that exist, sequence by sequence (v3_schedule.h: v3_seq_tile), the producer naming each tile's successor
+ * beside its Q; the dispatch runs it wherever it has a counter (not under CUDA graph capture).  On ragged batches
+ * 1.05-1.6x the static schedule's speed, on equal lengths 0.97-1.04x (evidence/serving/h100_v3_dyn_schedule_*.md).
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
@@ -76,11 +79,11 @@ template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer 
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
-template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ, bool DYN>
 __global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG))
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
-       const int kv_batch_step, const int head_group) {
+       const int kv_batch_step, const int head_group, unsigned *const tile_ctr) {
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
     static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(DP, BC, STAGES, CWG),
                   "the config's tiles exceed its shared memory");
@@ -99,9 +102,16 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     extern __shared__ unsigned char smem_raw[];
     T *sQ = (T *)smem_align1024(smem_raw);
     T *sK = sQ + (QB + (SEP_O ? 1 : 0)) * Q_TILE, *sV = sK + STAGES * KV_TILE;
-    uint64_t *bar = (uint64_t *)(sV + STAGES * KV_TILE);
+    /* DYN: beside Q slot i, the tile after the one whose Q it holds: (i0, b, h, 1), or zeros where there is none;
+     * q_tile[QB]: the block's first tile */
+    int4 *q_tile = (int4 *)(sV + STAGES * KV_TILE);
+    uint64_t *bar = (uint64_t *)(q_tile + QB + 1);
     uint64_t *q_full = bar, *q_empty = bar + QB, *k_full = bar + 2 * QB, *v_full = k_full + STAGES,
              *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
+    uint64_t *q_read = v_empty + STAGES; /* DYN: every consumer warp has read q_tile[i] */
+    /* DYN (SEQ only): the dynamic schedule (v3_schedule.h: v3_seq_tile), tiles from tile_ctr (zero at launch) */
+    static_assert(SEQ || !DYN, "the dynamic schedule is for per-sequence calls");
+    constexpr bool dynamic = DYN;
     const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -109,6 +119,13 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         for (int i = 0; i < QB; i++) {
             mbar_init(&q_full[i], 1);
             mbar_init(&q_empty[i], 4 * CWG); /* one arrival per consumer warp */
+            mbar_init(&q_read[i], 4 * CWG);
+        }
+        if (dynamic) { /* the block's first tile: number blockIdx.x */
+            v3_seq_cursor seqs = {0, 0};
+            v3_tile w;
+            q_tile[QB] = v3_seq_tile(&p, BR, (int)blockIdx.x, &seqs, &w) ? make_int4((int)w.i0, w.b, w.h, 1)
+                                                                           : make_int4(0, 0, 0, 0);
         }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
@@ -126,18 +143,13 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         tma_prefetch_map(&tm_q);
         tma_prefetch_map(&tm_k);
         tma_prefetch_map(&tm_v);
-        int ring = 0, round = 0, qround = 0; /* K/V ring position, tiles walked, Q tiles loaded (SEQ skips some) */
-        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            v3_tile w = v3_tile_place(&p, BR, tile, head_group);
-            const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
-            if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
-            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-            const int qr = SEQ ? qround++ : round;
-            /* packed batches are one batch of rows: sequence b's start at row q0 / k0 */
+        int ring = 0; /* K/V ring position */
+        /* Tile w's Q into slot qr % QB (free once tile qr - QB's consumers released it) and its key blocks into the
+         * ring; packed batches are one batch of rows, sequence b's starting at row q0 / k0 (x) */
+        auto load_tile = [&](const v3_tile &w, const fattn_extent &x, int qr) {
             const int hk = (int)(w.h / p.h_per_kv), qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
             const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)x.k0;
-            const int qs = qr % QB; /* Q's slot, free once tile qr - QB's consumers released it */
-            if (qr >= QB) mbar_wait(&q_empty[qs], (qr / QB - 1) & 1);
+            const int qs = qr % QB;
             mbar_arrive_expect_tx(&q_full[qs], Q_TILE * 2);
 #pragma unroll
             for (int c = 0; c < PANELS; c++)
@@ -155,6 +167,54 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 };
                 load(sK + s * KV_TILE, &tm_k, &k_full[s], &k_empty[s]);
                 load(sV + s * KV_TILE, &tm_v, &v_full[s], &v_empty[s]);
+            }
+        };
+        if (!dynamic) {
+            int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
+            for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
+                v3_tile w = v3_tile_place(&p, BR, tile, head_group);
+                const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
+                if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
+                v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+                const int qr = SEQ ? qround++ : round;
+                if (qr >= QB) mbar_wait(&q_empty[qr % QB], (qr / QB - 1) & 1);
+                load_tile(w, x, qr);
+            }
+            return;
+        }
+        /* dynamic: block x's first tile is number x, the next ones come from the counter (+ the grid), each number
+         * read a tile ahead.  Beside each tile's Q goes the tile after it, so the consumers know a tile before its
+         * Q lands and compute its span ahead of any wait (after a wait the compiler moved their ring and
+         * descriptor arithmetic off the uniform datapath: 4-18% slower, evidence/serving/h100_v3_dyn_schedule_12be09c.md). */
+        /* The producer keeps its tiles in shared memory too (q_tile: the current one is the entry written a tile
+         * ago, or the first), so few values live across a tile's loads: with 24 registers the rest spill, and a
+         * spilled tile number would wait for its atomic at once. */
+        v3_seq_cursor seqs = {0, 0};
+        unsigned t = q_tile[QB].w ? atomicAdd(tile_ctr, 1u) + gridDim.x : 0u; /* the second tile's number */
+        for (int qr = 0;; qr++) {
+            const int4 cur = q_tile[qr == 0 ? QB : (qr - 1) % QB];
+            if (!cur.w) break;
+            v3_tile wn; /* the next tile, its number read a tile ago */
+            const bool more_n = v3_seq_tile(&p, BR, (int)t, &seqs, &wn);
+            if (more_n) t = atomicAdd(tile_ctr, 1u) + gridDim.x;
+            const int qs = qr % QB;
+            if (qr >= QB) mbar_wait(&q_read[qs], (qr / QB - 1) & 1); /* the slot's last entry has been read */
+            q_tile[qs] = more_n ? make_int4((int)wn.i0, wn.b, wn.h, 1) : make_int4(0, 0, 0, 0);
+            v3_tile w;
+            w.i0 = cur.x;
+            w.b = cur.y;
+            w.h = cur.z;
+            const fattn_extent x = fattn_extent_of(&p, w.b);
+            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+            if (qr >= QB) mbar_wait(&q_empty[qs], (qr / QB - 1) & 1); /* ... and its Q */
+            load_tile(w, x, qr); /* its arrival on q_full releases the entry */
+        }
+        { /* the last block to take its final number sets the counter back to zero for the next launch */
+            __threadfence();
+            if (atomicAdd(tile_ctr + 1, 1u) == gridDim.x - 1) {
+                __threadfence();
+                tile_ctr[0] = 0u;
+                tile_ctr[1] = 0u;
             }
         }
         return;
@@ -293,8 +353,20 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
     int ring = 0, round = 0, qround = 0;
+    /* dynamic: the next tile -- the block's first, then the one its Q slot names */
+    int4 next_w = dynamic ? q_tile[QB] : make_int4(0, 0, 0, 0);
     /* The next tile this block runs (the producer skips the same ones): false when there is none. */
     auto next_tile = [&](v3_tile &w, fattn_extent &x, int &qr) -> bool {
+        if (dynamic) {
+            if (!next_w.w) return false;
+            w.i0 = next_w.x;
+            w.b = next_w.y;
+            w.h = next_w.z;
+            x = fattn_extent_of(&p, w.b);
+            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+            qr = qround++;
+            return true;
+        }
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             w = v3_tile_place(&p, BR, tile, head_group);
             x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
@@ -346,6 +418,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             f1 = w.nblocks;
         }
         mbar_wait(&q_full[cur.qs], (qr / QB) & 1);
+        if (dynamic) { /* the tile after this one, then the entry back to the producer */
+            next_w = q_tile[cur.qs];
+            release(&q_read[cur.qs]);
+        }
     };
     auto masked = [&](int j) { return j < f0 || j >= f1; }; /* a window's left edge, the diagonal, the tail */
     auto finish = [&]() { /* the current tile's m and l, for its epilogue */
@@ -534,20 +610,26 @@ typedef struct {
     size_t smem;
 } v3_entry;
 
-#define V3_PAIR(DP, BC, STAGES, CWG, PP, MD, SQ)                                                                 \
-    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD, SQ>,                                             \
-     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD, SQ>}
-/* V3_TABLE's kernels, with MODS for the defaults; the SEQ kernels of V3_SEQ_CONFIGS (with MODS), by bucket */
+#define V3_PAIR(DP, BC, STAGES, CWG, PP, MD, SQ, DY)                                                             \
+    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD, SQ, DY>,                                         \
+     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD, SQ, DY>}
+/* V3_TABLE's kernels, with MODS for the defaults; the SEQ kernels of V3_SEQ_CONFIGS (with MODS), by bucket, with
+ * the static schedule and with the dynamic one */
 #define V3_ENTRY_MODS(DP, BC, STAGES, CWG, PP)                                                                  \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true, false)},            \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true, false, false)}, \
      V3_SMEM(DP, BC, STAGES, CWG)},
 #define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
 #define V3_ENTRY_SEQ(DP, BC, STAGES, CWG, PP)                                                                   \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true)},              \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true, false)}, \
+     V3_SMEM(DP, BC, STAGES, CWG)},
+#define V3_ENTRY_DYN(DP, BC, STAGES, CWG, PP)                                                                   \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true, true), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true, true)},   \
      V3_SMEM(DP, BC, STAGES, CWG)},
 static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_DEFAULT_CONFIGS(V3_ENTRY_MODS) V3_SWEEP_CONFIGS(V3_ENTRY)};
-static const v3_entry v3_seq_kernels[V3_NDEFAULTS] = {V3_SEQ_CONFIGS(V3_ENTRY_SEQ)}; /* by bucket */
+/* by bucket: [0] the static schedule, [1] the dynamic one */
+static const v3_entry v3_seq_kernels[2][V3_NDEFAULTS] = {{V3_SEQ_CONFIGS(V3_ENTRY_SEQ)}, {V3_SEQ_CONFIGS(V3_ENTRY_DYN)}};
+#undef V3_ENTRY_DYN
 #undef V3_ENTRY_SEQ
 #undef V3_ENTRY
 #undef V3_ENTRY_MODS
@@ -556,8 +638,9 @@ static const v3_entry v3_seq_kernels[V3_NDEFAULTS] = {V3_SEQ_CONFIGS(V3_ENTRY_SE
 /* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set). */
 extern "C" fattn_status fattn_prepare_v3(int device) {
     (void)device;
-    for (int i = 0; i < V3_NCONFIGS + V3_NDEFAULTS; i++) {
-        const v3_entry *e = i < V3_NCONFIGS ? &v3_kernels[i] : &v3_seq_kernels[i - V3_NCONFIGS];
+    for (int i = 0; i < V3_NCONFIGS + 2 * V3_NDEFAULTS; i++) {
+        const int j = i - V3_NCONFIGS; /* the SEQ kernels: static, then dynamic */
+        const v3_entry *e = j < 0 ? &v3_kernels[i] : &v3_seq_kernels[j / V3_NDEFAULTS][j % V3_NDEFAULTS];
         for (int k = 0; k < 4; k++)
             if (e->kern[k >> 1][k & 1])
                 FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[k >> 1][k & 1],
@@ -595,12 +678,13 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
         (st = v3_map(&to, p->o, p->dtype, p->d, rows_q, p->h, batch_q, p->o_stride_s, p->o_stride_h, p->o_stride_b,
                      64, "out")))
         return st;
-    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group};
+    unsigned *ctr = plan->counter; /* per-sequence calls: the dynamic schedule's kernel where there is one */
+    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group, (void *)&ctr};
     /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, whose table index the planner chose */
     const int seq = p->cu_seqlens_q || p->seqused_k;
     if (seq && plan->config != fattn_v3_seq_config(c->dp))
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no kernel for per-sequence lengths", plan->config);
-    const void *kernel = (seq ? &v3_seq_kernels[v3_bucket(c->dp)] : &v3_kernels[plan->config])
+    const void *kernel = (seq ? &v3_seq_kernels[ctr != NULL][v3_bucket(c->dp)] : &v3_kernels[plan->config])
                              ->kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
     if (!kernel) return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no softcap / ALiBi kernel", plan->config);
     FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem,

@@ -50,4 +50,33 @@ FATTN_HD v3_tile v3_tile_of(const attn_params *p, int br, int bc, int64_t tile, 
     return w;
 }
 
+/* The dynamic schedule of per-sequence calls (SEQ: packed batches, seqused_k): block x's first tile is number x,
+ * its others come from a counter in global memory (one add per tile, plus the grid), so a block that drew short
+ * tiles draws more.  The numbers count only the tiles that exist -- sequence after sequence, in each its query
+ * blocks from the last (the longest when causal) to the first with the heads fastest.  The static schedule walks
+ * tiles sized for the longest sequence, skipping those past each one's end wherever they fall: on a ragged causal
+ * batch its busiest block had 1.094x the mean work (a replay), the dynamic one's 1.004.  A block's numbers only
+ * grow, so it walks the sequences forwards with a cursor (b, base: the tiles of the sequences before b), reading
+ * each length once.  Returns 0 when tile t is past the last sequence's tiles. */
+typedef struct {
+    int b, base; /* 32 bits: the planner keeps tile counts below 2^31 (64-bit divisions cost the producer a stack) */
+} v3_seq_cursor;
+
+FATTN_HD int v3_seq_tile(const attn_params *p, int br, int t, v3_seq_cursor *c, v3_tile *w) {
+    const int h = (int)p->h;
+    for (; c->b < p->b; c->b++) {
+        const int nqb = ((int)fattn_extent_of(p, c->b).sq + br - 1) / br, n = nqb * h;
+        if (t < c->base + n) {
+            const int r = (t - c->base) / h;
+            w->b = c->b;
+            w->h = t - c->base - r * h;
+            w->i0 = (int64_t)(nqb - 1 - r) * br;
+            w->n_min = w->nblocks = 0;
+            return 1;
+        }
+        c->base += n;
+    }
+    return 0;
+}
+
 #endif
