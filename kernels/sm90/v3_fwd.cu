@@ -32,8 +32,8 @@
  * a tile's loads pick up are masked (keys) or never stored: a sequence's last, partial 64 rows of O are stored by
  * each thread instead of by TMA.  DYN (the SEQ kernels again): the dynamic schedule -- tiles from a counter, only
  * those that exist, sequence by sequence (v3_schedule.h: v3_seq_tile), the producer naming each tile's successor
- * beside its Q; the dispatch runs it wherever it has a counter (not under CUDA graph capture).  On ragged batches
- * 1.05-1.6x the static schedule's speed, on equal lengths 0.97-1.04x (evidence/serving/h100_v3_dyn_schedule_*.md).
+ * beside its Q; the dispatch runs it wherever it has a counter (not under CUDA graph capture).  On an H100, against
+ * the static schedule: ragged batches 1.06-1.62x, equal lengths 0.98-1.03x (evidence/serving/h100_v3_dyn_schedule_*.md).
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
