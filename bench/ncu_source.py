@@ -123,6 +123,7 @@ def profile(args, ncu):
     else:
         child = [sys.executable, "-m", "fattn.profile", "--child", "--mode", args.mode, "--shape", args.shape]
         child += (["--causal"] if args.causal else []) + (["--variant", args.variant] if args.variant else [])
+        child += ["--window", args.window] if args.window else []
         child += ["--deterministic"] if args.deterministic else []
     cmd = [ncu, "--clock-control", "none", "--kernel-name-base", "function", "--kernel-name", "regex:" + args.kernel,
            "--launch-skip", "2", "--launch-count", "1", "-f", "-o", rep]
@@ -146,6 +147,7 @@ def main():
     ap.add_argument("--mode", default="bwd", choices=["fwd", "bwd"])
     ap.add_argument("--kernel", default="_dkdv", help="regex on the kernel's function name")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--window", help="LEFT,RIGHT: a sliding window")
     ap.add_argument("--variant")
     ap.add_argument("--deterministic", action="store_true", help="--mode bwd: the deterministic backward")
     ap.add_argument("--out", help="folder for the CSV files and the summary")

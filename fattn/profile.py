@@ -87,6 +87,7 @@ def ncu_command(ncu, args, metrics):
            ",".join(map(str, args.shape)), "--dtype", args.dtype, "--mode", args.mode]
     cmd += (["--sk", str(args.sk)] if args.sk else []) + (["--variant", args.variant] if args.variant else [])
     det = getattr(args, "deterministic", False)
+    cmd += ["--window", ",".join(map(str, args.window))] if getattr(args, "window", None) else []
     return cmd + (["--causal"] if args.causal else []) + (["--deterministic"] if det else [])
 
 
@@ -101,15 +102,16 @@ def child(args):
     q = torch.randn(b, h, s, d, device="cuda", dtype=dt)
     k = torch.randn(b, h, args.sk or s, d, device="cuda", dtype=dt)
     v = torch.randn_like(k)
+    kw = {"window": args.window} if getattr(args, "window", None) else {}
     if args.mode == "bwd":
-        out, lse = fattn.attention(q, k, v, causal=args.causal, variant=args.variant, return_lse=True)
+        out, lse = fattn.attention(q, k, v, causal=args.causal, variant=args.variant, return_lse=True, **kw)
         dout = torch.randn_like(out)
         for _ in range(3):
             fattn.attention_backward(dout, q, k, v, out, lse, causal=args.causal, variant=args.variant,
-                                     deterministic=getattr(args, "deterministic", False))
+                                     deterministic=getattr(args, "deterministic", False), **kw)
     else:
         for _ in range(3):
-            fattn.attention(q, k, v, causal=args.causal, variant=args.variant)
+            fattn.attention(q, k, v, causal=args.causal, variant=args.variant, **kw)
     torch.cuda.synchronize()
     return 0
 
@@ -141,10 +143,26 @@ def ceilings(args):
     return out
 
 
+def visible_pairs(sq, sk, causal, window=None):
+    """(query, key) pairs a call computes: half of Sq Sk when causal without a window (the grids' count), else
+    counted row by row under the window, bottom-right aligned (fattn.testing.reference.visible's rule)."""
+    if not window:
+        return sq * sk / (2 if causal else 1)
+    import numpy as np
+
+    left, right = window
+    right = 0 if causal else right
+    pos = np.arange(sq) + sk - sq
+    lo = np.maximum(pos - left, 0) if left >= 0 else np.zeros(sq, dtype=np.int64)
+    hi = np.minimum(pos + right, sk - 1) if right >= 0 else np.full(sq, sk - 1)
+    return float(np.maximum(hi - lo + 1, 0).sum())
+
+
 def summarize(rec, args, ceil):
     b, h, s, d = args.shape
     sk = args.sk or s
-    flops = FLOP_FACTOR[getattr(args, "mode", "fwd")] * 4 * b * h * s * sk * d / (2 if args.causal else 1)
+    flops = FLOP_FACTOR[getattr(args, "mode", "fwd")] * 4 * b * h * d * visible_pairs(s, sk, args.causal,
+                                                                                   getattr(args, "window", None))
     dur_s = rec.get(METRICS["duration_ns"], 0) * 1e-9
     m = {label: rec.get(name) for label, name in METRICS.items()}
     m["tflops"] = flops / dur_s / 1e12 if dur_s else None
@@ -185,6 +203,7 @@ def main(argv=None):
     ap.add_argument("--sk", type=int)
     ap.add_argument("--variant", default=None, help="fattn variant (default: fattn's choice)")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--window", help="LEFT,RIGHT: a sliding window (keys around the query's bottom-right position)")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     ap.add_argument("--out", default="profile_out", help="folder for ncu.csv and profile.json")
     ap.add_argument("--mode", default="fwd", choices=tuple(KERNELS),
@@ -193,6 +212,10 @@ def main(argv=None):
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.shape = tuple(int(x) for x in args.shape.split(","))
+    if args.window:
+        args.window = tuple(int(x) for x in args.window.split(","))
+        if len(args.window) != 2:
+            ap.error("--window: LEFT,RIGHT")
     if args.child:
         return child(args)
     ncu = find_ncu()

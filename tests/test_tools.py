@@ -158,6 +158,29 @@ def test_profile_backward_mode():
                                                                          / 1e12)
 
 
+@pytest.mark.parametrize("sq,sk,causal,window", [(64, 64, True, (10, 0)), (37, 90, False, (5, 3)),
+                                                 (90, 37, True, (-1, 0)), (50, 50, False, (-1, 7)),
+                                                 (17, 17, True, None), (17, 40, False, None)])
+def test_profile_counts_window_flops(sq, sk, causal, window):
+    """--window: the child gets the window and the FLOPs count the pairs the window leaves (the reference's rule,
+    bottom-right aligned); without one, the grids' count (half of Sq Sk when causal)."""
+    from fattn import profile
+    from fattn.testing import reference
+
+    want = reference.visible(sq, sk, "bottom_right" if causal else False, window).sum() if window else (
+        sq * sk / (2 if causal else 1))
+    assert profile.visible_pairs(sq, sk, causal, window) == want
+
+    class Args:
+        shape, sk, dtype, variant, mode = (1, 2, 64, 64), None, "fp16", None, "fwd"
+
+    Args.causal, Args.window = causal, window
+    cmd = profile.ncu_command("ncu", Args, ["m"])
+    assert ("--window" in cmd) == bool(window)
+    if window:
+        assert cmd[cmd.index("--window") + 1] == f"{window[0]},{window[1]}"
+
+
 def test_clis_fail_clearly(tmp_path):
     """A bench point fattn cannot run exits 1 (it used to exit 0); plot on a missing or wrong file is a usage error,
     not a traceback; tune --help prints its usage once."""
