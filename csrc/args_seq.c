@@ -19,6 +19,14 @@ static int check_prefix_sums(const char *arg, const int32_t *cu, int64_t n, int6
     return 0;
 }
 
+/* 1 if a and b are the same 1-D array (self-attention's packed batches pass one cu_seqlens twice): read it once. */
+static int same_array(const fattn_tensor *a, const fattn_tensor *b) {
+    const DLTensor *x = a->t, *y = b->t;
+    return x->data == y->data && x->byte_offset == y->byte_offset && x->device.device_type == y->device.device_type &&
+           x->device.device_id == y->device.device_id && x->ndim == 1 && y->ndim == 1 && x->shape[0] == y->shape[0] &&
+           x->dtype.code == y->dtype.code && x->dtype.bits == y->dtype.bits;
+}
+
 /* The variable-length part of a call: the sequences' offsets checked, q/k/v/out views set to their sequence
  * count and longest lengths. */
 int fattn_take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_view *q, bhsd_view *k, bhsd_view *v,
@@ -36,11 +44,14 @@ int fattn_take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_vi
         if (fattn_take_int32(o->cu_seqlens_q, q_t, -1, NULL, &n, stream) ||
             fattn_take_int32(o->cu_seqlens_k, q_t, n, NULL, &nk, stream))
             return -1;
-    } else if (fattn_take_int32(o->cu_seqlens_q, q_t, -1, &cq, &n, stream) ||
-               fattn_take_int32(o->cu_seqlens_k, q_t, n, &ck, &nk, stream) ||
-               check_prefix_sums("cu_seqlens_q", cq, n, q->s, &longest_q) ||
-               check_prefix_sums("cu_seqlens_k", ck, n, k->s, &longest_k)) {
-        goto done;
+    } else {
+        /* one array for both: read once (each read waits for the stream), checked against each side's rows */
+        const int same = same_array(o->cu_seqlens_q, o->cu_seqlens_k);
+        if (fattn_take_int32(o->cu_seqlens_q, q_t, -1, &cq, &n, stream) ||
+            fattn_take_int32(o->cu_seqlens_k, q_t, n, same ? NULL : &ck, &nk, stream) ||
+            check_prefix_sums("cu_seqlens_q", cq, n, q->s, &longest_q) ||
+            check_prefix_sums("cu_seqlens_k", same ? cq : ck, n, k->s, &longest_k))
+            goto done;
     }
     if (o->max_seqlen_q >= 0 && o->max_seqlen_q < longest_q) {
         PyErr_Format(PyExc_ValueError, "max_seqlen_q: %lld is less than the longest query sequence (%lld)",
