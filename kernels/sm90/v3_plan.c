@@ -217,7 +217,8 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     const v3_config *c = &v3_table[idx];
     const int br = 64 * c->consumers;
     const int64_t blocks = (p->sq + br - 1) / br * p->b * p->h;
-    if (blocks > 0x7fffffff) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: %lld tiles are too many", (long long)blocks);
+    /* below 2^31 with room for the dynamic schedule's numbers, which run past the tiles by up to twice the grid */
+    if (blocks > 0x7fff0000) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: %lld tiles are too many", (long long)blocks);
     /* the persistent grid: as many blocks as fit at once */
     const int64_t slots = (int64_t)plan->dev.sm_count * V3_BLOCKS_PER_SM(c->dp, c->bc, c->stages, c->consumers);
     const int64_t grid = blocks < slots ? blocks : slots;
