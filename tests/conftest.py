@@ -115,6 +115,23 @@ def randn(shape, dtype, device, seed, scale=1.0):
     return (torch.randn(shape, generator=g, dtype=torch.float32) * scale).to(dtype=dtype, device=device)
 
 
+def packed(lengths_q, lengths_k, h, hk, d, dt, device, seed, mag=1.0):
+    """A packed batch: q (total_q, h, d), k / v (total_k, hk, d) and the int32 prefix sums cu_seqlens_q / _k."""
+    from itertools import accumulate
+
+    cq = torch.tensor([0] + list(accumulate(lengths_q)), dtype=torch.int32, device=device)
+    ck = torch.tensor([0] + list(accumulate(lengths_k)), dtype=torch.int32, device=device)
+    q = randn((int(cq[-1]), h, d), dt, device, seed, mag)
+    k = randn((int(ck[-1]), hk, d), dt, device, seed + 1, mag)
+    v = randn((int(ck[-1]), hk, d), dt, device, seed + 2)
+    return q, k, v, cq, ck
+
+
+def per_sequence(x, cu, b):
+    """Sequence b of a packed (total, H, D) array as (1, H, S, D)."""
+    return x[int(cu[b]):int(cu[b + 1])].transpose(0, 1).unsqueeze(0)
+
+
 def repro(request):
     return f"reproduce: pytest '{request.node.nodeid}'" if request is not None else ""
 
