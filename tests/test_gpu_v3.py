@@ -60,7 +60,7 @@ def test_v3_tiles_without_keys_between_others(d):
 @V3
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_v3_row_max_growth(dtype):
-    """The lazy row max (v3_fwd.cu, V3_MAX_SLACK = 8 in log2 units): scores that climb from one group of 64 keys to
+    """The lazy row max (v3_fwd_kernel.cuh, V3_MAX_SLACK = 8 in log2 units): scores that climb from one group of 64 keys to
     the next by 0.5, 7.9, 8.1 and 20 (log2 units), so some blocks leave m where it was (P up to 2^7.9) and others
     move it, in warps where some rows move and others do not; and scores that fall, so that m never moves after
     the first block.  Every v3 config of each bucket, non-causal and causal, output and LSE."""

@@ -1,6 +1,6 @@
 /* v3_tma.h -- host side of the sm90 kernels' TMA: the 4-D tensor maps (d, s, heads, batch) their loads and stores
  * go through, encoded by the driver's cuTensorMapEncodeTiled (looked up once through the runtime; fattn links no
- * driver library).  Included by each sm90 kernel file (v3_fwd.cu, v3_bwd.cu); host code only. */
+ * driver library).  Included by each sm90 launcher file (v3_fwd.cu, v3_bwd.cu); host code only. */
 #ifndef FATTN_V3_TMA_H
 #define FATTN_V3_TMA_H
 
