@@ -24,38 +24,35 @@
  * issued with the next tile's S_0, and its epilogue runs once both are done.
  * O is written back through a shared-memory tile (its own where it fits, else the consumer's Q slot; swizzled like
  * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
- * with zeros, so no load reads past it.
- * A tile visits only the key blocks its rows see (mask.h: fattn_key_span); the others are never loaded.
- * SEQ (kernels of their own, V3_SEQ_CONFIGS: the D=128 / 256 defaults, D=64 on two consumers): per-sequence lengths -- packed variable-length batches (TMA
- * maps over all the rows, a sequence's tiles starting at its first row; tiles past its queries skipped by producer
- * and consumers alike, the Q barriers counting only the tiles run) and seqused_k.  Rows of the next sequence that
- * a tile's loads pick up are masked (keys) or never stored: a sequence's last, partial 64 rows of O are stored by
- * each thread instead of by TMA.  DYN (the SEQ kernels again): the dynamic schedule -- tiles from a counter, only
- * those that exist, sequence by sequence (v3_schedule.h: v3_seq_tile), the producer naming each tile's successor
- * beside its Q; the dispatch runs it wherever it has a counter (not under CUDA graph capture).  On an H100, against
- * the static schedule: ragged batches 1.06-1.62x, equal lengths 0.98-1.03x (evidence/serving/h100_v3_dyn_schedule_*.md).
+ * with zeros, so no load reads past it.  A tile visits only the key blocks its rows see (mask.h: fattn_key_span).
+ * SEQ (kernels of their own, V3_SEQ_CONFIGS: the D=128 / 256 defaults, D=64 on two consumers): per-sequence
+ * lengths -- packed batches (TMA maps over all the rows, a sequence's tiles starting at its first row) and
+ * seqused_k.  Rows of the next sequence that a tile's loads pick up are masked (keys) or never stored: a sequence's
+ * last, partial 64 rows of O are stored by each thread instead of by TMA.  Static schedule: tiles past a sequence's
+ * queries skipped by producer and consumers alike.  DYN (the SEQ kernels again): the dynamic schedule -- tiles
+ * from a counter, only those that exist (v3_schedule.h: v3_seq_tile), the producer naming each tile's successor
+ * beside its Q; run wherever the dispatch has a counter (not under CUDA graph capture).  H100, against the static
+ * schedule: ragged batches 1.06-1.62x, equal lengths 0.98-1.03x (evidence/serving/h100_v3_dyn_schedule_*.md).
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
  * (Sq <= 64) go to v2's split-KV.
  * The grid is persistent (one block per SM, two or three with one consumer; tiles in zig-zag rounds, head by head
  * so the blocks in flight share K/V in L2, or longest first over all heads where a causal schedule needs it for
- * balance; v3_schedule.h, chosen by v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations: v3_configs.h (bench/ab.py times them).
- * Built for sm_90a only (kernels/sm90/gencode).
- * Speed (NVIDIA H100, fa3 grid fp16, evidence/bench/h100_v3_ratios_9034942.md): 0.88-1.19x torch cudnn, >= 1.05 at
- * 17 of 36 points; D=128 S=16k non-causal 686 TFLOP/s.  Weakest: D=64 causal at S=512-2k (0.88-0.90x).
- */
+ * balance; v3_schedule.h, chosen by v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations:
+ * v3_configs.h (bench/ab.py times them).  Built for sm_90a only (kernels/sm90/gencode).  Speed (H100, fa3 fp16,
+ * evidence/bench/h100_v3_ratios_9034942.md): 0.88-1.19x torch cudnn, >= 1.05 at 17 of 36 points; D=128 S=16k
+ * non-causal 686 TFLOP/s.  Weakest: D=64 causal at S=512-2k (0.88-0.90x). */
 #ifndef FATTN_V3_FWD_KERNEL_CUH
 #define FATTN_V3_FWD_KERNEL_CUH
 
 #include <cuda.h> /* CUtensorMap: the kernel's TMA maps arrive as __grid_constant__ parameters */
 
-#include "hopper.cuh"
 #include "../mma.cuh"
-#include "wgmma_tiles.cuh"
-
+#include "hopper.cuh"
 #include "v3_configs.h"
 #include "v3_schedule.h"
+#include "wgmma_tiles.cuh"
 
 /* Register split per consumer count and blocks per SM: the producer keeps `producer`, consumers get the rest
  * (multiples of 8, 128 * (producer + consumers * consumer) <= 65536 / blocks per SM). */
