@@ -132,6 +132,22 @@ def per_sequence(x, cu, b):
     return x[int(cu[b]):int(cu[b + 1])].transpose(0, 1).unsqueeze(0)
 
 
+def replay_captured(fn, out):
+    """fn() warmed up on a side stream, captured in a CUDA graph, then replayed into out (zeroed first): out."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def repro(request):
     return f"reproduce: pytest '{request.node.nodeid}'" if request is not None else ""
 

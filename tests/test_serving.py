@@ -3,7 +3,7 @@ target, forward and gradients, against the float64 reference with explicit masks
 `pytest -k serving`."""
 import pytest
 
-from conftest import packed, per_sequence, randn, repro, require, stream_for, torch
+from conftest import packed, per_sequence, randn, replay_captured, repro, require, stream_for, torch
 
 import fattn
 from fattn.testing import accuracy
@@ -173,17 +173,7 @@ def test_serving_varlen_check_indices_false_captures(seed):
     want = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right")
     out = torch.empty_like(q)
     kw = dict(max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right", out=out)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, **kw)  # warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, **kw)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
+    replay_captured(lambda: fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, **kw), out)
     assert torch.equal(out, want)
 
 

@@ -4,7 +4,7 @@ schedules, and its packed backward): every sequence against the float64 referenc
 import numpy as np
 import pytest
 
-from conftest import packed, per_sequence, randn, repro, require, stream_for, torch
+from conftest import packed, per_sequence, randn, replay_captured, repro, require, stream_for, torch
 
 import fattn
 from fattn.testing import accuracy
@@ -126,17 +126,7 @@ def test_v3_varlen_dynamic_schedule(d, causal, seed, request):
         assert why is None, f"sequence {b} ({lq[b]} x {lk[b]}): {why}. {repro(request)}"
     # the static schedule: a captured call (no counter under capture)
     out = torch.empty_like(q)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, out=out, **kw)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, out=out, **kw)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
+    replay_captured(lambda: fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, out=out, **kw), out)
     assert torch.equal(out, outs[0]), "the static schedule's result differs from the dynamic one's"
     # two streams at once, each with its own counter
     q2 = randn(tuple(q.shape), torch.float16, "cuda", seed + 9)
