@@ -112,15 +112,6 @@ DEV void red_relaxed_add(int *a, int v) {
 DEV void red_add_v4(float *a, float x, float y, float z, float w) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
-/* *a += v, returning the old value: acquire and release at once (a block counting itself done, and learning
- * whether it was the last, with every earlier count's writes visible to it). */
-DEV int atom_acq_rel_add(int *a, int v) {
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(a), "r"(v) : "memory");
-    return old;
-}
-/* Drops the 128-byte line at a (128-byte aligned) from L2 without writing it back: its contents become undefined. */
-DEV void l2_discard(const void *a) { asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(a) : "memory"); }
 /* Orders this thread's async-proxy global writes (bulk copies, once waited for) with its generic accesses after. */
 DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 

@@ -87,20 +87,6 @@
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
-/* 6: the block's work is done (the consumers and the dQ writer warp: its count taken, FUSED); 7 + cw consumer cw's
- * 128 threads, converting dQ tiles (FUSED) */
-#define V3B_BAR_DONE 6
-#define V3B_DONE_THREADS 288
-#define V3B_BAR_CONVERT 7
-/* FUSED (default mode, dense batches): where the launcher asks (fused != 0), the dQ conversion runs inside the dK/dV
- * kernel.  Each block's dQ writer, once its adds have landed, counts the block done on its (b, kv head)'s counter
- * (dq_sem[(b h + h0) ws_rows], zeroed by bwd_prep and unused otherwise in default mode); the block whose count is the
- * group's last (all nkb key blocks) converts the group's query heads' tiles with its two consumer warpgroups,
- * V3B_CONVERT_BATCH tiles at a time each, staged in shared memory from K's tile on, while the sums are still in L2.
- * No convert pass follows (v3_bwd_convert.cuh).  The launcher asks where a group's dQ accumulator is small
- * (V3B_FUSED_BYTES): the last group's conversion by one block is the kernel's tail. */
-#define V3B_CONVERT_BATCH 4
-#define V3B_FUSED_BYTES (8 << 20)
 /* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64, the wide
  * kernel's 256, and 128 at br = 80 (at 128 with br = 64 it ran 0.95-1.03x on an H100, so those kernels are built
  * without it; at br = 80, 1.057 / 1.090 / 1.075 / 1.014x at S = 1k / 2k / 4k / 8k non-causal against br = 80 without
@@ -114,7 +100,7 @@ template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, b
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-            const attn_bwd_params all, const int stagger, const int fused) {
+            const attn_bwd_params all, const int stagger) {
     static_assert(BC == 128, "two consumers of 64 keys");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
     constexpr int NS = BR / 2;  /* S^T and dP^T accumulators per thread (64 keys x BR queries) */
@@ -142,12 +128,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
     uint64_t *q_full = ring.q_full, *q_empty = ring.q_empty;
-    constexpr bool FUSED = !DET && !SEQ;
-    constexpr int CONV_ROWS = V3_BWD_DQ_ROWS(BR), CONV_FLOATS = V3B_CONVERT_BATCH * v3b_dq_stage<CONV_ROWS>::FLOATS;
-    static_assert(!FUSED || 2 * CONV_FLOATS * 4 <= (2 * KV_TILE + 2 * STAGES * Q_TILE + 2 * DS_TILE) * 2 +
-                                                       2 * DQ_TILE * 4,
-                  "the consumers' staging tiles fit before LSE, D and the mbarriers");
-    __shared__ int last_block; /* FUSED: this block's count completed its group */
 
     v3b_params<BC, SEQ> bp;
     const bool desc = DET && v3b_descends<SEQ>(all.fwd);
@@ -187,14 +167,12 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
-        if (warp == 1 && (n_it > 0 || (FUSED && fused))) {
+        if (warp == 1 && n_it > 0) {
             /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
              * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
              * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
-            if (n_it > 0) { /* (no steps where no query row sees the block) */
-                named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
-                named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
-            }
+            named_barrier_arrive(V3B_BAR_DQ_EMPTY, V3B_DQ_THREADS);
+            named_barrier_arrive(V3B_BAR_DQ_EMPTY + 1, V3B_DQ_THREADS);
             for (int it = 0; it < n_it; it++) {
                 if constexpr (DET) {
                     const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, row0_of(it), BR, BC);
@@ -234,14 +212,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                 }
             }
             if (lane == 0) tma_store_wait_all();
-            if (FUSED && fused) { /* every add of this block has landed: count the block done */
-                if (lane == 0) {
-                    fence_proxy_async_global();
-                    last_block = atom_acq_rel_add(p.dq_sem + (b * f.h + h0) * p.ws_rows, 1) == nkb - 1;
-                }
-                __syncwarp();
-                named_barrier_arrive(V3B_BAR_DONE, V3B_DONE_THREADS);
-            }
             return;
         }
         if (warp != 0 || lane != 0 || n_it == 0) return;
@@ -447,30 +417,6 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     v3b_store_rows<T, DP>((T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, p.dk_stride_s, sdK,
                           (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h, p.dv_stride_s, sdV,
                           j0 + cw * 64, f.sk, f.d, tid);
-    if constexpr (FUSED) {
-        if (!fused) return;
-        named_barrier_sync(V3B_BAR_DONE, V3B_DONE_THREADS); /* K's and V's tiles read out; the count taken */
-        if (!last_block) return;
-        fence_acq_rel_gpu(); /* the other blocks' adds, released by their counts, before this thread's reads */
-        /* the group's tiles: query head h0 + hh, row block rb, panel, panels fastest; consumer cw takes batches
-         * cw, cw + 2, ... of V3B_CONVERT_BATCH */
-        constexpr int NB = V3B_CONVERT_BATCH, PANELS = DP / 64;
-        const int64_t per_head = (f.sq + CONV_ROWS - 1) / CONV_ROWS * PANELS, n = per_head * f.h_per_kv;
-        float *stage = (float *)sK + cw * CONV_FLOATS;
-        const bool discard = ((uintptr_t)p.dq_accum & 127) == 0; /* (a caller's workspace may be 16-byte aligned) */
-        for (int64_t t0 = cw * NB; t0 < n; t0 += 2 * NB) {
-            v3b_dq_ref<T> ref[NB];
-#pragma unroll
-            for (int k = 0; k < NB; k++) {
-                const int64_t x = t0 + k < n ? t0 + k : n - 1;
-                ref[k] = v3b_dq_ref_of<T, DP, CONV_ROWS>(p, b, h0 + x / per_head, x % per_head / PANELS,
-                                                         (int)(x % PANELS));
-            }
-            v3b_convert_tiles<T, CONV_ROWS, NB>(ref, n - t0 < NB ? (int)(n - t0) : NB, f.scale, tid, stage,
-                                                V3B_BAR_CONVERT + cw, discard);
-            named_barrier_sync(V3B_BAR_CONVERT + cw, 128); /* the staging tiles read out */
-        }
-    }
 }
 
 /* ---- host side: the kernels of v3_bwd_configs.h and the launcher (v3_bwd_plan.c plans) -------------------------- */
@@ -592,13 +538,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         stagger = V3B_STAGGERS(r->dp, r->br) && nkb <= room ? V3B_STAGGER_HEADS
                   : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
                                                           : V3B_STAGGER_NONE;
-    /* dQ converted inside the dK/dV kernel (FUSED) in default mode on dense batches where a kv head's group of query
-     * heads has at most V3B_FUSED_BYTES of dQ sums, else by the convert pass */
-    const int fused = !p->deterministic && !seq && r->dp <= 128 &&
-                      f->h_per_kv * ((f->sq + dq_rows - 1) / dq_rows * dq_rows) * r->dp * 4 <= V3B_FUSED_BYTES;
-    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, (void *)&fused};
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
-    if (fused) return FATTN_OK;
     void *cargs[] = {(void *)p};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[seq][ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
     return FATTN_OK;
