@@ -10,7 +10,8 @@ scalar variants); and each variant's backward (FATTN_SANITIZE_BACKWARD=0 skips i
     FATTN_SANITIZE_CASES=600x1100 ...  # these (Sq, Sk) instead (comma-separated): 600 x 1100 at D=256 runs the
                                      # deterministic backward's chunks of key blocks, staggered
 A last call per head dim has more query tiles (2 x 80 heads x 300 rows) and key blocks than an H100 has
-multiprocessors, so v3's persistent forward walks several tiles per block, and the backward runs several waves.
+multiprocessors, so v3's persistent forward walks several tiles per block, and the backward runs several waves (at
+D=128 with zero-ahead: its dK/dV kernel zeroes the later (batch, kv head) groups' dQ sums, kernels/sm90/v3_bwd.cu).
 Exits non-zero if any result is NaN where it must not be (the sanitizer's own report is what this is for)."""
 import os
 import sys

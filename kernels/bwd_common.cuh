@@ -70,14 +70,21 @@ DEV int64_t bwd_v3_row_pos(int64_t i) {
     return (i - r) + 16 * (j >> 1) + 4 * ((r & 7) >> 1) + 2 * (j & 1) + (r & 1);
 }
 
+/* The rows of a query head's dq_accum that a backward adds into and its convert reads: those of the dQ tiles that
+ * hold rows below sq (sq rounded up to 64, or to FATTN_BWD_STEP_ROWS for v3's Br = 80 tiles; a tile's floats lie
+ * anywhere in its rows' span).  bwd_prep zeroes them, or (v3, zero-ahead) the dK/dV kernel does. */
+DEV int64_t bwd_dq_rows(int64_t sq, bool step_rows) {
+    const int64_t tile_rows = step_rows ? FATTN_BWD_STEP_ROWS : 64;
+    return (sq + tile_rows - 1) / tile_rows * tile_rows;
+}
+
 /* D_i = rowsum(dO_i * O_i) and LSE_i in base 2 for the b * h * ws_rows workspace rows (0 and +inf for rows past Sq,
  * so nothing there is ever uninitialised), in row order or v3's (BWD_PREP_V3_ORDER); dq_accum zeroed when the first
- * add to it is an add (BWD_PREP_ZERO_DQ) -- the rows of the dQ tiles that hold rows below Sq (Sq rounded up to 64, or
- * to FATTN_BWD_STEP_ROWS: BWD_PREP_STEP_ROWS; a tile's floats lie anywhere in its rows' span), not the rest, which
- * no convert reads --;
- * dq_sem zeroed (v3's deterministic mode counts the adds to each dQ tile). */
+ * add to it is an add (BWD_PREP_ZERO_DQ) -- bwd_dq_rows of each query head b h + h below zero_heads (the rest: v3's
+ * dK/dV kernel zeroes them, v3_bwd.cu), not the rows past them, which no convert reads --;
+ * dq_sem zeroed (v3's deterministic mode counts the adds to each dQ tile; its default mode, the zero-ahead). */
 template <typename T, int DP>
-__global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int flags) {
+__global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int flags, const int64_t zero_heads) {
     constexpr int G = DP / 8, RPB = 256 / G;
     const attn_params &f = p.fwd;
     const int c = threadIdx.x % G;
@@ -107,8 +114,7 @@ __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const i
         p.lse2[at] = i < x_.sq ? lse2_of(f.lse + b * f.lse_stride_b + h * f.lse_stride_h + x_.q0, i, x_.sq) : INFINITY;
         if (p.dq_sem) p.dq_sem[row] = 0;
     }
-    const int64_t tile_rows = flags & BWD_PREP_STEP_ROWS ? FATTN_BWD_STEP_ROWS : 64;
-    if ((flags & BWD_PREP_ZERO_DQ) && i < (x_.sq + tile_rows - 1) / tile_rows * tile_rows) {
+    if ((flags & BWD_PREP_ZERO_DQ) && bh < zero_heads && i < bwd_dq_rows(x_.sq, flags & BWD_PREP_STEP_ROWS)) {
         float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);
         z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
         z[1] = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -206,7 +206,10 @@ MANY_BLOCKS = [(3, 48, 48, 300, 300, 64, False), (2, 64, 32, 257, 301, 128, "bot
                          ids=["x".join(map(str, c[:6])) + f"-{c[6]}" for c in MANY_BLOCKS])
 def test_grad_v3_many_key_blocks(b, h, hk, sq, sk, d, causal, seed, request):
     """v3's backward with several dK/dV blocks per SM (GQA, Sq != Sk, both causal alignments, a head dim below its
-    bucket's): against the reference in default and deterministic mode (bitwise repeatable)."""
+    bucket's): against the reference in default and deterministic mode (bitwise repeatable).  Each shape has more
+    (batch, kv head) groups than fill the GPU once, so in default mode the dK/dV kernel zeroes the later groups'
+    dQ sums itself (zero-ahead, kernels/sm90/v3_bwd.cu); a workspace filled with NaN first shows every row they add
+    into was zeroed, by bwd_prep or by the kernel."""
     require("cuda")
     if "v3" not in fattn.variants("cuda"):
         pytest.skip("v3 runs on compute capability 9.0 only")
@@ -219,6 +222,12 @@ def test_grad_v3_many_key_blocks(b, h, hk, sq, sk, d, causal, seed, request):
                                 deterministic=det)
         assert plan["variant"] == "v3", plan
         check(g, q, k, v, dout, causal, request=request)
+        if not det:
+            ws = torch.full((_C.backward_workspace_bytes(b, h, sq, d) // 4,), float("nan"), device="cuda")
+            g3 = [torch.empty_like(x) for x in (q, k, v)]
+            _C._dev.backward(dout, q, k, v, out, lse, *g3, causal=CAUSAL[causal], stream=stream or 1,
+                             variant="v3", workspace=ws)  # (DLPack's name for the default stream is 1)
+            check(g3, q, k, v, dout, causal, request=request)
         if det:
             g2 = [torch.empty_like(x) for x in (q, k, v)]
             _C._dev.backward(dout, q, k, v, out, lse, *g2, causal=CAUSAL[causal], stream=stream, variant="v3",

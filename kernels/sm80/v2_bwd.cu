@@ -777,7 +777,8 @@ extern "C" fattn_status fattn_launch_bwd_v2(const attn_bwd_params *p, const fatt
     if (prep_blocks > 0x7fffffff || dq_blocks > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 backward: too many rows for one grid");
     /* empty grids are skipped, not launched: Sk = 0 still needs dQ = 0, Sq = 0 still needs dK = dV = 0 */
-    void *pargs[] = {(void *)p, (void *)&zero_dq};
+    const int64_t all_heads = p->fwd.b * p->fwd.h;
+    void *pargs[] = {(void *)p, (void *)&zero_dq, (void *)&all_heads};
     if (prep_blocks > 0)
         FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     void *args[] = {(void *)p, (void *)&heads_fastest};

@@ -1,7 +1,8 @@
 /* v3_bwd.cu -- version 3's backward: Hopper (sm_90a), wgmma for all five products, TMA loads into an mbarrier ring,
  * warp specialisation; the FlashAttention-3 structure.  The math is v2's (kernels/sm80/v2_bwd.cu): P recomputed from
  * the forward's LSE, D_i = rowsum(dO_i * O_i), dV = P^T dO, dP = dO V^T, dS = P (dP - D), dK = scale dS^T Q,
- * dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i, dQ's accumulator and counters zeroed;
+ * dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i, dQ's accumulator and counters zeroed --
+ * at D=128 in default mode only the first groups' accumulator, the dK/dV kernel zeroing the rest: zero-ahead, below;
  * kernels/bwd_common.cuh), v3_bwd_dkdv, v3_bwd_convert or v3_bwd_convert_t (dQ = scale * dq_accum in the dtype, from
  * v3's tile layouts; v3_bwd_convert.cuh).
  *
@@ -87,6 +88,73 @@
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
+/* 6: the zero-ahead warps (the producer warpgroup's last two) */
+#define V3B_BAR_ZERO 6
+
+/* Zero-ahead (default mode, dense batches): dq_accum's zero fill moved off bwd_prep's pass into the dK/dV kernel's
+ * idle warps.  Blocks go group by group in the grid (a group: a batch's kv head; block x is key block x mod nkb of
+ * group x / nkb), so the blocks of group g + ahead start after every block of group g has.  Each block of group g
+ * zeroes its share of the dq_accum rows (bwd_dq_rows) that group g + ahead's query heads add into and counts it on
+ * that group's counter (v3b_zero_count); the dQ writer of a block of a group >= ahead waits until all nkb shares of
+ * its group are counted before its first add (wait).  The launcher picks ahead so that a group's first block starts
+ * V3B_ZERO_LEAD blocks after the last of its zeroers did: they fill once their block's first loads have landed, a
+ * few microseconds before the group's first adds.  bwd_prep zeroes the groups below ahead.  H100, kernel times
+ * against the tree before (whose prep zeroed everything): the backward 4.7% / 2.9% faster at 32,16,512,128 /
+ * 16,16,1024,128, within 0.6% at 2k and 4k (evidence/backward/h100_v3_bwd_zero_ahead_*.md).
+ * Both read only the block index and the params, so that no register carries them from the block's start (the
+ * producer warpgroup runs on 24). */
+/* Zero-ahead runs in kernels of its own (ZA: the plain kernels of default mode), built for head dim 128 only -- in
+ * D=64's kernel (Br = 128) its code made ptxas spill in the consumers' loop and the dQ writer's -- and chosen for
+ * calls with Sk <= V3B_ZERO_AHEAD_SK_MAX.  On an H100 (bench/ab.py, fa3 grid at D=128, 7 rounds fp16, 3 bf16,
+ * against the tree before): S=512 1.07-1.12x, 1k 1.02-1.04x, 2k 0.99-1.02x, 4k-16k 0.96-0.99x (the zero fill's share
+ * of the call shrinks with S, while the dK/dV kernel runs about 1% slower with it). */
+#define V3B_ZERO_AHEAD(dp) ((dp) == 128)
+#define V3B_ZERO_AHEAD_SK_MAX 2048
+/* The lead, in blocks of the grid, of a group's zeroers over its own first block.  On an H100 (32,16,512,128 .. 4,16,4096,128,
+ * kernel times) 16, 32 and 64 blocks ran within 0.7% of each other, and a lead of a whole wave (132 blocks) 0.2-1.7%
+ * slower than 32 (evidence/backward/h100_v3_bwd_zero_ahead_*.md). */
+#define V3B_ZERO_LEAD 32
+template <int BC> struct v3b_zero {
+    const attn_bwd_params &p;
+    __device__ __forceinline__ int64_t nkb() const { return (p.fwd.sk + BC - 1) / BC; }
+    __device__ __forceinline__ int64_t group() const { return blockIdx.x / nkb(); }
+    /* row 0 of group g's first query head in dq_sem: zeroed by bwd_prep, otherwise unused in default mode */
+    __device__ __forceinline__ int *count(int64_t g) const { return p.dq_sem + g * p.fwd.h_per_kv * p.ws_rows; }
+
+    /* This block's share of group g + ahead's rows, zeroed by 64 threads (tid), then counted.  The share is a stretch
+     * of the group's heads' rows laid end to end (per_head float4s each, < 2^31: the launcher's rule), taken head by
+     * head. */
+    __device__ __forceinline__ void fill(int ahead, bool step_rows, int tid) const {
+        const attn_params &f = p.fwd;
+        const int64_t n = nkb(), g = group(), kb = blockIdx.x - g * n, target = g + ahead;
+        if (target >= f.b * f.h_kv) return;
+        const int per_head = (int)(bwd_dq_rows(f.sq, step_rows) * p.ws_cols / 4); /* float4s of a head's rows */
+        const int64_t total = f.h_per_kv * per_head, lo = total * kb / n, hi = total * (kb + 1) / n;
+        int64_t hh = lo / per_head;
+        int at = (int)(lo - hh * per_head), left = (int)(hi - lo);
+        while (left > 0) {
+            float4 *rows = (float4 *)(p.dq_accum + ((target * f.h_per_kv + hh) * p.ws_rows) * p.ws_cols);
+            const int end = per_head - at < left ? per_head : at + left;
+            for (int i = at + tid; i < end; i += 64) rows[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            left -= end - at;
+            at = 0;
+            hh++;
+        }
+        fence_acq_rel_gpu(); /* each thread's zeros, before the count that releases them */
+        named_barrier_sync(V3B_BAR_ZERO, 64);
+        if (tid == 0) red_release_add(count(target), 1);
+    }
+
+    /* The dQ writer (lane 0), before its first add: its group's rows zeroed (groups below ahead: by bwd_prep). */
+    __device__ __forceinline__ void wait(int ahead) const {
+        const int64_t g = group();
+        if (g < ahead) return;
+        while (ld_acquire(count(g)) < nkb()) {
+        }
+        fence_proxy_async_global(); /* the zeros, before this thread's bulk adds (the async proxy) */
+    }
+};
+
 /* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64, the wide
  * kernel's 256, and 128 at br = 80 (at 128 with br = 64 it ran 0.95-1.03x on an H100, so those kernels are built
  * without it; at br = 80, 1.057 / 1.090 / 1.075 / 1.014x at S = 1k / 2k / 4k / 8k non-causal against br = 80 without
@@ -96,11 +164,11 @@
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
  * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
  * its own reduce has landed counts one more (red.release). */
-template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
+template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ, bool ZA = false>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-            const attn_bwd_params all, const int stagger) {
+            const attn_bwd_params all, const int stagger, const int zero_ahead) {
     static_assert(BC == 128, "two consumers of 64 keys");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
     constexpr int NS = BR / 2;  /* S^T and dP^T accumulators per thread (64 keys x BR queries) */
@@ -165,9 +233,26 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     };
     auto dq_sem = [&](int it, int cw_) { return p.dq_sem + (DQ_SWAP ? dq_off(it, cw_) / DQ_TILE : dq_tile(it, cw_)); };
 
-    if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D) and the dQ writer, warp 1 ---- */
+    /* zero-ahead (the launcher: 0 where bwd_prep zeroes every group) */
+    constexpr bool ZERO_AHEAD = ZA; /* kernels of their own (V3B_ZERO_AHEAD) */
+    static_assert(!ZA || (V3B_ZERO_AHEAD(DP) && !DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
+    if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D), the dQ writer, warp 1, zero-ahead warps 2 and 3 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
+        if (ZERO_AHEAD && warp >= 2) {
+            if (zero_ahead > 0) {
+                if (n_it > 0) { /* after the block's first loads, whose latency the consumers wait on */
+                    mbar_wait(ring.kv_full, 0);
+                    mbar_wait(&q_full[0], 0);
+                }
+                v3b_zero<BC>{all}.fill(zero_ahead, DQ_SWAP, tid - 64);
+            }
+            return;
+        }
         if (warp == 1 && n_it > 0) {
+            if (ZERO_AHEAD && zero_ahead > 0) {
+                if (lane == 0) v3b_zero<BC>{all}.wait(zero_ahead);
+                __syncwarp();
+            }
             /* each step, each consumer's tile: from shared memory into dq_accum by one bulk reduce-add, then its slot
              * handed back.  Deterministic mode: in key-block order -- both tiles of the step once it is their turn,
              * then one wait for both adds to land before they are counted (a round trip per step, not per tile). */
@@ -427,12 +512,19 @@ enum { V3B_PLAIN, V3B_MODS, V3B_SEQ, V3B_SEQ_MODS, V3B_KINDS };
 
 typedef struct {
     /* dkdv[kind][deterministic][fp16, bf16] (NULL: not compiled; the wide row's come from v3_bwd_wide.cu);
+     * dkdv_za[fp16, bf16]: default mode's plain kernels with zero-ahead (V3B_ZERO_AHEAD's head dims, else NULL);
      * convert[seq][fp16, bf16] */
-    const void *dkdv[V3B_KINDS][2][2], *prep[2], *convert[2][2];
+    const void *dkdv[V3B_KINDS][2][2], *dkdv_za[2], *prep[2], *convert[2][2];
     int dp, br, bc, stages;
     size_t smem;
 } v3_bwd_row;
 
+/* The zero-ahead kernel of a row (NULL where V3B_ZERO_AHEAD does not build one) */
+template <typename T, int DP, int BR, int BC, int ST> static const void *v3b_za_kernel() {
+    if constexpr (V3B_ZERO_AHEAD(DP)) return (const void *)v3_bwd_dkdv<T, DP, BR, BC, ST, false, false, false, true>;
+    else return NULL;
+}
+#define V3B_ZA_PAIR(dp, br, bc, st) {v3b_za_kernel<__half, dp, br, bc, st>(), v3b_za_kernel<__nv_bfloat16, dp, br, bc, st>()}
 #define V3B_PAIR(kernel, ...)                                                                                    \
     {(const void *)kernel<__half, __VA_ARGS__>, (const void *)kernel<__nv_bfloat16, __VA_ARGS__>}
 #define V3B_MODS_PAIR(mods, dp, br, bc, st, det, seq)                                                             \
@@ -446,14 +538,14 @@ typedef struct {
       {V3B_MODS_PAIR(mods, dp, br, bc, st, false, false), V3B_MODS_PAIR(mods, dp, br, bc, st, true, false)},       \
       V3B_KIND(dp, br, bc, st, false, true),                                                                      \
       {V3B_MODS_PAIR(mods, dp, br, bc, st, false, true), V3B_MODS_PAIR(mods, dp, br, bc, st, true, true)}},         \
-     V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
+     V3B_ZA_PAIR(dp, br, bc, st), V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 #define V3B_WIDE_ROW(dp, br, bc, st, mods)                                                                        \
-    {{{{NULL, NULL}, {NULL, NULL}}}, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st,                   \
+    {{{{NULL, NULL}, {NULL, NULL}}}, {NULL, NULL}, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st,     \
      V3_BWD_SMEM(dp, br, bc, st)},
 /* V3_BWD_PLAIN_CONFIGS: the plain kernels (default and deterministic mode) and the dQ^T convert only */
 #define V3B_PLAIN_ROW(dp, br, bc, st, mods)                                                                       \
-    {{V3B_KIND(dp, br, bc, st, false, false)}, V3B_PAIR(bwd_prep, dp), {V3B_PAIR(v3_bwd_convert_t, br), {NULL, NULL}}, \
-     dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
+    {{V3B_KIND(dp, br, bc, st, false, false)}, V3B_ZA_PAIR(dp, br, bc, st), V3B_PAIR(bwd_prep, dp),              \
+     {V3B_PAIR(v3_bwd_convert_t, br), {NULL, NULL}}, dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
     V3_BWD_NARROW_CONFIGS(V3B_ROW) V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW) V3_BWD_PLAIN_CONFIGS(V3B_PLAIN_ROW)};
 #undef V3B_PLAIN_ROW
@@ -463,6 +555,7 @@ static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
 #undef V3B_KIND
 #undef V3B_MODS_PAIR
 #undef V3B_PAIR
+#undef V3B_ZA_PAIR
 
 /* v3_bwd_wide.cu: kind as above */
 extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int kind, int det, int bf16);
@@ -476,8 +569,9 @@ extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     (void)device;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++)
         for (int t = 0; t < 2; t++)
-            for (int k = 0; k < 2 * V3B_KINDS; k++) { /* kind, deterministic */
-                const void *kern = v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t);
+            for (int k = 0; k <= 2 * V3B_KINDS; k++) { /* kind, deterministic; then the zero-ahead kernel */
+                const void *kern = k < 2 * V3B_KINDS ? v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t)
+                                                     : v3_bwd_rows[i].dkdv_za[t];
                 if (kern)
                     FATTN_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)v3_bwd_rows[i].smem));
@@ -525,20 +619,32 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) |
                      (V3_BWD_LSE_V3_ORDER(r->dp, r->br) ? BWD_PREP_V3_ORDER : 0) |
                      (V3_BWD_DQ_ROWS(r->br) == FATTN_BWD_STEP_ROWS ? BWD_PREP_STEP_ROWS : 0);
-    void *pargs[] = {(void *)p, (void *)&prep_flags};
+    /* Zero-ahead (default mode's plain calls on dense batches, V3B_ZERO_AHEAD's head dims, Sk up to
+     * V3B_ZERO_AHEAD_SK_MAX): groups (b, kv head) from `ahead` on are zeroed by the dK/dV kernel, those below by prep.
+     * ahead: the groups of V3B_ZERO_LEAD blocks, plus one. */
+    const int64_t nkb = (f->sk + r->bc - 1) / r->bc, groups = f->b * f->h_kv;
+    int zero_ahead = 0;
+    if (!p->deterministic && kind == V3B_PLAIN && r->dkdv_za[ti] && f->sk <= V3B_ZERO_AHEAD_SK_MAX &&
+        p->ws_rows * r->dp / 4 < INT32_MAX) {
+        const int64_t ahead = (V3B_ZERO_LEAD + nkb - 1) / nkb + 1;
+        zero_ahead = ahead < groups ? (int)ahead : 0;
+    }
+    if (zero_ahead) dkdv = r->dkdv_za[ti];
+    const int64_t zero_heads = (zero_ahead ? zero_ahead : groups) * f->h_per_kv;
+    void *pargs[] = {(void *)p, (void *)&prep_flags, (void *)&zero_heads};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     /* Deterministic mode without a mask, a dense batch (v3_bwd_ring.cuh: V3B_STAGGER_*): whole heads staggered
      * (v3b_stagger_turn) where a head's key blocks fit in half the multiprocessors, so that they can all run at once
      * beside work on other streams, at the head dims of V3B_STAGGERS -- on an H100 1.07-1.17x faster at D = 64 (S =
      * 512 .. 8k, 88a1dbe), 1.06-1.10x at 256 (1k .. 4k, 7c1aabb), 0.95-1.03x at 128 (1eb5bb2), so not there
      * (evidence/backward/h100_v3_bwd_stagger_88a1dbe.md); else the wide kernel's chunks where a chunk fits so. */
-    const int64_t nkb = (f->sk + r->bc - 1) / r->bc, room = plan->dev.sm_count / 2;
+    const int64_t room = plan->dev.sm_count / 2;
     int stagger = V3B_STAGGER_NONE;
     if (p->deterministic && !seq && f->mask.left < 0 && f->mask.right < 0)
         stagger = V3B_STAGGERS(r->dp, r->br) && nkb <= room ? V3B_STAGGER_HEADS
                   : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
                                                           : V3B_STAGGER_NONE;
-    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger};
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, &zero_ahead};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[seq][ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
