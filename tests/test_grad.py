@@ -196,9 +196,10 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
     assert _C._dev.plan_backward(dout, q, k, v, out, lse, *e, stream=stream, variant="v3")["config"] != V3_BWD_BR80
 
 
-# (b, h, hk, sq, sk, d, causal): more key blocks (of 128 keys) than an H100 has SMs -- 432, 192, 480
+# (b, h, hk, sq, sk, d, causal): more key blocks (of 128 keys; 64 at D=256) than an H100 has SMs -- 432, 192, 480,
+# 240
 MANY_BLOCKS = [(3, 48, 48, 300, 300, 64, False), (2, 64, 32, 257, 301, 128, "bottom_right"),
-               (2, 40, 40, 560, 700, 104, "top_left")]
+               (2, 40, 40, 560, 700, 104, "top_left"), (2, 48, 24, 200, 260, 256, False)]
 
 
 @pytest.mark.gpu
@@ -207,9 +208,9 @@ MANY_BLOCKS = [(3, 48, 48, 300, 300, 64, False), (2, 64, 32, 257, 301, 128, "bot
 def test_grad_v3_many_key_blocks(b, h, hk, sq, sk, d, causal, seed, request):
     """v3's backward with several dK/dV blocks per SM (GQA, Sq != Sk, both causal alignments, a head dim below its
     bucket's): against the reference in default and deterministic mode (bitwise repeatable).  Each shape has more
-    (batch, kv head) groups than fill the GPU once, so in default mode the dK/dV kernel zeroes the later groups'
-    dQ sums itself (zero-ahead, kernels/sm90/v3_bwd.cu); a workspace filled with NaN first shows every row they add
-    into was zeroed, by bwd_prep or by the kernel."""
+    (batch, kv head) groups than the zero-ahead's lead, so at D=128 and 256 in default mode the dK/dV kernel zeroes
+    the later groups' dQ sums itself (kernels/sm90/v3_bwd_ring.cuh: v3b_zero); a workspace filled with NaN first shows
+    every row they add into was zeroed, by bwd_prep or by the kernel."""
     require("cuda")
     if "v3" not in fattn.variants("cuda"):
         pytest.skip("v3 runs on compute capability 9.0 only")

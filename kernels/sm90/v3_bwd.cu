@@ -88,72 +88,19 @@
 #define V3B_BAR_DQ_FULL 2
 #define V3B_BAR_DQ_EMPTY 4
 #define V3B_DQ_THREADS 160
-/* 6: the zero-ahead warps (the producer warpgroup's last two) */
-#define V3B_BAR_ZERO 6
 
-/* Zero-ahead (default mode, dense batches): dq_accum's zero fill moved off bwd_prep's pass into the dK/dV kernel's
- * idle warps.  Blocks go group by group in the grid (a group: a batch's kv head; block x is key block x mod nkb of
- * group x / nkb), so the blocks of group g + ahead start after every block of group g has.  Each block of group g
- * zeroes its share of the dq_accum rows (bwd_dq_rows) that group g + ahead's query heads add into and counts it on
- * that group's counter (v3b_zero_count); the dQ writer of a block of a group >= ahead waits until all nkb shares of
- * its group are counted before its first add (wait).  The launcher picks ahead so that a group's first block starts
- * V3B_ZERO_LEAD blocks after the last of its zeroers did: they fill once their block's first loads have landed, a
- * few microseconds before the group's first adds.  bwd_prep zeroes the groups below ahead.  H100, kernel times
- * against the tree before (whose prep zeroed everything): the backward 4.7% / 2.9% faster at 32,16,512,128 /
- * 16,16,1024,128, within 0.6% at 2k and 4k (evidence/backward/h100_v3_bwd_zero_ahead_*.md).
- * Both read only the block index and the params, so that no register carries them from the block's start (the
- * producer warpgroup runs on 24). */
-/* Zero-ahead runs in kernels of its own (ZA: the plain kernels of default mode), built for head dim 128 only -- in
- * D=64's kernel (Br = 128) its code made ptxas spill in the consumers' loop and the dQ writer's -- and chosen for
- * calls with Sk <= V3B_ZERO_AHEAD_SK_MAX.  On an H100 (bench/ab.py, fa3 grid at D=128, 7 rounds fp16, 3 bf16,
- * against the tree before): S=512 1.07-1.12x, 1k 1.02-1.04x, 2k 0.99-1.02x, 4k-16k 0.96-0.99x (the zero fill's share
- * of the call shrinks with S, while the dK/dV kernel runs about 1% slower with it). */
+/* Zero-ahead (v3_bwd_ring.cuh: v3b_zero) runs in kernels of its own (ZA: the plain kernels of default mode), built
+ * for head dims 128 (here) and 256 (v3_bwd_wide.cu) -- not 64: in D=64's kernel (Br = 128) its code made ptxas spill
+ * in the consumers' loop and the dQ writer's -- and chosen for calls with Sk <= V3B_ZERO_AHEAD_SK_MAX.  On an H100
+ * (bench/ab.py, fa3 grid, against the tree before): D=128 S=512 1.07-1.12x, 1k 1.02-1.04x, 2k 0.99-1.02x, 4k-16k
+ * 0.96-0.99x (the zero fill's share of the call shrinks with S, while the dK/dV kernel runs about 1% slower with
+ * it); D=256 S=512 1.06 / 1.08x, 1k 1.02 / 1.05x, 2k 1.03 / 1.02x (non-causal / causal). */
 #define V3B_ZERO_AHEAD(dp) ((dp) == 128)
 #define V3B_ZERO_AHEAD_SK_MAX 2048
 /* The lead, in blocks of the grid, of a group's zeroers over its own first block.  On an H100 (32,16,512,128 .. 4,16,4096,128,
  * kernel times) 16, 32 and 64 blocks ran within 0.7% of each other, and a lead of a whole wave (132 blocks) 0.2-1.7%
  * slower than 32 (evidence/backward/h100_v3_bwd_zero_ahead_*.md). */
 #define V3B_ZERO_LEAD 32
-template <int BC> struct v3b_zero {
-    const attn_bwd_params &p;
-    __device__ __forceinline__ int64_t nkb() const { return (p.fwd.sk + BC - 1) / BC; }
-    __device__ __forceinline__ int64_t group() const { return blockIdx.x / nkb(); }
-    /* row 0 of group g's first query head in dq_sem: zeroed by bwd_prep, otherwise unused in default mode */
-    __device__ __forceinline__ int *count(int64_t g) const { return p.dq_sem + g * p.fwd.h_per_kv * p.ws_rows; }
-
-    /* This block's share of group g + ahead's rows, zeroed by 64 threads (tid), then counted.  The share is a stretch
-     * of the group's heads' rows laid end to end (per_head float4s each, < 2^31: the launcher's rule), taken head by
-     * head. */
-    __device__ __forceinline__ void fill(int ahead, bool step_rows, int tid) const {
-        const attn_params &f = p.fwd;
-        const int64_t n = nkb(), g = group(), kb = blockIdx.x - g * n, target = g + ahead;
-        if (target >= f.b * f.h_kv) return;
-        const int per_head = (int)(bwd_dq_rows(f.sq, step_rows) * p.ws_cols / 4); /* float4s of a head's rows */
-        const int64_t total = f.h_per_kv * per_head, lo = total * kb / n, hi = total * (kb + 1) / n;
-        int64_t hh = lo / per_head;
-        int at = (int)(lo - hh * per_head), left = (int)(hi - lo);
-        while (left > 0) {
-            float4 *rows = (float4 *)(p.dq_accum + ((target * f.h_per_kv + hh) * p.ws_rows) * p.ws_cols);
-            const int end = per_head - at < left ? per_head : at + left;
-            for (int i = at + tid; i < end; i += 64) rows[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-            left -= end - at;
-            at = 0;
-            hh++;
-        }
-        fence_acq_rel_gpu(); /* each thread's zeros, before the count that releases them */
-        named_barrier_sync(V3B_BAR_ZERO, 64);
-        if (tid == 0) red_release_add(count(target), 1);
-    }
-
-    /* The dQ writer (lane 0), before its first add: its group's rows zeroed (groups below ahead: by bwd_prep). */
-    __device__ __forceinline__ void wait(int ahead) const {
-        const int64_t g = group();
-        if (g < ahead) return;
-        while (ld_acquire(count(g)) < nkb()) {
-        }
-        fence_proxy_async_global(); /* the zeros, before this thread's bulk adds (the async proxy) */
-    }
-};
 
 /* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64, the wide
  * kernel's 256, and 128 at br = 80 (at 128 with br = 64 it ran 0.95-1.03x on an H100, so those kernels are built
@@ -557,12 +504,17 @@ static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
 #undef V3B_PAIR
 #undef V3B_ZA_PAIR
 
-/* v3_bwd_wide.cu: kind as above */
+/* v3_bwd_wide.cu: kind as above; its zero-ahead kernels */
 extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int kind, int det, int bf16);
+extern "C" const void *fattn_v3_bwd_wide_za_kernel(int br, int bc, int stages, int bf16);
 
 /* Row r's dK/dV kernel of a kind, deterministic or not, fp16 (ti 0) or bf16 (1). */
 static const void *v3_bwd_dkdv_kernel(const v3_bwd_row *r, int kind, int det, int ti) {
     return r->dp == 256 ? fattn_v3_bwd_wide_kernel(r->br, r->bc, r->stages, kind, det, ti) : r->dkdv[kind][det][ti];
+}
+/* Row r's zero-ahead kernel, or NULL. */
+static const void *v3_bwd_za_kernel(const v3_bwd_row *r, int ti) {
+    return r->dp == 256 ? fattn_v3_bwd_wide_za_kernel(r->br, r->bc, r->stages, ti) : r->dkdv_za[ti];
 }
 
 extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
@@ -571,7 +523,7 @@ extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
         for (int t = 0; t < 2; t++)
             for (int k = 0; k <= 2 * V3B_KINDS; k++) { /* kind, deterministic; then the zero-ahead kernel */
                 const void *kern = k < 2 * V3B_KINDS ? v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t)
-                                                     : v3_bwd_rows[i].dkdv_za[t];
+                                                     : v3_bwd_za_kernel(&v3_bwd_rows[i], t);
                 if (kern)
                     FATTN_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)v3_bwd_rows[i].smem));
@@ -624,12 +576,13 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
      * ahead: the groups of V3B_ZERO_LEAD blocks, plus one. */
     const int64_t nkb = (f->sk + r->bc - 1) / r->bc, groups = f->b * f->h_kv;
     int zero_ahead = 0;
-    if (!p->deterministic && kind == V3B_PLAIN && r->dkdv_za[ti] && f->sk <= V3B_ZERO_AHEAD_SK_MAX &&
+    const void *za = v3_bwd_za_kernel(r, ti);
+    if (!p->deterministic && kind == V3B_PLAIN && za && f->sk <= V3B_ZERO_AHEAD_SK_MAX &&
         p->ws_rows * r->dp / 4 < INT32_MAX) {
         const int64_t ahead = (V3B_ZERO_LEAD + nkb - 1) / nkb + 1;
         zero_ahead = ahead < groups ? (int)ahead : 0;
     }
-    if (zero_ahead) dkdv = r->dkdv_za[ti];
+    if (zero_ahead) dkdv = za;
     const int64_t zero_heads = (zero_ahead ? zero_ahead : groups) * f->h_per_kv;
     void *pargs[] = {(void *)p, (void *)&prep_flags, (void *)&zero_heads};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));

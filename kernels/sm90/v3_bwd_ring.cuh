@@ -187,6 +187,64 @@ template <int BR, bool DET, bool SUB = false> DEV int v3b_row0(const v3b_block &
     return k.i_begin + (DET && !k.desc ? k.nm - 1 - (k.rot ? (u + k.rot) % k.nm : u) : u) * BR;
 }
 
+/* Named barrier 6 (neither dK/dV kernel uses it otherwise): the zero-ahead warps (the producer warpgroup's last
+ * two). */
+#define V3B_BAR_ZERO 6
+
+/* Zero-ahead (default mode, dense batches): dq_accum's zero fill moved off bwd_prep's pass into the dK/dV kernel's
+ * idle warps.  Blocks go group by group in the grid (a group: a batch's kv head; block x is key block x mod nkb of
+ * group x / nkb), so the blocks of group g + ahead start after every block of group g has.  Each block of group g
+ * zeroes its share of the dq_accum rows (bwd_dq_rows) that group g + ahead's query heads add into and counts it on
+ * that group's counter (count); before a block of a group >= ahead adds to dQ, one of its threads waits until all nkb
+ * shares of its group are counted (wait): v3_bwd.cu's dQ writer before its first add, v3_bwd_wide.cu's producer
+ * before its first Q / dO load (its consumers add from registers once those have landed).  The launcher picks ahead so that a group's first block starts
+ * V3B_ZERO_LEAD blocks after the last of its zeroers did: they fill once their block's first loads have landed, a
+ * few microseconds before the group's first adds.  bwd_prep zeroes the groups below ahead.  H100, kernel times
+ * against the tree before (whose prep zeroed everything): the backward 4.7% / 2.9% faster at 32,16,512,128 /
+ * 16,16,1024,128, within 0.6% at 2k and 4k (evidence/backward/h100_v3_bwd_zero_ahead_*.md).
+ * Both read only the block index and the params, so that no register carries them from the block's start (the
+ * producer warpgroup runs on 24). */
+template <int BC> struct v3b_zero {
+    const attn_bwd_params &p;
+    __device__ __forceinline__ int64_t nkb() const { return (p.fwd.sk + BC - 1) / BC; }
+    __device__ __forceinline__ int64_t group() const { return blockIdx.x / nkb(); }
+    /* row 0 of group g's first query head in dq_sem: zeroed by bwd_prep, otherwise unused in default mode */
+    __device__ __forceinline__ int *count(int64_t g) const { return p.dq_sem + g * p.fwd.h_per_kv * p.ws_rows; }
+
+    /* This block's share of group g + ahead's rows, zeroed by 64 threads (tid), then counted.  The share is a stretch
+     * of the group's heads' rows laid end to end (per_head float4s each, < 2^31: the launcher's rule), taken head by
+     * head. */
+    __device__ __forceinline__ void fill(int ahead, bool step_rows, int tid) const {
+        const attn_params &f = p.fwd;
+        const int64_t n = nkb(), g = group(), kb = blockIdx.x - g * n, target = g + ahead;
+        if (target >= f.b * f.h_kv) return;
+        const int per_head = (int)(bwd_dq_rows(f.sq, step_rows) * p.ws_cols / 4); /* float4s of a head's rows */
+        const int64_t total = f.h_per_kv * per_head, lo = total * kb / n, hi = total * (kb + 1) / n;
+        int64_t hh = lo / per_head;
+        int at = (int)(lo - hh * per_head), left = (int)(hi - lo);
+        while (left > 0) {
+            float4 *rows = (float4 *)(p.dq_accum + ((target * f.h_per_kv + hh) * p.ws_rows) * p.ws_cols);
+            const int end = per_head - at < left ? per_head : at + left;
+            for (int i = at + tid; i < end; i += 64) rows[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            left -= end - at;
+            at = 0;
+            hh++;
+        }
+        fence_acq_rel_gpu(); /* each thread's zeros, before the count that releases them */
+        named_barrier_sync(V3B_BAR_ZERO, 64);
+        if (tid == 0) red_release_add(count(target), 1);
+    }
+
+    /* One thread, before its block's first add: its group's rows zeroed (groups below ahead: by bwd_prep). */
+    __device__ __forceinline__ void wait(int ahead) const {
+        const int64_t g = group();
+        if (g < ahead) return;
+        while (ld_acquire(count(g)) < nkb()) {
+        }
+        fence_proxy_async_global(); /* the zeros, before this thread's bulk adds or loads (the async proxy) */
+    }
+};
+
 /* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2
  * and D (BR floats), the mbarriers kv_full, q_full[STAGES], q_empty[STAGES]. */
 template <typename T> struct v3b_ring {
@@ -200,7 +258,7 @@ template <typename T> struct v3b_ring {
 template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool SUB = false>
 DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                      const CUtensorMap *tm_do, const attn_bwd_params &p, const v3b_block &k, const v3b_ring<T> &r,
-                     int q0, int k0, int tma_b) {
+                     int q0, int k0, int tma_b, int zero_wait = 0) {
     constexpr int PANELS = DP / 64, KV_TILE = BC * DP, Q_TILE = BR * DP;
     tma_prefetch_map(tm_q);
     tma_prefetch_map(tm_do);
@@ -210,6 +268,7 @@ DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUt
         tma_load_4d(r.k + c * BC * 64, tm_k, r.kv_full, c * 64, k0 + k.j0, (int)k.hk, tma_b);
         tma_load_4d(r.v + c * BC * 64, tm_v, r.kv_full, c * 64, k0 + k.j0, (int)k.hk, tma_b);
     }
+    if (zero_wait > 0) v3b_zero<BC>{p}.wait(zero_wait); /* zero-ahead, v3_bwd_wide.cu: dQ's rows zeroed first */
     const attn_params &f = p.fwd;
     for (int it = 0; it < k.n_it; it++) {
         const int s = it % STAGES, i0 = v3b_row0<BR, DET, SUB>(k, it);

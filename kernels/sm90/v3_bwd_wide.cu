@@ -123,13 +123,13 @@ DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stag
     }
 }
 
-template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ>
+template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ, bool ZA = false>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                 const attn_bwd_params all, const int stagger_asked,
-                 const int /* zero-ahead: never asked (bwd_prep zeroes dq_accum for this kernel) */) {
+                 const attn_bwd_params all, const int stagger_asked, const int zero_ahead) {
     constexpr int DP = 256;
+    static_assert(!ZA || (!DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
     static_assert(BR == 64 && BC == 64, "a 64 x 64 P and dS, 32 keys of S per consumer");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, PS_TILE = BR * BC; /* elements */
     constexpr int NS = BC / 4; /* S and dP accumulators per thread: 64 rows x 32 keys */
@@ -160,11 +160,15 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
 
-    if (wg == 0) { /* ---- producer: one thread; deterministic mode's turn keeper: warp 1 ---- */
+    if (wg == 0) { /* ---- producer: one thread; deterministic mode's turn keeper: warp 1; zero-ahead: warps 2, 3 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
+        if (ZA && warp >= 2) { /* v3_bwd_ring.cuh: v3b_zero; the producer waits for this block's group */
+            if (zero_ahead > 0) v3b_zero<BC>{all}.fill(zero_ahead, false, tid - 64);
+            return;
+        }
         if (threadIdx.x == 0 && blk.n_it > 0)
             v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
-                                                    bp.tma_b);
+                                                    bp.tma_b, ZA ? zero_ahead : 0);
         if (DET && warp == 1 && blk.n_it > 0) v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, lane);
         return;
     }
@@ -332,3 +336,14 @@ extern "C" const void *fattn_v3_bwd_wide_kernel(int br_, int bc_, int st_, int k
 }
 #undef V3W_KERNELS
 #undef V3W_PAIR
+
+/* The zero-ahead kernel (default mode, plain, dense) of a V3_BWD_WIDE_CONFIGS config, fp16 or bf16, or NULL. */
+#define V3W_ZA(dp, br, bc, st, mods_)                                                                            \
+    if (br_ == br && bc_ == bc && st_ == st)                                                                    \
+        return bf16 ? (const void *)v3_bwd_dkdv_wide<__nv_bfloat16, br, bc, st, false, false, false, true>     \
+                    : (const void *)v3_bwd_dkdv_wide<__half, br, bc, st, false, false, false, true>;
+extern "C" const void *fattn_v3_bwd_wide_za_kernel(int br_, int bc_, int st_, int bf16) {
+    V3_BWD_WIDE_CONFIGS(V3W_ZA)
+    return NULL;
+}
+#undef V3W_ZA
