@@ -57,7 +57,9 @@
  * so it is computed transposed, dQ^T = K^T dS^T (K's panel of the consumer's 64 columns M-major, dS K-major), a
  * 64 x 80 tile per consumer; dS goes to shared memory as dS (rows: queries) by stmatrix .trans, and the convert pass
  * of these tiles is v3_bwd_convert_t.  LSE and D are read from shared memory where used (no room to preload).
- * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): one pass at 9034942 (after the staged
+ * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): one pass at a868a54 (after zero-ahead,
+ * f6adb8d: D=128 S=512 1.07-1.11x, 1k 1.02-1.05x against the tree before) 0.951-1.158x cudnn, >= 1.05x at 16 of 36
+ * points (evidence/backward/h100_fa3_bwd_a868a54.json).  One pass at 9034942 (after the staged
  * epilogue, 6ceffe0: 1.04-1.13x at S = 512 / 1k, evidence/backward/h100_v3_bwd_epilogue_6ceffe0.md) 0.956-1.152x
  * cudnn over D = 64 / 128 / 256, >= 1.05x at 14 of 36 points (h100_fa3_bwd_9034942.json).  At BR = 80 (8328cbe)
  * D=128 non-causal 0.90-1.06x cudnn at S >= 1k (1.04-1.20x the BR = 64 kernel), causal 0.89-1.09x (1.02-1.11x),
