@@ -93,9 +93,10 @@ def main():
         variant, dtype, ints = parsed
         if variant.startswith("v3_bwd"):  # the backward's dK/dV kernels (their shared memory: v3_bwd_configs.h)
             wide = variant == "v3_bwd_wide"
-            dp, br, bc, stages, det, mods = ([256] if wide else []) + ints[:5 if wide else 6]
+            # (DP,) BR, BC, STAGES, DET, MODS, SEQ, ZA (zero-ahead, v3_bwd_ring.cuh: v3b_zero)
+            dp, br, bc, stages, det, mods, seq, za = (([256] if wide else []) + ints + [0, 0])[:8]
             cfg = f"DP={dp} Br={br} Bc={bc} stages={stages}" + (" deterministic" if det else "") + \
-                (" mods" if mods else "")
+                (" mods" if mods else "") + (" varlen" if seq else "") + (" zero-ahead" if za else "")
             smem = None
         elif variant == "v3":
             dp, bc, stages, cwg, pp = ints[:5]
