@@ -63,7 +63,7 @@ enum { BWD_PREP_ZERO_DQ = 1, BWD_PREP_V3_ORDER = 2, BWD_PREP_STEP_ROWS = 4 };
 /* v3's order of LSE2 and D inside each 64-row block of the workspace: the rows a consumer thread reads together side
  * by side.  A thread of lane quad position t reads rows 8 j + 2 t + y (j = 0..7, y = 0, 1: wgmma's accumulator
  * columns), those of j = 2 k, 2 k + 1 at once; they sit at 16 k + 4 t + 2 (j & 1) + y, so each read is a float4 and
- * the four t's float4s are side by side: distinct banks (kernels/sm90/v3_bwd.cu).  (At 16 t + 2 j + y, t = 0 and 2
+ * the four t's float4s are side by side: distinct banks (kernels/sm90/v3_bwd_kernel.cuh).  (At 16 t + 2 j + y, t = 0 and 2
  * shared banks: a 2-way conflict on every read, 39.9 M in ncu at B=8 H=32 S=2k D=64.) */
 DEV int64_t bwd_v3_row_pos(int64_t i) {
     const int r = (int)(i & 63), j = r >> 3;
@@ -81,7 +81,7 @@ DEV int64_t bwd_dq_rows(int64_t sq, bool step_rows) {
 /* D_i = rowsum(dO_i * O_i) and LSE_i in base 2 for the b * h * ws_rows workspace rows (0 and +inf for rows past Sq,
  * so nothing there is ever uninitialised), in row order or v3's (BWD_PREP_V3_ORDER); dq_accum zeroed when the first
  * add to it is an add (BWD_PREP_ZERO_DQ) -- bwd_dq_rows of each query head b h + h below zero_heads (the rest: v3's
- * dK/dV kernel zeroes them, v3_bwd.cu), not the rows past them, which no convert reads --;
+ * dK/dV kernel zeroes them, v3_bwd_kernel.cuh), not the rows past them, which no convert reads --;
  * dq_sem zeroed (v3's deterministic mode counts the adds to each dQ tile; its default mode, the zero-ahead). */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const int flags, const int64_t zero_heads) {

@@ -196,8 +196,7 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
     assert _C._dev.plan_backward(dout, q, k, v, out, lse, *e, stream=stream, variant="v3")["config"] != V3_BWD_BR80
 
 
-# (b, h, hk, sq, sk, d, causal): more key blocks (of 128 keys; 64 at D=256) than an H100 has SMs -- 432, 192, 480,
-# 240
+# (b, h, hk, sq, sk, d, causal): more key blocks (128 keys; 64 at D=256) than an H100 has SMs: 432, 192, 480, 240
 MANY_BLOCKS = [(3, 48, 48, 300, 300, 64, False), (2, 64, 32, 257, 301, 128, "bottom_right"),
                (2, 40, 40, 560, 700, 104, "top_left"), (2, 48, 24, 200, 260, 256, False)]
 

@@ -85,7 +85,7 @@ def test_window_through_the_public_api_and_autograd(seed):
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("window", WINDOWS, ids=WIDS)
 def test_key_blocks_seen_by_a_query_block_are_contiguous(causal, window):
-    """What v3's deterministic backward counts on (kernels/sm90/v3_bwd.cu): the key blocks some row of a query block
+    """What v3's deterministic backward counts on (kernels/sm90/v3_bwd_kernel.cuh): the key blocks some row of a query block
     sees are one range [first, last] -- so the block for key block kb adds its dQ tile as turn kb - first, and the
     blocks before it in the range are exactly those that add first -- for every mask and window, with the query
     and key blocks of both backward tilings (64 or 128 rows against 128 keys)."""

@@ -1,5 +1,5 @@
-/* v3_bwd_wide.cu -- v3's dK/dV kernel for head dim 256 (bucket 256: d in (128, 256]); v3_bwd.cu has the kernels
- * for head dims to 128, the prep and convert passes around this one, and the launcher.
+/* v3_bwd_wide.cu -- v3's dK/dV kernel for head dim 256 (bucket 256: d in (128, 256]); v3_bwd_kernel.cuh has the
+ * kernels for head dims to 128, v3_bwd.cu the launcher of the prep and convert passes around this one.
  *
  * Why a kernel of its own: a block's dK and dV at D = 256 are 256 floats a thread for 64 keys per consumer, more than
  * a thread has; so here the two consumer warpgroups split the head dim, not the keys.  A block owns BC = 64 keys and
@@ -26,7 +26,7 @@
  * or adds and signals, and the turn keeper counts the adds (one fence, then relaxed adds).  The consumers never wait
  * on global memory themselves.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
- * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd.cu's kernels.
+ * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd_kernel.cuh's.
  * fp16 / bf16, positive scale (v3_bwd_plan.c).
  * Built for sm_90a only (kernels/sm90/gencode).
  * Speed (NVIDIA H100, fa3 grid at D=256 fp16, torch cudnn's backward in the same run,
