@@ -10,13 +10,14 @@
 #include "v3_tma.h"
 
 /* Zero-ahead's rule (its kernels: v3_bwd_kernel.cuh, V3B_ZERO_AHEAD; the fill: v3_bwd_ring.cuh, v3b_zero).  Calls
- * with Sk up to V3B_ZERO_AHEAD_SK_MAX, where a block's share of the fill is at most V3B_ZERO_SHARE_MAX bytes (the
- * fa3 grid's: 68-80 KB; a block's 64 threads fill far slower than bwd_prep's whole grid, so a large share -- many
- * query rows or heads per key block -- would hold up the adds that wait for it).  V3B_ZERO_LEAD: the lead, in blocks
- * of the grid, of a group's zeroers over its own first block; on an H100 (32,16,512,128 .. 4,16,4096,128, kernel
- * times) 16, 32 and 64 blocks ran within 0.7% of each other, and a lead of a whole wave (132 blocks) 0.2-1.7% slower
- * than 32 (evidence/backward/h100_v3_bwd_zero_ahead_*.md). */
-#define V3B_ZERO_AHEAD_SK_MAX 2048
+ * with Sk up to V3B_ZERO_AHEAD_SK_MAX -- 2048, and 4096 at head dim 256, whose kernel ran no slower with it (4k on
+ * an H100: 1.021 / 1.023x, non-causal / causal; D=128 at 4k read 0.96-0.99x) -- where a block's share of the fill is
+ * at most V3B_ZERO_SHARE_MAX bytes (the fa3 grid's: 68-80 KB; a block's 64 threads fill far slower than bwd_prep's
+ * whole grid, so a large share -- many query rows or heads per key block -- would hold up the adds that wait for
+ * it).  V3B_ZERO_LEAD: the lead, in blocks of the grid, of a group's zeroers over its own first block; on an H100
+ * (32,16,512,128 .. 4,16,4096,128, kernel times) 16, 32 and 64 blocks ran within 0.7% of each other, and a lead of a
+ * whole wave (132 blocks) 0.2-1.7% slower than 32 (evidence/backward/h100_v3_bwd_zero_ahead_*.md). */
+#define V3B_ZERO_AHEAD_SK_MAX(dp) ((dp) == 256 ? 4096 : 2048)
 #define V3B_ZERO_SHARE_MAX (256 << 10)
 #define V3B_ZERO_LEAD 32
 
@@ -141,12 +142,12 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
                      (V3_BWD_LSE_V3_ORDER(r->dp, r->br) ? BWD_PREP_V3_ORDER : 0) |
                      (V3_BWD_DQ_ROWS(r->br) == FATTN_BWD_STEP_ROWS ? BWD_PREP_STEP_ROWS : 0);
     /* Zero-ahead (default mode's plain calls on dense batches, V3B_ZERO_AHEAD's head dims, Sk up to
-     * V3B_ZERO_AHEAD_SK_MAX, a block's share up to V3B_ZERO_SHARE_MAX): groups (b, kv head) from `ahead` on are
+     * V3B_ZERO_AHEAD_SK_MAX(dp), a block's share up to V3B_ZERO_SHARE_MAX): groups (b, kv head) from `ahead` on are
      * zeroed by the dK/dV kernel, those below by prep.  ahead: the groups of V3B_ZERO_LEAD blocks, plus one. */
     const int64_t nkb = (f->sk + r->bc - 1) / r->bc, groups = f->b * f->h_kv;
     int zero_ahead = 0;
     const void *za = v3_bwd_za_kernel(r, ti);
-    if (!p->deterministic && kind == V3B_PLAIN && za && f->sk <= V3B_ZERO_AHEAD_SK_MAX &&
+    if (!p->deterministic && kind == V3B_PLAIN && za && f->sk <= V3B_ZERO_AHEAD_SK_MAX(r->dp) &&
         p->ws_rows * r->dp / 4 < INT32_MAX && f->h_per_kv * p->ws_rows * r->dp * 4 / nkb <= V3B_ZERO_SHARE_MAX) {
         const int64_t ahead = (V3B_ZERO_LEAD + nkb - 1) / nkb + 1;
         zero_ahead = ahead < groups ? (int)ahead : 0;

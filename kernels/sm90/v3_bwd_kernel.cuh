@@ -94,8 +94,8 @@
  * in the consumers' loop and the dQ writer's -- and chosen by the launcher (v3_bwd.cu: V3B_ZERO_AHEAD_SK_MAX,
  * V3B_ZERO_SHARE_MAX).  On an H100 (bench/ab.py, fa3 grid, against the tree before): D=128 S=512 1.07-1.12x, 1k
  * 1.02-1.04x, 2k 0.99-1.02x, 4k-16k 0.96-0.99x (the zero fill's share of the call shrinks with S, while the dK/dV
- * kernel runs about 1% slower with it); D=256 S=512 1.06 / 1.08x, 1k 1.02 / 1.05x, 2k 1.03 / 1.02x (non-causal /
- * causal). */
+ * kernel runs about 1% slower with it); D=256 S=512 1.06 / 1.08x, 1k 1.02 / 1.05x, 2k 1.03 / 1.02x, 4k 1.02 /
+ * 1.02x (non-causal / causal). */
 #define V3B_ZERO_AHEAD(dp) ((dp) == 128)
 /* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64, the wide
  * kernel's 256, and 128 at br = 80 (at 128 with br = 64 it ran 0.95-1.03x on an H100, so those kernels are built
