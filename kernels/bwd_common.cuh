@@ -63,8 +63,8 @@ enum { BWD_PREP_ZERO_DQ = 1, BWD_PREP_V3_ORDER = 2, BWD_PREP_STEP_ROWS = 4 };
 /* v3's order of LSE2 and D inside each 64-row block of the workspace: the rows a consumer thread reads together side
  * by side.  A thread of lane quad position t reads rows 8 j + 2 t + y (j = 0..7, y = 0, 1: wgmma's accumulator
  * columns), those of j = 2 k, 2 k + 1 at once; they sit at 16 k + 4 t + 2 (j & 1) + y, so each read is a float4 and
- * the four t's float4s are side by side: distinct banks (kernels/sm90/v3_bwd_kernel.cuh).  (At 16 t + 2 j + y, t = 0 and 2
- * shared banks: a 2-way conflict on every read, 39.9 M in ncu at B=8 H=32 S=2k D=64.) */
+ * the four t's float4s are side by side: distinct banks (kernels/sm90/v3_bwd_kernel.cuh).  (At 16 t + 2 j + y,
+ * t = 0 and 2 shared banks: a 2-way conflict on every read, 39.9 M in ncu at B=8 H=32 S=2k D=64.) */
 DEV int64_t bwd_v3_row_pos(int64_t i) {
     const int r = (int)(i & 63), j = r >> 3;
     return (i - r) + 16 * (j >> 1) + 4 * ((r & 7) >> 1) + 2 * (j & 1) + (r & 1);

@@ -175,12 +175,11 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     };
     auto dq_sem = [&](int it, int cw_) { return p.dq_sem + (DQ_SWAP ? dq_off(it, cw_) / DQ_TILE : dq_tile(it, cw_)); };
 
-    /* zero-ahead (the launcher: 0 where bwd_prep zeroes every group) */
-    constexpr bool ZERO_AHEAD = ZA; /* kernels of their own (V3B_ZERO_AHEAD) */
+    /* ZA: zero-ahead, in kernels of their own (V3B_ZERO_AHEAD); zero_ahead 0 where bwd_prep zeroes every group */
     static_assert(!ZA || (V3B_ZERO_AHEAD(DP) && !DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D), the dQ writer, warp 1, zero-ahead warps 2 and 3 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
-        if (ZERO_AHEAD && warp >= 2) {
+        if (ZA && warp >= 2) {
             if (zero_ahead > 0) {
                 if (n_it > 0) { /* after the block's first loads, whose latency the consumers wait on */
                     mbar_wait(ring.kv_full, 0);
@@ -191,7 +190,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             return;
         }
         if (warp == 1 && n_it > 0) {
-            if (ZERO_AHEAD && zero_ahead > 0) {
+            if (ZA && zero_ahead > 0) {
                 if (lane == 0) v3b_zero<BC>{all}.wait(zero_ahead);
                 __syncwarp();
             }

@@ -1,8 +1,8 @@
-/* v3_bwd_ring.cuh -- what v3's dK/dV kernels share (v3_bwd_kernel.cuh: head dims to 128; v3_bwd_wide.cu: 256): which key
- * block and query blocks a block owns, and the producer thread that fills its shared memory -- K_j and V_j once,
- * then per step Q_i, dO_i (TMA) and the rows' LSE2 and D (bulk copies from the workspace, where bwd_prep put them)
- * into a ring of STAGES slots, each with a "full" mbarrier (one arrival and the copies' bytes) and an "empty" one
- * every consumer thread arrives on once it has read the slot. */
+/* v3_bwd_ring.cuh -- what v3's dK/dV kernels share (v3_bwd_kernel.cuh: head dims to 128; v3_bwd_wide.cu: 256):
+ * which key block and query blocks a block owns, and the producer thread that fills its shared memory -- K_j and
+ * V_j once, then per step Q_i, dO_i (TMA) and the rows' LSE2 and D (bulk copies from the workspace, where bwd_prep
+ * put them) into a ring of STAGES slots, each with a "full" mbarrier (one arrival and the copies' bytes) and an
+ * "empty" one every consumer thread arrives on once it has read the slot. */
 #ifndef FATTN_V3_BWD_RING_CUH
 #define FATTN_V3_BWD_RING_CUH
 
@@ -12,9 +12,10 @@
 /* dq_accum's layout for v3: 64 x 64 float tiles (rows i0 + [0, 64) of a (b, h), columns 64 p + [0, 64) at
  * ((b h + h) ws_rows + i0) ws_cols + 64 * 64 p), each in the order a consumer warpgroup holds it -- float e of
  * accumulator quad v of thread tid at 4 (128 v + tid) + e -- so that its 128 threads store it to shared memory as
- * float4s without bank conflicts and one bulk reduce-add copies it out (v3_bwd_kernel.cuh), or add it from registers with
- * one 16-byte red per quad, a warp's 32 covering 512 contiguous bytes (v3_bwd_wide.cu).  Thread tid's element i is row
- * 16 (tid / 32) + (tid % 32) / 4 + 8 ((i >> 1) & 1), column 8 (i / 4) + 2 (tid % 4) + (i & 1) (wgmma's accumulator). */
+ * float4s without bank conflicts and one bulk reduce-add copies it out (v3_bwd_kernel.cuh), or add it from registers
+ * with one 16-byte red per quad, a warp's 32 covering 512 contiguous bytes (v3_bwd_wide.cu).  Thread tid's element
+ * i is row 16 (tid / 32) + (tid % 32) / 4 + 8 ((i >> 1) & 1), column 8 (i / 4) + 2 (tid % 4) + (i & 1) (wgmma's
+ * accumulator). */
 DEV int v3_dq_index(int tid, int i) { return 4 * (128 * (i / 4) + tid) + i % 4; }
 
 /* The number of the 64 x 64 tile of rows r0 + [0, 64), columns 64 panel + [0, 64) of (b, h) = bh: its floats are
@@ -174,10 +175,10 @@ template <int BC, bool SEQ, int G = 0> struct v3b_params {
 
 /* Step it's first query row.  Deterministic mode walks the query blocks last first (with k.rot, starting k.rot
  * blocks further on, cyclically), or first first where its adds descend (k.desc, v3b_descends).  The rotation wraps
- * by a modulo, or (SUB) by one conditional subtract (rot < nm): on an H100 v3_bwd_kernel.cuh's D=64 stagger ran 1.06-1.18x
- * faster than without it with the subtract (1eb5bb2) and 0.90-1.02x with the modulo (e9d9023), while the wide
- * kernel ran 0.96-0.99x with the subtract (1eb5bb2: its only change), so each keeps the form it was measured fastest
- * with. */
+ * by a modulo, or (SUB) by one conditional subtract (rot < nm): on an H100 v3_bwd_kernel.cuh's D=64 stagger ran
+ * 1.06-1.18x faster than without it with the subtract (1eb5bb2) and 0.90-1.02x with the modulo (e9d9023), while
+ * the wide kernel ran 0.96-0.99x with the subtract (1eb5bb2: its only change), so each keeps the form it was measured
+ * fastest with. */
 template <int BR, bool DET, bool SUB = false> DEV int v3b_row0(const v3b_block &k, int it) {
     const int u = it % k.nm;
     if constexpr (SUB) {
@@ -196,12 +197,10 @@ template <int BR, bool DET, bool SUB = false> DEV int v3b_row0(const v3b_block &
  * group x / nkb), so the blocks of group g + ahead start after every block of group g has.  Each block of group g
  * zeroes its share of the dq_accum rows (bwd_dq_rows) that group g + ahead's query heads add into and counts it on
  * that group's counter (count); before a block of a group >= ahead adds to dQ, one of its threads waits until all nkb
- * shares of its group are counted (wait): v3_bwd_kernel.cuh's dQ writer before its first add, v3_bwd_wide.cu's producer
- * before its first Q / dO load (its consumers add from registers once those have landed).  The launcher picks ahead so that a group's first block starts
- * V3B_ZERO_LEAD blocks after the last of its zeroers did: they fill once their block's first loads have landed, a
- * few microseconds before the group's first adds.  bwd_prep zeroes the groups below ahead.  H100, kernel times
- * against the tree before (whose prep zeroed everything): the backward 4.7% / 2.9% faster at 32,16,512,128 /
- * 16,16,1024,128, within 0.6% at 2k and 4k (evidence/backward/h100_v3_bwd_zero_ahead_*.md).
+ * shares of its group are counted (wait): v3_bwd_kernel.cuh's dQ writer before its first add, v3_bwd_wide.cu's
+ * producer before its first Q / dO load (its consumers add from registers once those have landed).  The launcher
+ * (v3_bwd.cu: its rule and the measurements behind it) picks ahead so that a group's first block starts V3B_ZERO_LEAD
+ * blocks after the last of its zeroers did, and bwd_prep zeroes the groups below ahead.
  * Both read only the block index and the params, so that no register carries them from the block's start (the
  * producer warpgroup runs on 24). */
 template <int BC> struct v3b_zero {
