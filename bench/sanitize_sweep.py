@@ -21,7 +21,7 @@ import torch
 import fattn
 from fattn._api import CAUSAL
 
-CASES = [(1, 1), (17, 113), (130, 65), (1, 700)]  # (1, 700): decode, split-KV
+CASES = [(1, 1), (17, 113), (130, 65), (1, 700)]  # (1, 700): decode, split-KV (v2: merged in its kernel)
 
 
 def sweep_backward(q, k, o, lse, causal, window, variant):

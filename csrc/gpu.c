@@ -218,14 +218,14 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
 
 /* Grown when a call needs more and never shared between streams (so calls on different streams cannot race on it);
  * allocated on the first call that needs one, not per call.  Under CUDA graph capture nothing is allocated: a
- * captured graph must not hold a buffer a later call might free.  Beside it, the stream's tile counter (two words,
- * zeroed on the stream when allocated; a kernel that takes tiles from it leaves it zero). */
+ * captured graph must not hold a buffer a later call might free.  Beside it, the stream's counters (FATTN_COUNTERS
+ * words, plan.h: zeroed on the stream when allocated; a kernel that counts on them leaves them zero). */
 typedef struct {
     int device;
     void *stream;
     void *buf;
     size_t bytes;
-    unsigned *counter;
+    unsigned *counters;
 } workspace;
 #define WORKSPACES 32
 static workspace ws_table[WORKSPACES];
@@ -252,24 +252,24 @@ static workspace *workspace_entry(int device, void *stream) {
     return w;
 }
 
-/* The tile counter of (device, stream), or NULL when none can be had without risk (capture, table full, out of
+/* The counters of (device, stream), or NULL when none can be had without risk (capture, table full, out of
  * memory). */
-static unsigned *counter_get(int device, void *stream) {
+static unsigned *counters_get(int device, void *stream) {
     if (capturing(stream)) return NULL;
     pthread_mutex_lock(&dev_lock);
     workspace *w = workspace_entry(device, stream);
-    if (w && !w->counter) {
+    if (w && !w->counters) {
         void *c = NULL;
-        if (cudaMalloc(&c, 2 * sizeof(unsigned)) != cudaSuccess) {
+        if (cudaMalloc(&c, FATTN_COUNTERS * sizeof(unsigned)) != cudaSuccess) {
             cudaGetLastError();
-        } else if (cudaMemsetAsync(c, 0, 2 * sizeof(unsigned), (cudaStream_t)stream) != cudaSuccess) {
+        } else if (cudaMemsetAsync(c, 0, FATTN_COUNTERS * sizeof(unsigned), (cudaStream_t)stream) != cudaSuccess) {
             cudaGetLastError();
             cudaFree(c);
         } else {
-            w->counter = (unsigned *)c;
+            w->counters = (unsigned *)c;
         }
     }
-    unsigned *out = w ? w->counter : NULL;
+    unsigned *out = w ? w->counters : NULL;
     pthread_mutex_unlock(&dev_lock);
     return out;
 }
@@ -330,7 +330,7 @@ static fattn_status run_on_device(const attn_params *p, const fattn_tuned *tuned
             if ((st = prepare_once(plan))) return st;
         }
     }
-    if (plan->tile_counter) plan->counter = counter_get(plan->dev.id, stream);
+    if (plan->use_counters) plan->counters = counters_get(plan->dev.id, stream);
     return plan->variant->launch(p, plan, stream);
 }
 

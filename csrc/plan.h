@@ -52,6 +52,13 @@ struct fattn_variant;
 struct fattn_bwd_variant;
 struct fattn_tuned;
 
+/* The stream's counters (fattn_plan.counters): words [0, FATTN_TILE_WORDS) are v3's tile counter (its dynamic
+ * schedule), the FATTN_ARRIVALS after them v2's split arrivals (one per query block of a split call that merges in
+ * the kernel: v2_fwd.cu). */
+#define FATTN_TILE_WORDS 2
+#define FATTN_ARRIVALS 1024
+#define FATTN_COUNTERS (FATTN_TILE_WORDS + FATTN_ARRIVALS)
+
 typedef struct fattn_plan {
     const struct fattn_variant *variant; /* the forward's; NULL: the CPU backend or a backward plan */
     const struct fattn_bwd_variant *bwd; /* a backward plan's; NULL: the CPU backend or a forward plan */
@@ -67,9 +74,10 @@ typedef struct fattn_plan {
                                as rows of their kv head (fattn_pack_gqa; 1: none) */
     size_t workspace_bytes; /* device scratch the launch needs (split-KV partials) */
     void *workspace;        /* filled in by the dispatch step before launching */
-    int tile_counter;       /* 1: the launch takes tiles from a counter (v3's dynamic schedule) when it can have one */
-    unsigned *counter;      /* filled in by the dispatch step: two words, zero at launch (the kernel leaves them so);
-                               NULL (under CUDA graph capture, or no memory): the launch's static schedule */
+    int use_counters;       /* 1: the launch counts on the stream's counters when it can have them (FATTN_COUNTERS) */
+    unsigned *counters;     /* filled in by the dispatch step: FATTN_COUNTERS words, zero at launch (a kernel that
+                               counts on them leaves them so); NULL (under CUDA graph capture, or no memory): the
+                               launch does without (v3: its static schedule; v2: the separate merge kernel) */
 } fattn_plan;
 
 /* A variant's planner: fills plan (plan->dev is set) for p, or returns FATTN_ERR_UNSUPPORTED with the reason. */

@@ -163,6 +163,69 @@ def test_v2_split_combine_head_dims_and_repeatable(d, dtype):
             assert torch.equal(o, o2) and torch.equal(lse, lse2)
 
 
+def _kernels_run(fn):
+    """The names of the CUDA kernels fn() launches (torch's profiler)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@V2
+@pytest.mark.parametrize("d", [64, 128])
+def test_v2_split_merged_in_kernel(d):
+    """Decode (Sq = 1, GQA rows packed: 4 a block) at head dims whose small-grid kernels merge their own splits, up
+    to 8 splits: the last split of each query block merges them (no merge kernel is launched), O and LSE against the
+    reference, on the default stream and on another one (each has its counters), bitwise equal on repeats, the split
+    count changing between calls (each launch must leave its arrival counts at zero for the next) and every output
+    word written (out and lse start as NaN)."""
+    q = randn((2, 32, 1, d), torch.float16, "cuda", 60 + d)
+    k = randn((2, 8, 3000, d), torch.float16, "cuda", 61 + d)
+    v = randn((2, 8, 3000, d), torch.float16, "cuda", 62 + d)
+    first = {}
+    side = torch.cuda.Stream()
+    for rep in range(2):
+        for splits in (2, 8, 3, 5):
+            for stream in (None, side):
+                out = torch.full_like(q, float("nan"))
+                lse = torch.full((2, 32, 1), float("nan"), device="cuda", dtype=torch.float32)
+
+                def run():
+                    if stream is None:
+                        return dev_forward(q, k, v, variant="v2", out=out, lse=lse, splits=splits)[2]
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        plan = dev_forward(q, k, v, variant="v2", out=out, lse=lse, splits=splits)[2]
+                    torch.cuda.current_stream().wait_stream(stream)
+                    return plan
+                names = _kernels_run(run)
+                assert any("v2_fwd" in n for n in names) and not [n for n in names if "v2_combine" in n], names
+                if (splits, stream) == (2, None) and rep == 0:
+                    check_close(out, q, k, v, False, None, lse=lse)
+                first.setdefault(splits, (out.clone(), lse.clone()))
+                assert torch.equal(out, first[splits][0]) and torch.equal(lse, first[splits][1])
+    for splits in (8, 3, 5):
+        o, l = first[splits]
+        check_close(o, q, k, v, False, None, lse=l)
+
+
+@V2
+@pytest.mark.parametrize("shape,splits", [((1, 8, 1, 256), 7), ((1, 4, 5, 128), 7), ((1, 4, 1, 128), 9)],
+                         ids=["d256", "5rows", "9splits"])
+def test_v2_split_merge_kernel_elsewhere(shape, splits):
+    """Split calls the in-kernel merge does not take -- head dim 256 (its small-grid kernel is built for one block
+    per SM), query blocks of more than 4 rows, more than 8 splits -- launch the merge kernel, and are right."""
+    b, h, sq, d = shape
+    q = randn(shape, torch.float16, "cuda", 70)
+    k = randn((b, h, 4000, d), torch.float16, "cuda", 71)
+    lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
+    out = torch.full_like(q, float("nan"))
+    names = _kernels_run(lambda: dev_forward(q, k, k, variant="v2", out=out, lse=lse, splits=splits))
+    assert any("v2_combine" in n for n in names), names
+    check_close(out, q, k, k, False, None, lse=lse)
+
+
 @V2
 def test_v2_split_automatic_for_decode():
     """Decode with few heads leaves most SMs idle: the planner splits; the result matches the unsplit one within

@@ -240,7 +240,7 @@ def test_kvcache_v2_split_decode(seed, request):
     sequence; paged and not, against the reference."""
     require("cuda")
     lens, b, h, hk, d = [3000, 17, 1025], 3, 8, 2, 128
-    for paged in (None, 64):
+    for paged in (None, 16, 64):
         k_cache, v_cache, table = make_cache(b, 4096, hk, d, torch.float16, "cuda", seed, paged)
         q = randn((b, 1, h, d), torch.float16, "cuda", seed + 2)
         cs = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -251,6 +251,30 @@ def test_kvcache_v2_split_decode(seed, request):
                                                 return_lse=True, variant="v2")
         for i, n in enumerate(lens):
             check_sequence(out, lse, q, k_cache, v_cache, table, i, n, True, None, 0.0, request)
+
+
+@pytest.mark.gpu
+def test_kvcache_small_pages_split_more():
+    """Paged decode with pages smaller than v2's key block splits the keys for up to four blocks per SM (each split
+    at least 32 key blocks long) where the contiguous rule gives fewer: the plans of one decode step on both caches."""
+    require("cuda")
+    b, h, hk, d, sk, ps = 8, 32, 8, 128, 8192, 16
+    q = torch.empty((b, 1, h, d), dtype=torch.float16, device="cuda")
+    kc = torch.empty((b, sk, hk, d), dtype=torch.float16, device="cuda")
+    pool = torch.empty((b * sk // ps, ps, hk, d), dtype=torch.float16, device="cuda")
+    table = torch.arange(b * sk // ps, dtype=torch.int32, device="cuda").reshape(b, -1)
+    cs = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    plan = lambda kv, t: fattn._C._dev.plan(q, kv, kv, torch.empty_like(q), causal=2, layout=1, cache_seqlens=cs,
+                                            block_table=t, variant="v2")
+    contiguous, paged = plan(kc, None), plan(pool, table)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks, nkb = b * hk, sk // fattn._C._dev.configs("v2")[paged["config"]]["bc"]
+    assert paged["config"] == contiguous["config"] and paged["grid"][0] == contiguous["grid"][0] == blocks
+    n = max(min(sms * 4 // blocks, nkb // 32), contiguous["splits"])
+    per = -(-nkb // n)
+    assert paged["splits"] == -(-nkb // per), (paged, contiguous, sms)
+    if sms * 4 // blocks > contiguous["splits"]:  # an H100: 8 splits for 4
+        assert paged["splits"] > contiguous["splits"]
 
 
 @pytest.mark.gpu

@@ -1,15 +1,65 @@
 /* v2_combine.cuh -- the merge of v2's split-KV partial results (v2_split, defined by v2_fwd.cu before it includes
- * this file): one kernel, launched by fattn_launch_v2 after v2_fwd when the plan splits the keys. */
+ * this file): by the last split of a query block to finish, inside v2_fwd (v2_merge_rows, where the plan fuses it),
+ * else by one kernel, v2_combine, launched by fattn_launch_v2 after v2_fwd. */
 #ifndef FATTN_V2_COMBINE_CUH
 #define FATTN_V2_COMBINE_CUH
 
-/* Merges the splits of v2_fwd: a block of 128 threads per query row, warp w taking the splits w,
- * w + 4, ...  A warp loads the LSEs and partial outputs of COMBINE_CHUNK of its splits at once (lane: columns lane +
- * 32 c), then folds them in split order into a running (m, l, acc) -- acc = sum_s e^(LSE_s - m) O_s, l the same sum of
- * weights -- so a row costs one round trip to memory per COMBINE_CHUNK splits of a warp, not one per split.  The
- * four warps' results are merged in warp order: a fixed order, bitwise repeatable.  LSE = m + log l over the splits;
- * splits that saw no key (LSE_s = -inf) weigh 0; a row no split saw gets O = 0, LSE = -inf. */
+/* A warp's running merge of splits s = first, first + stride, ... < splits of partial row `row` (of nrows) into (m, l,
+ * acc): acc = sum_s e^(LSE_s - m) O_s over columns lane + 32 c, l the same sum of weights.  It loads the LSEs and
+ * partial outputs of COMBINE_CHUNK of its splits at once (through L2: another block may have written them in this
+ * kernel), then folds them in split order, so a row costs one round trip to memory per COMBINE_CHUNK splits.  Splits
+ * that saw no key (LSE_s = -inf) weigh 0. */
 #define COMBINE_CHUNK 8
+template <int NC>
+DEV void v2_merge_fold(const v2_split &sp, int64_t nrows, int64_t row, int d, int lane, int first, int stride,
+                       int splits, float &m, float &l, float (&acc)[NC]) {
+    for (int s0 = first; s0 < splits; s0 += stride * COMBINE_CHUNK) {
+        float ls[COMBINE_CHUNK], x[COMBINE_CHUNK][NC];
+#pragma unroll
+        for (int u = 0; u < COMBINE_CHUNK; u++) {
+            const int64_t s = s0 + stride * u, at = (s * nrows + row) * d;
+            ls[u] = s < splits ? __ldcg(sp.lse_part + s * nrows + row) : -INFINITY;
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                x[u][c] = s < splits && lane + 32 * c < d ? __ldcg(sp.o_part + at + lane + 32 * c) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < COMBINE_CHUNK; u++) {
+            if (ls[u] == -INFINITY) continue;
+            const float m_new = fmaxf(m, ls[u]), a = __expf(m - m_new), w = __expf(ls[u] - m_new);
+            l = l * a + w;
+#pragma unroll
+            for (int c = 0; c < NC; c++) acc[c] = acc[c] * a + w * x[u][c];
+            m = m_new;
+        }
+    }
+}
+
+/* Rows [i0, i_end) of the splits' partial rows (row i of them at row0 + i, of nrows) merged by the block (WARPS
+ * warps, a warp per row, the splits in order: bitwise repeatable whichever split finishes last): O = acc / l into
+ * out (row stride o_stride_s), LSE = m + log l into lse (NULL: none); a row no split saw gets O = 0, LSE = -inf.
+ * Out of line, with scalar arguments: inlined into v2_fwd, its code made ptxas spill in the kernel's main loop. */
+template <typename T, int DP, int WARPS>
+__device__ __noinline__ void v2_merge_rows(const v2_split sp, int splits, int64_t nrows, int64_t row0, int64_t i0,
+                                           int64_t i_end, int d, T *out, int64_t o_stride_s, float *lse) {
+    constexpr int NC = (DP + 31) / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t i = i0 + warp; i < i_end; i += WARPS) {
+        float m = -INFINITY, l = 0.f, acc[NC];
+#pragma unroll
+        for (int c = 0; c < NC; c++) acc[c] = 0.f;
+        v2_merge_fold<NC>(sp, nrows, row0 + i, d, lane, 0, 1, splits, m, l, acc);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+            if (lane + 32 * c < d) from_f32(out + i * o_stride_s + lane + 32 * c, acc[c] * inv);
+        if (lse && lane == 0) lse[i] = l > 0.f ? m + __logf(l) : -INFINITY;
+    }
+}
+
+/* Merges the splits of v2_fwd where the plan does not fuse it: a block of 128 threads per query row, warp w taking
+ * the splits w, w + 4, ... (v2_merge_fold); the four warps' results are merged in warp order: a fixed order, bitwise
+ * repeatable.  LSE = m + log l over the splits; a row no split saw gets O = 0, LSE = -inf. */
 #define COMBINE_WARPS 4 /* the block: 128 threads */
 template <typename T>
 __global__ void __launch_bounds__(COMBINE_WARPS * 32) v2_combine(const attn_params all, const v2_split sp, int splits) {
@@ -25,26 +75,7 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) v2_combine(const attn_para
     float m = -INFINITY, l = 0.f, acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; c++) acc[c] = 0.f;
-    for (int s0 = warp; s0 < splits; s0 += COMBINE_WARPS * COMBINE_CHUNK) {
-        float ls[COMBINE_CHUNK], x[COMBINE_CHUNK][NC];
-#pragma unroll
-        for (int u = 0; u < COMBINE_CHUNK; u++) {
-            const int64_t s = s0 + COMBINE_WARPS * u, at = (s * nrows + row) * d;
-            ls[u] = s < splits ? sp.lse_part[s * nrows + row] : -INFINITY;
-#pragma unroll
-            for (int c = 0; c < NC; c++)
-                x[u][c] = s < splits && lane + 32 * c < d ? sp.o_part[at + lane + 32 * c] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < COMBINE_CHUNK; u++) {
-            if (ls[u] == -INFINITY) continue;
-            const float m_new = fmaxf(m, ls[u]), a = __expf(m - m_new), w = __expf(ls[u] - m_new);
-            l = l * a + w;
-#pragma unroll
-            for (int c = 0; c < NC; c++) acc[c] = acc[c] * a + w * x[u][c];
-            m = m_new;
-        }
-    }
+    v2_merge_fold<NC>(sp, nrows, row, d, lane, warp, COMBINE_WARPS, splits, m, l, acc);
     if (lane == 0) {
         wm[warp] = m;
         wl[warp] = l;

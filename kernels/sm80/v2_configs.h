@@ -59,6 +59,10 @@ typedef struct {
  * only (V2_ARCH_MIN_BLOCKS), where it was measured (evidence/serving/h100_ab_small_grid_four_blocks_*): sm_80's
  * 164 KB of shared memory holds three of D=128's 48 KB blocks, so there the 128-register cap would buy nothing. */
 #define V2_SMALL_GRID_MIN_BLOCKS(DP) ((DP) <= 128 ? 4 : 1)
+/* Whether a kernel built for MINB blocks per multiprocessor merges its splits itself when the plan says so
+ * (v2_fwd.cu: v2_merge_rows; the planner's rule: v2_plan.c, V2_MERGE_ROWS): the small-grid kernels at D <= 128, the
+ * decode kernels.  The others launch the merge kernel (the merge's code in them made ptxas spill more). */
+#define V2_MERGES_SPLITS(MINB) ((MINB) > 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define V2_ARCH_MIN_BLOCKS(MINB) 1
 #else

@@ -25,8 +25,9 @@
  * configuration as macros) for fattn.tune and the tuned-config cache.  v2_plan.c chooses the config, the grid, the
  * key splits and the block order of a call; this file holds the kernels and their launcher.
  * Split-KV (flash-decoding): when the grid has fewer blocks than SMs (decode with a small batch), blockIdx.y splits
- * each query block's key blocks, each split writes an fp32 partial O and its LSE, and v2_combine (v2_combine.cuh)
- * merges them; at (B, H) = (1, 32), Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without
+ * each query block's key blocks, each split writes an fp32 partial O and its LSE, and the last split of the query
+ * block to finish merges them (decode calls of few splits) or v2_combine does (v2_combine.cuh; the rule:
+ * v2_plan.c); at (B, H) = (1, 32), Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without
  * (evidence/bench/h100_split_sweep_fd91998.json).
  * Blocks go head by head (K/V shared in L2 by the blocks in flight) or heads fastest (longest first over all heads),
  * as the plan says.
@@ -48,14 +49,19 @@
 
 /* Split-KV (flash-decoding): with o_part set, split y = blockIdx.y covers the query block's key blocks n_min + [y bps,
  * (y + 1) bps) (bps = blocks_per_split) and writes its normalised partial output (fp32) and its LSE instead of O;
- * v2_combine merges the splits.  o_part NULL: one split, O written directly. */
+ * with arrivals set, the query block's last split to finish merges them (v2_merge_rows), else v2_combine does.
+ * o_part NULL: one split, O written directly. */
 typedef struct {
     float *o_part;        /* [splits][b * h][sq][d] */
     float *lse_part;      /* [splits][b * h][sq], natural log, -inf for a split that saw no key */
     int blocks_per_split; /* key blocks of BC keys per split (from the plan) */
     int heads_fastest;    /* block order: 1 = every head's last query block, then every head's next
                              (FATTN_ORDER_BLOCKS); 0 = one head's query blocks after another, the last first */
+    unsigned *arrivals;   /* NULL, or a zeroed count per query block (blockIdx.x) of the splits done: the last one
+                             merges and zeroes it again */
 } v2_split;
+
+#include "v2_combine.cuh"
 
 /* The forward pass of one block; v2_fwd (compiled ahead of time) and fattn_v2_rtc (compiled at run time by NVRTC
  * with the configuration as macros) are both this body. */
@@ -384,6 +390,18 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
             }
             if (seq.lse && t == 0) seq.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[mt][r] * sl, l);
         }
+    if (V2_MERGES_SPLITS(MINB) && sp.arrivals) { /* merged by the last split to finish: write, fence, count */
+        __threadfence();
+        __syncthreads();
+        unsigned *count = sp.arrivals + blockIdx.x;
+        const int last = __syncthreads_or(tid == 0 && atomicAdd(count, 1u) == gridDim.y - 1);
+        if (!last) return;
+        if (tid == 0) *count = 0; /* every split has counted: zero for the stream's next launch */
+        __threadfence();
+        v2_merge_rows<T, DP, WARPS>(sp, (int)gridDim.y, nbh * all.sq, bh * all.sq, i0, min(i0 + (int64_t)BR, seq.sq),
+                                    d, (T *)seq.o + o_off, p.o_stride_s,
+                                    seq.lse ? seq.lse + b * p.lse_stride_b + h * p.lse_stride_h : NULL);
+    }
 }
 
 /* PAGED: K and V read through a paged cache's block table (a kernel of its own: the per-row addressing costs the
@@ -400,8 +418,6 @@ extern "C" __global__ void __launch_bounds__(V2_WARPS * 32) fattn_v2_rtc(const a
     v2_body<V2_T, V2_DP, V2_WARPS, V2_MT, V2_BC, V2_STAGES, false, false, 1>(p, sp);
 }
 #endif
-
-#include "v2_combine.cuh"
 
 #ifndef __CUDACC_RTC__ /* host code: the kernels compiled ahead of time, and the launcher */
 
@@ -433,6 +449,15 @@ static const v2_kernel v2_mods_contiguous[V2_FIRST_RULE][2] = {KERN_MODS};
 static const v2_kernel v2_mods_paged[V2_FIRST_RULE][2] = {KERN_MODS};
 #undef PG
 #undef MD
+/* Whether config i's kernels merge their own splits (V2_MERGES_SPLITS; not the MODS ones, built for one block per
+ * multiprocessor) */
+#define MERGES_NO(dp, w, mt, bc, st) 0,
+#define MERGES_SMALL(dp, w, mt, bc, st) V2_MERGES_SPLITS(V2_SMALL_GRID_MIN_BLOCKS(dp)),
+#define MERGES_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) 0,
+static const unsigned char v2_merges[V2_NAOT] = {V2_TABLE(MERGES_NO, MERGES_SMALL, MERGES_NO, MERGES_RULE)};
+#undef MERGES_NO
+#undef MERGES_SMALL
+#undef MERGES_RULE
 static const v2_kernel (*const v2_kernels[2])[2] = {v2_kernels_contiguous, v2_kernels_paged};
 static const v2_kernel (*const v2_mods_kernels[2])[2] = {v2_mods_contiguous, v2_mods_paged};
 static const size_t v2_smem[V2_NAOT] = {
@@ -460,17 +485,20 @@ extern "C" fattn_status fattn_prepare_v2(int device) {
 extern "C" fattn_status fattn_launch_v2(const attn_params *call, const fattn_plan *plan, void *stream) {
     attn_params packed; /* the planner's GQA packing (head_group > 1), made the same way */
     const attn_params *p = plan->head_group > 1 && fattn_pack_gqa(call, &packed) ? &packed : call;
-    const int ti = p->dtype - FATTN_F16;
-    v2_split sp = {NULL, NULL, (int)plan->split_blocks, plan->order == FATTN_ORDER_BLOCKS};
+    const int ti = p->dtype - FATTN_F16, mods = fattn_score_mods(p);
+    v2_split sp = {NULL, NULL, (int)plan->split_blocks, plan->order == FATTN_ORDER_BLOCKS, NULL};
     if (plan->splits > 1) {
         sp.o_part = (float *)plan->workspace;
         sp.lse_part = sp.o_part + (size_t)plan->splits * (size_t)(p->b * p->h * p->sq) * (size_t)p->d;
+        /* merged in the kernel where the planner asked for the stream's counters, they came and the kernel merges */
+        if (plan->use_counters && plan->counters && plan->grid_x <= FATTN_ARRIVALS && !mods &&
+            plan->config < V2_NAOT && v2_merges[plan->config])
+            sp.arrivals = plan->counters + FATTN_TILE_WORDS;
     }
     void *args[] = {(void *)p, (void *)&sp};
     const int64_t rows = p->b * p->h * p->sq; /* the combine's blocks: checked before anything is launched */
     if (plan->splits > 1 && rows > 0x7fffffff)
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2: %lld rows are too many to split", (long long)rows);
-    const int mods = fattn_score_mods(p);
     if (mods && plan->config >= V2_FIRST_RULE) /* the planner never picks one */
         return FATTN_FAIL(FATTN_ERR_INVALID, "v2: config %d has no softcap / ALiBi kernel", plan->config);
     if (plan->config < V2_NAOT) {
@@ -486,7 +514,7 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *call, const fattn_pla
                                            stream, args);
         if (st) return st;
     }
-    if (plan->splits > 1) {
+    if (plan->splits > 1 && !sp.arrivals) {
         int nsplit = plan->splits;
         void *cargs[] = {(void *)p, (void *)&sp, (void *)&nsplit};
         FATTN_CUDA_CHECK(cudaLaunchKernel(v2_combine_kernel[ti], dim3((unsigned)rows), dim3(COMBINE_WARPS * 32), cargs, 0,

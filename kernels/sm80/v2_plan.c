@@ -167,20 +167,37 @@ static int v2_order(const attn_params *p) {
     return p->mask.causal && p->sk >= 2048 ? FATTN_ORDER_BLOCKS : FATTN_ORDER_HEADS;
 }
 
-/* Split-KV only when the grid has fewer blocks than multiprocessors (decode: Sq = 1 and a small batch): enough splits
- * to give each multiprocessor SPLIT_CTAS_PER_SM blocks, each split at least SPLIT_MIN_KEY_BLOCKS key blocks long.
- * Measured on the H100 and H200 (evidence/bench/h1?0_split_sweep_*.json): about 2 blocks per SM is best at
- * B*H = 8, 32 (D = 128), and at B*H = 32 nine splits (288 blocks) lose to eight (256) by 14%; at B*H = 256 any
- * split is slower than none. */
+/* Split-KV only when the grid has fewer blocks than multiprocessors (decode: Sq = 1 and a small batch; paged calls:
+ * below): enough splits to give each multiprocessor SPLIT_CTAS_PER_SM blocks, each split at least
+ * SPLIT_MIN_KEY_BLOCKS key blocks long.  Measured on the H100 and H200 (evidence/bench/h1?0_split_sweep_*.json):
+ * about 2 blocks per SM is best at B*H = 8, 32 (D = 128), and at B*H = 32 nine splits (288 blocks) lose to eight
+ * (256) by 14%; at B*H = 256 any split is slower than none.
+ * Paged calls whose pages are smaller than a key block (each row's page found through the table) run better with
+ * more blocks in flight: up to `paged_per_sm` blocks per SM (the small-grid kernels' V2_SMALL_GRID_MIN_BLOCKS), as
+ * long as each split keeps SPLIT_MIN_KEY_BLOCKS_PAGED key blocks -- where that is more splits than the rule above.
+ * On an H100 (H=32, H_kv=8, D=128, pages of 16; evidence/serving/README.md): B=8 at Sk = 8k / 32k, 8 splits for 4,
+ * 1.016-1.025x; B=1 at 8k, 64 splits of 4 key blocks for 32, 0.99x (hence the floor). */
 #define SPLIT_CTAS_PER_SM 2
 #define SPLIT_MIN_KEY_BLOCKS 4
+#define SPLIT_MIN_KEY_BLOCKS_PAGED 32
 #define SPLIT_MAX 128
-static int v2_splits(const fattn_overrides *ov, int sm_count, int64_t blocks, int64_t nkb) {
+/* Split calls of at most V2_MERGE_SPLITS splits whose query blocks hold at most V2_MERGE_ROWS rows (decode: Sq = 1,
+ * or a GQA group's query heads packed as rows) merge the splits in the kernel where it can (V2_MERGES_SPLITS): the
+ * last split of a query block to finish merges them, a warp per row (v2_merge_rows: one round trip to L2 for up to 8
+ * splits), counted on the stream's counters.  Others, and calls that cannot have the counters, launch the merge
+ * kernel (v2_combine.cuh).  On an H100 (H=32, H_kv=8, D=128, against the merge kernel): B=8 (8 splits or 4) 1.005-
+ * 1.026x; B=1 (32 splits, four round trips in the kernel's tail) 0.91-0.96x, hence the bound. */
+#define V2_MERGE_ROWS 4
+#define V2_MERGE_SPLITS 8
+static int v2_splits(const fattn_overrides *ov, int sm_count, int64_t blocks, int64_t nkb, int paged_per_sm) {
     int64_t n = ov->splits;
     if (n == 0) {
-        if (blocks >= sm_count) return 1;
-        n = sm_count * SPLIT_CTAS_PER_SM / blocks; /* rounded down: a partial extra wave costs more than it gives */
+        /* rounded down: a partial extra wave costs more than it gives */
+        n = blocks >= sm_count ? 1 : sm_count * SPLIT_CTAS_PER_SM / blocks;
         if (n > nkb / SPLIT_MIN_KEY_BLOCKS) n = nkb / SPLIT_MIN_KEY_BLOCKS;
+        int64_t np = sm_count * paged_per_sm / blocks;
+        if (np > nkb / SPLIT_MIN_KEY_BLOCKS_PAGED) np = nkb / SPLIT_MIN_KEY_BLOCKS_PAGED;
+        if (np > n) n = np;
     }
     if (n > nkb) n = nkb;
     if (n > SPLIT_MAX) n = SPLIT_MAX;
@@ -218,10 +235,14 @@ fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, co
     plan->threads = (unsigned)(32 * c.warps);
     plan->smem = V2_SMEM_BYTES(c.dp, c.warps, c.mt, c.bc, c.stages);
     plan->order = ov->order ? ov->order : v2_order(p);
-    plan->splits = v2_splits(ov, plan->dev.sm_count, blocks, nkb);
+    const int paged_per_sm = p->block_table && p->page_size < c.bc && idx >= V2_FIRST_SMALL_GRID &&
+                                     idx < V2_FIRST_RULE ? V2_SMALL_GRID_MIN_BLOCKS(c.dp) : 0;
+    plan->splits = v2_splits(ov, plan->dev.sm_count, blocks, nkb, paged_per_sm);
     plan->split_blocks = plan->splits > 1 ? (nkb + plan->splits - 1) / plan->splits : nkb;
     if (plan->splits > 1) plan->splits = (int)((nkb + plan->split_blocks - 1) / plan->split_blocks); /* none empty */
     plan->grid_y = (unsigned)plan->splits;
+    plan->use_counters = plan->splits > 1 && plan->splits <= V2_MERGE_SPLITS && p->sq <= V2_MERGE_ROWS &&
+                         blocks <= FATTN_ARRIVALS;
     plan->workspace_bytes = plan->splits > 1 ? (size_t)plan->splits * (size_t)(p->b * p->h * p->sq) *
                                                    (size_t)(p->d + 1) * sizeof(float) : 0;
     return FATTN_OK;

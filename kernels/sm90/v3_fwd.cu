@@ -86,7 +86,7 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
         (st = v3_map(&to, p->o, p->dtype, p->d, rows_q, p->h, batch_q, p->o_stride_s, p->o_stride_h, p->o_stride_b,
                      64, "out")))
         return st;
-    unsigned *ctr = plan->counter; /* per-sequence calls: the dynamic schedule's kernel where there is one */
+    unsigned *ctr = plan->counters; /* per-sequence calls: the dynamic schedule's kernel where there is one */
     void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group, (void *)&ctr};
     /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, whose table index the planner chose */
     const int seq = p->cu_seqlens_q || p->seqused_k;

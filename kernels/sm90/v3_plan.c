@@ -233,6 +233,6 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
                                                          : v3_order(p, br, c->bc, grid, plan->dev.sm_count);
     plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
     /* per-sequence lengths: tiles from a counter, only those that exist (v3_schedule.h: v3_seq_tile) */
-    plan->tile_counter = p->cu_seqlens_q || p->seqused_k;
+    plan->use_counters = p->cu_seqlens_q || p->seqused_k;
     return FATTN_OK;
 }
