@@ -6,17 +6,17 @@
 
 /* A warp's running merge of splits s = first, first + stride, ... < splits of partial row `row` (of nrows) into (m, l,
  * acc): acc = sum_s e^(LSE_s - m) O_s over columns lane + 32 c, l the same sum of weights.  It loads the LSEs and
- * partial outputs of COMBINE_CHUNK of its splits at once (through L2: another block may have written them in this
- * kernel), then folds them in split order, so a row costs one round trip to memory per COMBINE_CHUNK splits.  Splits
- * that saw no key (LSE_s = -inf) weigh 0. */
+ * partial outputs of CHUNK of its splits at once (through L2: another block may have written them in this kernel),
+ * then folds them in split order, so a row costs one round trip to memory per CHUNK splits (COMBINE_CHUNK in the
+ * merge kernel, V2_MERGE_SPLITS in v2_fwd's).  Splits that saw no key (LSE_s = -inf) weigh 0. */
 #define COMBINE_CHUNK 8
-template <int NC>
+template <int NC, int CHUNK = COMBINE_CHUNK>
 DEV void v2_merge_fold(const v2_split &sp, int64_t nrows, int64_t row, int d, int lane, int first, int stride,
                        int splits, float &m, float &l, float (&acc)[NC]) {
-    for (int s0 = first; s0 < splits; s0 += stride * COMBINE_CHUNK) {
-        float ls[COMBINE_CHUNK], x[COMBINE_CHUNK][NC];
+    for (int s0 = first; s0 < splits; s0 += stride * CHUNK) {
+        float ls[CHUNK], x[CHUNK][NC];
 #pragma unroll
-        for (int u = 0; u < COMBINE_CHUNK; u++) {
+        for (int u = 0; u < CHUNK; u++) {
             const int64_t s = s0 + stride * u, at = (s * nrows + row) * d;
             ls[u] = s < splits ? __ldcg(sp.lse_part + s * nrows + row) : -INFINITY;
 #pragma unroll
@@ -24,7 +24,7 @@ DEV void v2_merge_fold(const v2_split &sp, int64_t nrows, int64_t row, int d, in
                 x[u][c] = s < splits && lane + 32 * c < d ? __ldcg(sp.o_part + at + lane + 32 * c) : 0.f;
         }
 #pragma unroll
-        for (int u = 0; u < COMBINE_CHUNK; u++) {
+        for (int u = 0; u < CHUNK; u++) {
             if (ls[u] == -INFINITY) continue;
             const float m_new = fmaxf(m, ls[u]), a = __expf(m - m_new), w = __expf(ls[u] - m_new);
             l = l * a + w;
@@ -48,7 +48,7 @@ __device__ __noinline__ void v2_merge_rows(const v2_split sp, int splits, int64_
         float m = -INFINITY, l = 0.f, acc[NC];
 #pragma unroll
         for (int c = 0; c < NC; c++) acc[c] = 0.f;
-        v2_merge_fold<NC>(sp, nrows, row0 + i, d, lane, 0, 1, splits, m, l, acc);
+        v2_merge_fold<NC, V2_MERGE_SPLITS>(sp, nrows, row0 + i, d, lane, 0, 1, splits, m, l, acc);
         const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
         for (int c = 0; c < NC; c++)

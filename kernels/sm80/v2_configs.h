@@ -59,10 +59,20 @@ typedef struct {
  * only (V2_ARCH_MIN_BLOCKS), where it was measured (evidence/serving/h100_ab_small_grid_four_blocks_*): sm_80's
  * 164 KB of shared memory holds three of D=128's 48 KB blocks, so there the 128-register cap would buy nothing. */
 #define V2_SMALL_GRID_MIN_BLOCKS(DP) ((DP) <= 128 ? 4 : 1)
-/* Whether a kernel built for MINB blocks per multiprocessor merges its splits itself when the plan says so
- * (v2_fwd.cu: v2_merge_rows; the planner's rule: v2_plan.c, V2_MERGE_ROWS): the small-grid kernels at D <= 128, the
- * decode kernels.  The others launch the merge kernel (the merge's code in them made ptxas spill more). */
-#define V2_MERGES_SPLITS(MINB) ((MINB) > 1)
+/* Split-KV calls of at most V2_MERGE_SPLITS splits whose query blocks hold at most V2_MERGE_ROWS rows (decode: Sq =
+ * 1, or a GQA group's query heads packed as rows) merge the splits in the kernel where it can (V2_KERNEL_MERGES): the
+ * last split of a query block to finish merges them, a warp per row (v2_merge_rows: all V2_MERGE_SPLITS in one round
+ * trip to L2), counted on the stream's counters (v2_plan.c asks for them).  Others, and calls that cannot have the
+ * counters, launch the merge kernel (v2_combine.cuh).  On an H100 against the merge kernel (H=32, D=128;
+ * evidence/serving/README.md): GQA decode (H_kv = 8) B=8 1.006-1.040x, B=1 at Sk = 2k (16 splits) 1.022x, MHA B=1
+ * (8 splits) 1.018x; with 32 splits (B=1 at 8k / 32k, two round trips in the kernel's tail) 0.95-0.99x, hence the
+ * bound. */
+#define V2_MERGE_ROWS 4
+#define V2_MERGE_SPLITS 16
+/* Whether a kernel built for MINB blocks per multiprocessor merges its splits itself: the small-grid kernels at
+ * D <= 128, the decode kernels.  The others launch the merge kernel (the merge's code in them made ptxas spill
+ * more). */
+#define V2_KERNEL_MERGES(MINB) ((MINB) > 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define V2_ARCH_MIN_BLOCKS(MINB) 1
 #else

@@ -390,7 +390,7 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
             }
             if (seq.lse && t == 0) seq.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[mt][r] * sl, l);
         }
-    if (V2_MERGES_SPLITS(MINB) && sp.arrivals) { /* merged by the last split to finish: write, fence, count */
+    if (V2_KERNEL_MERGES(MINB) && sp.arrivals) { /* merged by the last split to finish: write, fence, count */
         __threadfence();
         __syncthreads();
         unsigned *count = sp.arrivals + blockIdx.x;
@@ -449,10 +449,10 @@ static const v2_kernel v2_mods_contiguous[V2_FIRST_RULE][2] = {KERN_MODS};
 static const v2_kernel v2_mods_paged[V2_FIRST_RULE][2] = {KERN_MODS};
 #undef PG
 #undef MD
-/* Whether config i's kernels merge their own splits (V2_MERGES_SPLITS; not the MODS ones, built for one block per
+/* Whether config i's kernels merge their own splits (V2_KERNEL_MERGES; not the MODS ones, built for one block per
  * multiprocessor) */
 #define MERGES_NO(dp, w, mt, bc, st) 0,
-#define MERGES_SMALL(dp, w, mt, bc, st) V2_MERGES_SPLITS(V2_SMALL_GRID_MIN_BLOCKS(dp)),
+#define MERGES_SMALL(dp, w, mt, bc, st) V2_KERNEL_MERGES(V2_SMALL_GRID_MIN_BLOCKS(dp)),
 #define MERGES_RULE(dp, w, mt, bc, st, causal, sk_min, sk_max) 0,
 static const unsigned char v2_merges[V2_NAOT] = {V2_TABLE(MERGES_NO, MERGES_SMALL, MERGES_NO, MERGES_RULE)};
 #undef MERGES_NO

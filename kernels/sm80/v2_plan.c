@@ -181,14 +181,6 @@ static int v2_order(const attn_params *p) {
 #define SPLIT_MIN_KEY_BLOCKS 4
 #define SPLIT_MIN_KEY_BLOCKS_PAGED 32
 #define SPLIT_MAX 128
-/* Split calls of at most V2_MERGE_SPLITS splits whose query blocks hold at most V2_MERGE_ROWS rows (decode: Sq = 1,
- * or a GQA group's query heads packed as rows) merge the splits in the kernel where it can (V2_MERGES_SPLITS): the
- * last split of a query block to finish merges them, a warp per row (v2_merge_rows: one round trip to L2 for up to 8
- * splits), counted on the stream's counters.  Others, and calls that cannot have the counters, launch the merge
- * kernel (v2_combine.cuh).  On an H100 (H=32, H_kv=8, D=128, against the merge kernel): B=8 (8 splits or 4) 1.005-
- * 1.026x; B=1 (32 splits, four round trips in the kernel's tail) 0.91-0.96x, hence the bound. */
-#define V2_MERGE_ROWS 4
-#define V2_MERGE_SPLITS 8
 static int v2_splits(const fattn_overrides *ov, int sm_count, int64_t blocks, int64_t nkb, int paged_per_sm) {
     int64_t n = ov->splits;
     if (n == 0) {
