@@ -57,8 +57,9 @@ DEV void rows_seeing(const fattn_mask *m, int64_t sq, int64_t sk, int64_t j0, in
 /* ---- preprocess and convert: one group of DP / 8 lanes per row, 16 bytes per lane -------------------------------- */
 
 /* bwd_prep's flags: zero dq_accum (its first add is an add); LSE2 and D in v3's order (below); dQ added in tiles of
- * FATTN_BWD_STEP_ROWS rows (v3's Br = 80 row), not 64. */
-enum { BWD_PREP_ZERO_DQ = 1, BWD_PREP_V3_ORDER = 2, BWD_PREP_STEP_ROWS = 4 };
+ * FATTN_BWD_STEP_ROWS rows (v3's Br = 80 row), not 64; zero dQ itself (v3's kernels that add dQ in its own dtype,
+ * sm90/v3_bwd_configs.h: V3_BWD_DQ_OUT). */
+enum { BWD_PREP_ZERO_DQ = 1, BWD_PREP_V3_ORDER = 2, BWD_PREP_STEP_ROWS = 4, BWD_PREP_ZERO_DQ_OUT = 8 };
 
 /* v3's order of LSE2 and D inside each 64-row block of the workspace: the rows a consumer thread reads together side
  * by side.  A thread of lane quad position t reads rows 8 j + 2 t + y (j = 0..7, y = 0, 1: wgmma's accumulator
@@ -79,7 +80,8 @@ DEV int64_t bwd_dq_rows(int64_t sq, bool step_rows) {
 }
 
 /* D_i = rowsum(dO_i * O_i) and LSE_i in base 2 for the b * h * ws_rows workspace rows (0 and +inf for rows past Sq,
- * so nothing there is ever uninitialised), in row order or v3's (BWD_PREP_V3_ORDER); dq_accum zeroed when the first
+ * so nothing there is ever uninitialised), in row order or v3's (BWD_PREP_V3_ORDER); dQ zeroed (BWD_PREP_ZERO_DQ_OUT:
+ * rows < Sq, columns < d); dq_accum zeroed when the first
  * add to it is an add (BWD_PREP_ZERO_DQ) -- bwd_dq_rows of each query head b h + h below zero_heads (the rest: v3's
  * dK/dV kernel zeroes them, v3_bwd_kernel.cuh), not the rows past them, which no convert reads --;
  * dq_sem zeroed (v3's deterministic mode counts the adds to each dQ tile; its default mode, the zero-ahead). */
@@ -114,6 +116,8 @@ __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const i
         p.lse2[at] = i < x_.sq ? lse2_of(f.lse + b * f.lse_stride_b + h * f.lse_stride_h + x_.q0, i, x_.sq) : INFINITY;
         if (p.dq_sem) p.dq_sem[row] = 0;
     }
+    if ((flags & BWD_PREP_ZERO_DQ_OUT) && i < x_.sq && c * 8 < f.d)
+        *(uint4 *)((T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h + iq * p.dq_stride_s + c * 8) = make_uint4(0, 0, 0, 0);
     if ((flags & BWD_PREP_ZERO_DQ) && bh < zero_heads && i < bwd_dq_rows(x_.sq, flags & BWD_PREP_STEP_ROWS)) {
         float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);
         z[0] = make_float4(0.f, 0.f, 0.f, 0.f);

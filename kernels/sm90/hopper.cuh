@@ -68,6 +68,13 @@ DEV void tma_store_4d(const void *map, const void *src, int c0, int c1, int c2, 
                  ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
                  : "memory");
 }
+/* box (c0, c1, c2, c3) of `map` += shared memory at src, element-wise in the map's type (fp16 / bf16 / float32), as
+ * one TMA reduction; elements out of the tensor's bounds are dropped.  Same bulk groups as the stores. */
+DEV void tma_reduce_add_4d(const void *map, const void *src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
+                 : "memory");
+}
 /* dst[0 .. bytes) += src[0 .. bytes) (float32, global <- shared, bytes a multiple of 16): one bulk reduction, in the
  * same bulk groups as the TMA stores (commit, wait as they do). */
 DEV void bulk_reduce_add_f32(float *dst, const float *src, unsigned bytes) {

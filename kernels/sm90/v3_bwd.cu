@@ -28,8 +28,9 @@ enum { V3B_PLAIN, V3B_MODS, V3B_SEQ, V3B_SEQ_MODS, V3B_KINDS };
 typedef struct {
     /* dkdv[kind][deterministic][fp16, bf16] (NULL: not compiled; the wide row's come from v3_bwd_wide.cu);
      * dkdv_za[fp16, bf16]: default mode's plain kernels with zero-ahead (V3B_ZERO_AHEAD's head dims, else NULL);
+     * dkdv_out: default mode's plain fp16 kernel adding dQ straight into dQ (V3_BWD_DQ_OUT's configs, else NULL);
      * convert[seq][fp16, bf16] */
-    const void *dkdv[V3B_KINDS][2][2], *dkdv_za[2], *prep[2], *convert[2][2];
+    const void *dkdv[V3B_KINDS][2][2], *dkdv_za[2], *dkdv_out, *prep[2], *convert[2][2];
     int dp, br, bc, stages;
     size_t smem;
 } v3_bwd_row;
@@ -37,6 +38,12 @@ typedef struct {
 /* The zero-ahead kernel of a row (NULL where V3B_ZERO_AHEAD does not build one) */
 template <typename T, int DP, int BR, int BC, int ST> static const void *v3b_za_kernel() {
     if constexpr (V3B_ZERO_AHEAD(DP)) return (const void *)v3_bwd_dkdv<T, DP, BR, BC, ST, false, false, false, true>;
+    else return NULL;
+}
+/* The dQ-out kernel of a row (fp16; NULL where V3_BWD_DQ_OUT does not build one) */
+template <int DP, int BR, int BC, int ST> static const void *v3b_out_kernel() {
+    if constexpr (V3_BWD_DQ_OUT(DP, BR))
+        return (const void *)v3_bwd_dkdv<__half, DP, BR, BC, ST, false, false, false, false, true>;
     else return NULL;
 }
 #define V3B_ZA_PAIR(dp, br, bc, st)                                                                               \
@@ -54,14 +61,14 @@ template <typename T, int DP, int BR, int BC, int ST> static const void *v3b_za_
       {V3B_MODS_PAIR(mods, dp, br, bc, st, false, false), V3B_MODS_PAIR(mods, dp, br, bc, st, true, false)},       \
       V3B_KIND(dp, br, bc, st, false, true),                                                                      \
       {V3B_MODS_PAIR(mods, dp, br, bc, st, false, true), V3B_MODS_PAIR(mods, dp, br, bc, st, true, true)}},         \
-     V3B_ZA_PAIR(dp, br, bc, st), V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st,                      \
-     V3_BWD_SMEM(dp, br, bc, st)},
+     V3B_ZA_PAIR(dp, br, bc, st), v3b_out_kernel<dp, br, bc, st>(), V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, \
+     br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 #define V3B_WIDE_ROW(dp, br, bc, st, mods)                                                                        \
-    {{{{NULL, NULL}, {NULL, NULL}}}, {NULL, NULL}, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st,     \
+    {{{{NULL, NULL}, {NULL, NULL}}}, {NULL, NULL}, NULL, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st, \
      V3_BWD_SMEM(dp, br, bc, st)},
 /* V3_BWD_PLAIN_CONFIGS: the plain kernels (default and deterministic mode) and the dQ^T convert only */
 #define V3B_PLAIN_ROW(dp, br, bc, st, mods)                                                                       \
-    {{V3B_KIND(dp, br, bc, st, false, false)}, V3B_ZA_PAIR(dp, br, bc, st), V3B_PAIR(bwd_prep, dp),              \
+    {{V3B_KIND(dp, br, bc, st, false, false)}, V3B_ZA_PAIR(dp, br, bc, st), NULL, V3B_PAIR(bwd_prep, dp),        \
      {V3B_PAIR(v3_bwd_convert_t, br), {NULL, NULL}}, dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
     V3_BWD_NARROW_CONFIGS(V3B_ROW) V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW) V3_BWD_PLAIN_CONFIGS(V3B_PLAIN_ROW)};
@@ -91,9 +98,11 @@ extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     (void)device;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++)
         for (int t = 0; t < 2; t++)
-            for (int k = 0; k <= 2 * V3B_KINDS; k++) { /* kind, deterministic; then the zero-ahead kernel */
-                const void *kern = k < 2 * V3B_KINDS ? v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t)
-                                                     : v3_bwd_za_kernel(&v3_bwd_rows[i], t);
+            for (int k = 0; k <= 2 * V3B_KINDS + 1; k++) { /* kind, deterministic; zero-ahead; dQ out */
+                const void *kern = k < 2 * V3B_KINDS    ? v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t)
+                                   : k == 2 * V3B_KINDS ? v3_bwd_za_kernel(&v3_bwd_rows[i], t)
+                                   : t == 0             ? v3_bwd_rows[i].dkdv_out
+                                                        : NULL;
                 if (kern)
                     FATTN_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)v3_bwd_rows[i].smem));
@@ -116,7 +125,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     /* A packed batch (cu_seqlens): one batch of all the rows (total_q / total_k), a sequence found by its first row */
     const int seq = f->cu_seqlens_q != NULL;
     const int64_t rq = seq ? f->total_q : f->sq, rk = seq ? f->total_k : f->sk, nb = seq ? 1 : f->b;
-    CUtensorMap tq, tk, tv, tdo;
+    CUtensorMap tq, tk, tv, tdo, tdq;
+    memset(&tdq, 0, sizeof tdq); /* a kernel argument even where no kernel reads it */
     if ((st = v3_map(&tq, f->q, f->dtype, f->d, rq, f->h, nb, f->q_stride_s, f->q_stride_h, f->q_stride_b, r->br,
                      "q")) ||
         (st = v3_map(&tdo, p->dout, f->dtype, f->d, rq, f->h, nb, p->do_stride_s, p->do_stride_h, p->do_stride_b,
@@ -137,22 +147,29 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     const void *dkdv = v3_bwd_dkdv_kernel(r, kind, p->deterministic != 0, ti);
     if (!dkdv) /* (the planner sends such calls to v2) */
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3 backward: config %d has no kernel for this call", plan->config);
+    /* dQ out (v3_bwd_configs.h: V3_BWD_DQ_OUT, the planner's rule): bwd_prep zeroes dQ, the kernel adds into it,
+     * no convert */
+    const int64_t nkb = (f->sk + r->bc - 1) / r->bc, groups = f->b * f->h_kv;
+    const int dq_out = fattn_v3_bwd_dq_out(p, plan->config) && r->dkdv_out;
+    if (dq_out && (st = v3_map(&tdq, p->dq, f->dtype, f->d, rq, f->h, nb, p->dq_stride_s, p->dq_stride_h,
+                               p->dq_stride_b, 64, "dq")))
+        return st;
     /* deterministic: each tile's first add is a store, dq_accum not zeroed */
-    int prep_flags = (p->deterministic ? 0 : BWD_PREP_ZERO_DQ) |
+    int prep_flags = (dq_out ? BWD_PREP_ZERO_DQ_OUT : p->deterministic ? 0 : BWD_PREP_ZERO_DQ) |
                      (V3_BWD_LSE_V3_ORDER(r->dp, r->br) ? BWD_PREP_V3_ORDER : 0) |
                      (V3_BWD_DQ_ROWS(r->br) == FATTN_BWD_STEP_ROWS ? BWD_PREP_STEP_ROWS : 0);
     /* Zero-ahead (default mode's plain calls on dense batches, V3B_ZERO_AHEAD's head dims, Sk up to
      * V3B_ZERO_AHEAD_SK_MAX(dp), a block's share up to V3B_ZERO_SHARE_MAX): groups (b, kv head) from `ahead` on are
      * zeroed by the dK/dV kernel, those below by prep.  ahead: the groups of V3B_ZERO_LEAD blocks, plus one. */
-    const int64_t nkb = (f->sk + r->bc - 1) / r->bc, groups = f->b * f->h_kv;
     int zero_ahead = 0;
     const void *za = v3_bwd_za_kernel(r, ti);
-    if (!p->deterministic && kind == V3B_PLAIN && za && f->sk <= V3B_ZERO_AHEAD_SK_MAX(r->dp) &&
+    if (!dq_out && !p->deterministic && kind == V3B_PLAIN && za && f->sk <= V3B_ZERO_AHEAD_SK_MAX(r->dp) &&
         p->ws_rows * r->dp / 4 < INT32_MAX && f->h_per_kv * p->ws_rows * r->dp * 4 / nkb <= V3B_ZERO_SHARE_MAX) {
         const int64_t ahead = (V3B_ZERO_LEAD + nkb - 1) / nkb + 1;
         zero_ahead = ahead < groups ? (int)ahead : 0;
     }
     if (zero_ahead) dkdv = za;
+    if (dq_out) dkdv = r->dkdv_out;
     const int64_t zero_heads = (zero_ahead ? zero_ahead : groups) * f->h_per_kv;
     void *pargs[] = {(void *)p, (void *)&prep_flags, (void *)&zero_heads};
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
@@ -167,9 +184,11 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         stagger = V3B_STAGGERS(r->dp, r->br) && nkb <= room ? V3B_STAGGER_HEADS
                   : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
                                                           : V3B_STAGGER_NONE;
-    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, &zero_ahead};
+    /* (the wide kernels take the first seven: no tm_dq) */
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, &zero_ahead, &tdq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     void *cargs[] = {(void *)p};
-    FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[seq][ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
+    if (!dq_out)
+        FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[seq][ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
     return FATTN_OK;
 }

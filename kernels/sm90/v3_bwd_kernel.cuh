@@ -106,11 +106,13 @@
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
  * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
  * its own reduce has landed counts one more (red.release). */
-template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ, bool ZA = false>
+template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ, bool ZA = false,
+          bool DQ_OUT = false>
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-            const attn_bwd_params all, const int stagger, const int zero_ahead) {
+            const attn_bwd_params all, const int stagger, const int zero_ahead,
+            const __grid_constant__ CUtensorMap tm_dq) {
     static_assert(BC == 128, "two consumers of 64 keys");
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
     constexpr int NS = BR / 2;  /* S^T and dP^T accumulators per thread (64 keys x BR queries) */
@@ -177,6 +179,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 
     /* ZA: zero-ahead, in kernels of their own (V3B_ZERO_AHEAD); zero_ahead 0 where bwd_prep zeroes every group */
     static_assert(!ZA || (V3B_ZERO_AHEAD(DP) && !DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
+    /* DQ_OUT: each consumer's dQ tile scaled, in T, and reduce-added by TMA straight into dQ (tm_dq: bwd_prep zeroed
+     * it), in kernels of their own (v3_bwd_configs.h: V3_BWD_DQ_OUT); no dq_accum, no convert */
+    static_assert(!DQ_OUT || (!DET && !MODS && !SEQ && !ZA && !DQ_SWAP), "dQ out: default mode's plain kernels");
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D), the dQ writer, warp 1, zero-ahead warps 2 and 3 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (ZA && warp >= 2) {
@@ -228,7 +233,12 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
+                            if constexpr (DQ_OUT) /* box: 64 columns (D=128: consumer w's) by 64 rows */
+                                tma_reduce_add_4d(&tm_dq, (T *)sdQ + w * 4096, DQ_ROWS ? 0 : w * 64,
+                                                  (int)row0_of(it) + (DQ_ROWS ? w * 64 : 0), (int)(h0 + it / nm),
+                                                  (int)b);
+                            else
+                                bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             tma_store_commit();
                             tma_store_wait_read();
                         }
@@ -422,10 +432,21 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         /* the dQ tile -> this consumer's slot, once the writer has read the last one out; the writer adds it to
          * dq_accum (whose tiles are laid out alike, v3_dq_index) */
         named_barrier_sync(V3B_BAR_DQ_EMPTY + cw, V3B_DQ_THREADS);
+        if constexpr (DQ_OUT) { /* scale dQ, in T, as TMA's 64 x 64 box with the 128-byte swizzle: row r's 16-byte
+                                   chunk j at r * 64 + 8 (j ^ (r & 7)); this thread's rows r0 and r0 + 8 share r & 7 */
+            const int r0 = warp * 16 + g, x8 = 8 * (r0 & 7);
+            T *sdQt = (T *)sdQ + cw * 4096 + r0 * 64 + 2 * t;
+            const float sc = all.fwd.scale;
 #pragma unroll
-        for (int v4 = 0; v4 < DQ_TILE / 512; v4++)
-            *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
-                make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+            for (int i = 0; i < 32; i += 2)
+                *(unsigned *)(sdQt + ((i & 2) ? 512 : 0) + ((8 * (i / 4)) ^ x8)) =
+                    pack2(dq[i] * sc, dq[i + 1] * sc, T());
+        } else {
+#pragma unroll
+            for (int v4 = 0; v4 < DQ_TILE / 512; v4++)
+                *(float4 *)(sdQw + v3_dq_index(tid, 4 * v4)) =
+                    make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+        }
         fence_proxy_async();
         named_barrier_arrive(V3B_BAR_DQ_FULL + cw, V3B_DQ_THREADS);
         wgmma_wait<0>();

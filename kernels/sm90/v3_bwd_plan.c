@@ -42,6 +42,16 @@ static int v3_bwd_pads_little(int64_t sq, int br, int br0) {
     return (sq + br - 1) / br * br * 20 <= (sq + br0 - 1) / br0 * br0 * 21;
 }
 
+/* V3_BWD_DQ_OUT's rule (v3_bwd_configs.h): default mode, fp16, no softcap / ALiBi, not packed, at most
+ * V3_BWD_DQ_OUT_KB_MAX key blocks, a config of whole 64-row steps. */
+int fattn_v3_bwd_dq_out(const attn_bwd_params *p, int config) {
+    const attn_params *f = &p->fwd;
+    if (config < 0 || config >= V3_BWD_NCONFIGS) return 0;
+    const v3_bwd_config *c = &v3_bwd_table[config];
+    return !p->deterministic && f->dtype == FATTN_F16 && !fattn_score_mods(f) && !f->cu_seqlens_q &&
+           (f->sk + c->bc - 1) / c->bc <= V3_BWD_DQ_OUT_KB_MAX && V3_BWD_DQ_OUT(c->dp, c->br);
+}
+
 /* The reason v3's backward cannot run p, or NULL. */
 static const char *refusal(const attn_bwd_params *p) {
     const attn_params *f = &p->fwd;
@@ -71,9 +81,11 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     /* plain: what V3_BWD_PLAIN_CONFIGS' kernels take -- no softcap / ALiBi, not packed */
     const int plain = !fattn_score_mods(f) && !f->cu_seqlens_q;
     int idx = -1;
-    for (int i = 0; i < V3_BWD_NCONFIGS; i++) /* the bucket's first row; a plain row where the call is plain */
+    /* the bucket's first row; a plain row where the call is plain, unless the first row takes dQ out */
+    for (int i = 0; i < V3_BWD_NCONFIGS; i++)
         if (v3_bwd_table[i].dp == bucket &&
-            (idx < 0 || (plain && i >= V3_BWD_FIRST_PLAIN && v3_bwd_pads_little(f->sq, v3_bwd_table[i].br, 64))))
+            (idx < 0 || (plain && i >= V3_BWD_FIRST_PLAIN && v3_bwd_pads_little(f->sq, v3_bwd_table[i].br, 64) &&
+                         !fattn_v3_bwd_dq_out(p, idx))))
             idx = i;
     if (ov && ov->config >= 0) {
         if (ov->config >= V3_BWD_NCONFIGS || v3_bwd_table[ov->config].dp != bucket)
