@@ -44,7 +44,7 @@ typedef struct {
  * row order.  The launcher tells bwd_prep, the kernels read. */
 #define V3_BWD_LSE_V3_ORDER(dp, br) ((dp) == 64 || ((dp) == 128 && (br) == 64))
 
-/* dQ out: default mode's plain fp16 calls with at most V3_BWD_DQ_OUT_KB_MAX key blocks, on a config whose steps are
+/* dQ out: plain fp16 calls (both modes) with at most V3_BWD_DQ_OUT_KB_MAX key blocks, on a config whose steps are
  * whole 64-row tiles (D=64, D=128 at br = 64; V3_BWD_DQ_OUT), add each dQ tile, scaled and in fp16, straight into dQ
  * by a TMA reduction (v3_bwd_kernel.cuh, DQ_OUT): no float32 accumulator to zero, no convert pass.  dQ then carries
  * one fp16 rounding per key block adding to it: on an H100 (two heads of each fa3 point, against float64) max error

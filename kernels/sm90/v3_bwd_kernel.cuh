@@ -180,8 +180,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     /* ZA: zero-ahead, in kernels of their own (V3B_ZERO_AHEAD); zero_ahead 0 where bwd_prep zeroes every group */
     static_assert(!ZA || (V3B_ZERO_AHEAD(DP) && !DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
     /* DQ_OUT: each consumer's dQ tile scaled, in T, and reduce-added by TMA straight into dQ (tm_dq: bwd_prep zeroed
-     * it), in kernels of their own (v3_bwd_configs.h: V3_BWD_DQ_OUT); no dq_accum, no convert */
-    static_assert(!DQ_OUT || (!DET && !MODS && !SEQ && !ZA && !DQ_SWAP), "dQ out: default mode's plain kernels");
+     * it; deterministic mode keeps its turns), in kernels of their own (v3_bwd_configs.h: V3_BWD_DQ_OUT); no
+     * dq_accum, no convert */
+    static_assert(!DQ_OUT || (!MODS && !SEQ && !ZA && !DQ_SWAP), "dQ out: plain kernels");
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D), the dQ writer, warp 1, zero-ahead warps 2 and 3 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (ZA && warp >= 2) {
@@ -215,7 +216,11 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                             while (ld_acquire(dq_sem(it, w)) != turn) {
                             }
                             fence_proxy_async_global();
-                            if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
+                            if constexpr (DQ_OUT) /* (dQ zeroed by bwd_prep) */
+                                tma_reduce_add_4d(&tm_dq, (T *)sdQ + w * 4096, DQ_ROWS ? 0 : w * 64,
+                                                  (int)row0_of(it) + (DQ_ROWS ? w * 64 : 0), (int)(h0 + it / nm),
+                                                  (int)b);
+                            else if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
                                 bulk_store(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             else
                                 bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
