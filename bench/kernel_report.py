@@ -93,10 +93,12 @@ def main():
         variant, dtype, ints = parsed
         if variant.startswith("v3_bwd"):  # the backward's dK/dV kernels (their shared memory: v3_bwd_configs.h)
             wide = variant == "v3_bwd_wide"
-            # (DP,) BR, BC, STAGES, DET, MODS, SEQ, ZA (zero-ahead, v3_bwd_ring.cuh: v3b_zero)
-            dp, br, bc, stages, det, mods, seq, za = (([256] if wide else []) + ints + [0, 0])[:8]
+            # (DP,) BR, BC, STAGES, DET, MODS, SEQ, ZA (zero-ahead, v3_bwd_ring.cuh: v3b_zero), DQ_OUT (dQ added in
+            # fp16 straight into dQ, v3_bwd_configs.h: V3_BWD_DQ_OUT)
+            dp, br, bc, stages, det, mods, seq, za, dq_out = (([256] if wide else []) + ints + [0, 0, 0])[:9]
             cfg = f"DP={dp} Br={br} Bc={bc} stages={stages}" + (" deterministic" if det else "") + \
-                (" mods" if mods else "") + (" varlen" if seq else "") + (" zero-ahead" if za else "")
+                (" mods" if mods else "") + (" varlen" if seq else "") + (" zero-ahead" if za else "") + \
+                (" dq-out" if dq_out else "")
             smem = None
         elif variant == "v3":
             dp, bc, stages, cwg, pp = ints[:5]
