@@ -74,7 +74,8 @@ def main(argv=None):
                        "vs_planner": p50[(cname, -1, 0)] / us if (cname, -1, 0) in p50 else None,
                        "rounds": med[(cname, cfg, n)]}
                 rows.append(row)
-                print(f"{b:>3} {sk:>6} {cname:>10} {plan['config']:>4} {n:>4} {row['splits']:>4} {row['blocks']!s:>6} {us:9.1f} "
+                print(f"{b:>3} {sk:>6} {cname:>10} {plan['config']:>4} {n:>4} {row['splits']:>4} "
+                      f"{row['blocks']!s:>6} {us:9.1f} "
                       f"{row['gbps']:6.0f} {row['vs_planner'] or 0:9.3f}", flush=True)
             del q, k, v, pools, caches, fns
             torch.cuda.empty_cache()

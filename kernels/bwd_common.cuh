@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(256) bwd_prep(const attn_bwd_params p, const i
         if (p.dq_sem) p.dq_sem[row] = 0;
     }
     if ((flags & BWD_PREP_ZERO_DQ_OUT) && i < x_.sq && c * 8 < f.d)
-        *(uint4 *)((T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h + iq * p.dq_stride_s + c * 8) = make_uint4(0, 0, 0, 0);
+        *(uint4 *)((T *)p.dq + b * p.dq_stride_b + h * p.dq_stride_h + iq * p.dq_stride_s + c * 8) =
+            make_uint4(0, 0, 0, 0);
     if ((flags & BWD_PREP_ZERO_DQ) && bh < zero_heads && i < bwd_dq_rows(x_.sq, flags & BWD_PREP_STEP_ROWS)) {
         float4 *z = (float4 *)(p.dq_accum + row * DP + c * 8);
         z[0] = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -148,6 +148,15 @@ def replay_captured(fn, out):
     return out
 
 
+def kernels_launched(fn):
+    """The names of the CUDA kernels fn() launches (torch's profiler)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def repro(request):
     return f"reproduce: pytest '{request.node.nodeid}'" if request is not None else ""
 

@@ -2,7 +2,7 @@
 pending, other DLPack producers on the GPU (CuPy, JAX).  Skipped without a GPU; run on the GPU machine."""
 import pytest
 
-from conftest import HAS_CUDA, V3, check_close, dev_forward, gpu_variants, randn, torch
+from conftest import HAS_CUDA, V3, check_close, dev_forward, gpu_variants, kernels_launched, randn, torch
 
 import fattn
 from fattn import _C
@@ -163,15 +163,6 @@ def test_v2_split_combine_head_dims_and_repeatable(d, dtype):
             assert torch.equal(o, o2) and torch.equal(lse, lse2)
 
 
-def _kernels_run(fn):
-    """The names of the CUDA kernels fn() launches (torch's profiler)."""
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 @V2
 @pytest.mark.parametrize("d", [64, 128])
 def test_v2_split_merged_in_kernel(d):
@@ -199,7 +190,7 @@ def test_v2_split_merged_in_kernel(d):
                         plan = dev_forward(q, k, v, variant="v2", out=out, lse=lse, splits=splits)[2]
                     torch.cuda.current_stream().wait_stream(stream)
                     return plan
-                names = _kernels_run(run)
+                names = kernels_launched(run)
                 assert any("v2_fwd" in n for n in names) and not [n for n in names if "v2_combine" in n], names
                 if (splits, stream) == (2, None) and rep == 0:
                     check_close(out, q, k, v, False, None, lse=lse)
@@ -221,7 +212,7 @@ def test_v2_split_merge_kernel_elsewhere(shape, splits):
     k = randn((b, h, 4000, d), torch.float16, "cuda", 71)
     lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
     out = torch.full_like(q, float("nan"))
-    names = _kernels_run(lambda: dev_forward(q, k, k, variant="v2", out=out, lse=lse, splits=splits))
+    names = kernels_launched(lambda: dev_forward(q, k, k, variant="v2", out=out, lse=lse, splits=splits))
     assert any("v2_combine" in n for n in names), names
     check_close(out, q, k, k, False, None, lse=lse)
 

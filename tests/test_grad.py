@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conftest import DTYPES, randn, repro, require, torch
+from conftest import DTYPES, kernels_launched, randn, repro, require, torch
 
 import fattn
 from fattn import _C
@@ -199,15 +199,6 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
     assert _C._dev.plan_backward(dout, q, k, v, out, lse, *e, stream=stream, variant="v3")["config"] != V3_BWD_BR80
 
 
-def _kernel_names(fn):
-    """The CUDA kernels fn() launches (torch's profiler)."""
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 72, 128])
 @pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
@@ -228,7 +219,7 @@ def test_grad_v3_dq_out(d, causal, seed, request):
         out, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
         buf = torch.full((2, 4, sq, d + 8), float("nan"), dtype=dt, device="cuda")
         dq, dk, dv = buf[..., :d], torch.empty_like(k), torch.empty_like(v)
-        names = _kernel_names(lambda: _C._dev.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=CAUSAL[causal],
+        names = kernels_launched(lambda: _C._dev.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=CAUSAL[causal],
                                                        stream=stream, variant="v3", deterministic=det))
         converts = [n for n in names if "convert" in n]
         assert (not converts) == direct, (sq, sk, dt, det, names)
