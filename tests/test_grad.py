@@ -171,7 +171,7 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
     convert), forced: gradients against the reference at odd lengths (a last step of 1-79 rows, Sq != Sk), with and
     without a causal mask, with GQA (two query heads per kv head), at head dims 128 and 72 (the bucket's columns past
     d zero), in default and deterministic mode (bitwise repeatable).  The planner picks it where its steps pad Sq by
-    at most 5% more rows than Br = 64's, in both modes (but fp16 calls of at most 8 key blocks, which take dQ out on
+    at most 5% more rows than Br = 64's, in both modes (but calls of at most 8 key blocks, which take dQ out on
     Br = 64); a softcap keeps Br = 64 and refuses the Br = 80 row."""
     require_variant("cuda", "v3")
     stream = torch.cuda.current_stream().cuda_stream
@@ -186,8 +186,8 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
         e = [torch.empty_like(x) for x in (q, k, v)]
         plan = lambda **kw: _C._dev.plan_backward(dout, q, k, v, out, lse, *e, causal=CAUSAL[causal], stream=stream,
                                                   variant="v3", **kw)
-        # fp16 with at most 8 key blocks adds dQ straight into dQ, on Br = 64 (V3_BWD_DQ_OUT)
-        dq_out = dtype == "fp16" and -(-sk // 128) <= 8
+        # at most 8 key blocks: dQ added straight into dQ, on Br = 64 (V3_BWD_DQ_OUT)
+        dq_out = -(-sk // 128) <= 8
         for det in (False, True):
             assert (plan(deterministic=det)["config"] == V3_BWD_BR80) == (pads_little and not dq_out), (sq, det)
         assert plan(softcap=5.0)["config"] != V3_BWD_BR80
@@ -203,17 +203,17 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
 @pytest.mark.parametrize("d", [64, 72, 128])
 @pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
 def test_grad_v3_dq_out(d, causal, seed, request):
-    """fp16 with at most 8 key blocks: v3's backward adds dQ, in fp16, straight into dQ (no float32 accumulator, no
-    convert kernel; v3_bwd_configs.h: V3_BWD_DQ_OUT) -- into a strided dQ whose padding columns must stay untouched,
-    its rows past Sq and columns past d dropped, with GQA and Sq != Sk; gradients against the reference, and in
-    deterministic mode (its adds in turn) bitwise repeatable.  Nine key blocks or bf16 keep the float32 sum and its
+    """At most 8 key blocks: v3's backward adds dQ, in its dtype, straight into dQ (no float32 accumulator, no convert
+    kernel; v3_bwd_configs.h: V3_BWD_DQ_OUT) -- into a strided dQ whose padding columns must stay untouched, its rows
+    past Sq and columns past d dropped, with GQA and Sq != Sk, fp16 and bf16; gradients against the reference, and
+    in deterministic mode (its adds in turn) bitwise repeatable.  Nine key blocks keep the float32 sum and its
     convert."""
     require("cuda")
     if "v3" not in fattn.variants("cuda"):
         pytest.skip("v3 runs on compute capability 9.0 only")
     stream = torch.cuda.current_stream().cuda_stream or 1
     for sq, sk, dt, det, direct in [(300, 1000, torch.float16, False, True), (77, 1024, torch.float16, False, True),
-                                    (300, 1025, torch.float16, False, False), (300, 1000, torch.bfloat16, False, False),
+                                    (300, 1025, torch.float16, False, False), (300, 1000, torch.bfloat16, False, True),
                                     (300, 1000, torch.float16, True, True)]:
         q, k, v, dout = inputs(2, 4, 2, sq, sk, d, dt, "cuda", seed)
         out, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)

@@ -28,10 +28,10 @@ enum { V3B_PLAIN, V3B_MODS, V3B_SEQ, V3B_SEQ_MODS, V3B_KINDS };
 typedef struct {
     /* dkdv[kind][deterministic][fp16, bf16] (NULL: not compiled; the wide row's come from v3_bwd_wide.cu);
      * dkdv_za[fp16, bf16]: default mode's plain kernels with zero-ahead (V3B_ZERO_AHEAD's head dims, else NULL);
-     * dkdv_out[deterministic]: the plain fp16 kernels adding dQ straight into dQ (V3_BWD_DQ_OUT's configs, else
-     * NULL);
+     * dkdv_out[deterministic][fp16, bf16]: the plain kernels adding dQ straight into dQ (V3_BWD_DQ_OUT's configs,
+     * else NULL);
      * convert[seq][fp16, bf16] */
-    const void *dkdv[V3B_KINDS][2][2], *dkdv_za[2], *dkdv_out[2], *prep[2], *convert[2][2];
+    const void *dkdv[V3B_KINDS][2][2], *dkdv_za[2], *dkdv_out[2][2], *prep[2], *convert[2][2];
     int dp, br, bc, stages;
     size_t smem;
 } v3_bwd_row;
@@ -41,12 +41,14 @@ template <typename T, int DP, int BR, int BC, int ST> static const void *v3b_za_
     if constexpr (V3B_ZERO_AHEAD(DP)) return (const void *)v3_bwd_dkdv<T, DP, BR, BC, ST, false, false, false, true>;
     else return NULL;
 }
-/* A dQ-out kernel of a row (fp16; NULL where V3_BWD_DQ_OUT does not build one) */
-template <int DP, int BR, int BC, int ST, bool DET> static const void *v3b_out_kernel() {
+/* A dQ-out kernel of a row (NULL where V3_BWD_DQ_OUT does not build one) */
+template <typename T, int DP, int BR, int BC, int ST, bool DET> static const void *v3b_out_kernel() {
     if constexpr (V3_BWD_DQ_OUT(DP, BR))
-        return (const void *)v3_bwd_dkdv<__half, DP, BR, BC, ST, DET, false, false, false, true>;
+        return (const void *)v3_bwd_dkdv<T, DP, BR, BC, ST, DET, false, false, false, true>;
     else return NULL;
 }
+#define V3B_OUT_PAIR(dp, br, bc, st, det)                                                                         \
+    {v3b_out_kernel<__half, dp, br, bc, st, det>(), v3b_out_kernel<__nv_bfloat16, dp, br, bc, st, det>()}
 #define V3B_ZA_PAIR(dp, br, bc, st)                                                                               \
     {v3b_za_kernel<__half, dp, br, bc, st>(), v3b_za_kernel<__nv_bfloat16, dp, br, bc, st>()}
 #define V3B_PAIR(kernel, ...)                                                                                    \
@@ -62,15 +64,16 @@ template <int DP, int BR, int BC, int ST, bool DET> static const void *v3b_out_k
       {V3B_MODS_PAIR(mods, dp, br, bc, st, false, false), V3B_MODS_PAIR(mods, dp, br, bc, st, true, false)},       \
       V3B_KIND(dp, br, bc, st, false, true),                                                                      \
       {V3B_MODS_PAIR(mods, dp, br, bc, st, false, true), V3B_MODS_PAIR(mods, dp, br, bc, st, true, true)}},         \
-     V3B_ZA_PAIR(dp, br, bc, st), {v3b_out_kernel<dp, br, bc, st, false>(), v3b_out_kernel<dp, br, bc, st, true>()}, \
+     V3B_ZA_PAIR(dp, br, bc, st), {V3B_OUT_PAIR(dp, br, bc, st, false), V3B_OUT_PAIR(dp, br, bc, st, true)},     \
      V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 #define V3B_WIDE_ROW(dp, br, bc, st, mods)                                                                        \
-    {{{{NULL, NULL}, {NULL, NULL}}}, {NULL, NULL}, {NULL, NULL}, V3B_PAIR(bwd_prep, dp), V3B_CONVERTS(dp), dp, br,   \
-     bc, st, V3_BWD_SMEM(dp, br, bc, st)},
+    {{{{NULL, NULL}, {NULL, NULL}}}, {NULL, NULL}, {{NULL, NULL}, {NULL, NULL}}, V3B_PAIR(bwd_prep, dp),            \
+     V3B_CONVERTS(dp), dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
 /* V3_BWD_PLAIN_CONFIGS: the plain kernels (default and deterministic mode) and the dQ^T convert only */
 #define V3B_PLAIN_ROW(dp, br, bc, st, mods)                                                                       \
-    {{V3B_KIND(dp, br, bc, st, false, false)}, V3B_ZA_PAIR(dp, br, bc, st), {NULL, NULL}, V3B_PAIR(bwd_prep, dp), \
-     {V3B_PAIR(v3_bwd_convert_t, br), {NULL, NULL}}, dp, br, bc, st, V3_BWD_SMEM(dp, br, bc, st)},
+    {{V3B_KIND(dp, br, bc, st, false, false)}, V3B_ZA_PAIR(dp, br, bc, st), {{NULL, NULL}, {NULL, NULL}},         \
+     V3B_PAIR(bwd_prep, dp), {V3B_PAIR(v3_bwd_convert_t, br), {NULL, NULL}}, dp, br, bc, st,                    \
+     V3_BWD_SMEM(dp, br, bc, st)},
 static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
     V3_BWD_NARROW_CONFIGS(V3B_ROW) V3_BWD_WIDE_CONFIGS(V3B_WIDE_ROW) V3_BWD_PLAIN_CONFIGS(V3B_PLAIN_ROW)};
 #undef V3B_PLAIN_ROW
@@ -81,6 +84,7 @@ static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
 #undef V3B_MODS_PAIR
 #undef V3B_PAIR
 #undef V3B_ZA_PAIR
+#undef V3B_OUT_PAIR
 
 /* v3_bwd_wide.cu: kind as above; its zero-ahead kernels */
 extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int kind, int det, int bf16);
@@ -102,8 +106,7 @@ extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
             for (int k = 0; k <= 2 * V3B_KINDS + 2; k++) { /* kind, deterministic; zero-ahead; dQ out, each mode */
                 const void *kern = k < 2 * V3B_KINDS    ? v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t)
                                    : k == 2 * V3B_KINDS ? v3_bwd_za_kernel(&v3_bwd_rows[i], t)
-                                   : t == 0             ? v3_bwd_rows[i].dkdv_out[k - 2 * V3B_KINDS - 1]
-                                                        : NULL;
+                                                        : v3_bwd_rows[i].dkdv_out[k - 2 * V3B_KINDS - 1][t];
                 if (kern)
                     FATTN_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)v3_bwd_rows[i].smem));
@@ -151,7 +154,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     /* dQ out (v3_bwd_configs.h: V3_BWD_DQ_OUT, the planner's rule): bwd_prep zeroes dQ, the kernel adds into it,
      * no convert */
     const int64_t nkb = (f->sk + r->bc - 1) / r->bc, groups = f->b * f->h_kv;
-    const void *out_kernel = r->dkdv_out[p->deterministic != 0];
+    const void *out_kernel = r->dkdv_out[p->deterministic != 0][ti];
     const int dq_out = fattn_v3_bwd_dq_out(p, plan->config) && out_kernel;
     if (dq_out && (st = v3_map(&tdq, p->dq, f->dtype, f->d, rq, f->h, nb, p->dq_stride_s, p->dq_stride_h,
                                p->dq_stride_b, 64, "dq")))

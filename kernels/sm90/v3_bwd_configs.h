@@ -44,12 +44,13 @@ typedef struct {
  * row order.  The launcher tells bwd_prep, the kernels read. */
 #define V3_BWD_LSE_V3_ORDER(dp, br) ((dp) == 64 || ((dp) == 128 && (br) == 64))
 
-/* dQ out: plain fp16 calls (both modes) with at most V3_BWD_DQ_OUT_KB_MAX key blocks, on a config whose steps are
- * whole 64-row tiles (D=64, D=128 at br = 64; V3_BWD_DQ_OUT), add each dQ tile, scaled and in fp16, straight into dQ
- * by a TMA reduction (v3_bwd_kernel.cuh, DQ_OUT): no float32 accumulator to zero, no convert pass.  dQ then carries
- * one fp16 rounding per key block adding to it: on an H100 (two heads of each fa3 point, against float64) max error
- * 1.0-2.3x and mean 1.2-1.8x the float32 sum's at up to 8 key blocks, 4.2x / 2.2x at 16 (S = 2k, D = 64, where the
- * gain was gone: 0.997x), hence 8.  D=128 then runs br = 64 (1.036 / 1.130x br = 80 with zero-ahead at S = 1k,
+/* dQ out: plain calls (both modes, fp16 and bf16) with at most V3_BWD_DQ_OUT_KB_MAX key blocks, on a config whose
+ * steps are whole 64-row tiles (D=64, D=128 at br = 64; V3_BWD_DQ_OUT), add each dQ tile, scaled and in the dtype,
+ * straight into dQ by a TMA reduction (v3_bwd_kernel.cuh, DQ_OUT): no float32 accumulator to zero, no convert pass.
+ * dQ then carries one rounding per key block adding to it: on an H100 (fp16, two heads of each fa3 point, against
+ * float64) max error 1.0-2.3x and mean 1.2-1.8x the float32 sum's at up to 8 key blocks, 4.2x / 2.2x at 16 (S = 2k,
+ * D = 64, where the gain was gone: 0.997x), hence 8; bf16 relative to its own rounding the same (a CPU emulation:
+ * 1.0-2.8x / 1.2-1.8x).  D=128 then runs br = 64 (1.036 / 1.130x br = 80 with zero-ahead at S = 1k,
  * non-causal / causal; evidence/backward/h100_v3_bwd_dq_out_*.md).  The planner decides (fattn_v3_bwd_dq_out), the
  * launcher follows. */
 #define V3_BWD_DQ_OUT(dp, br) ((br) % 64 == 0 && (dp) <= 128)

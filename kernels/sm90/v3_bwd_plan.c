@@ -42,13 +42,13 @@ static int v3_bwd_pads_little(int64_t sq, int br, int br0) {
     return (sq + br - 1) / br * br * 20 <= (sq + br0 - 1) / br0 * br0 * 21;
 }
 
-/* V3_BWD_DQ_OUT's rule (v3_bwd_configs.h): fp16, no softcap / ALiBi, not packed, at most V3_BWD_DQ_OUT_KB_MAX key
- * blocks, a config of whole 64-row steps. */
+/* V3_BWD_DQ_OUT's rule (v3_bwd_configs.h): no softcap / ALiBi, not packed, at most V3_BWD_DQ_OUT_KB_MAX key blocks,
+ * a config of whole 64-row steps (fp16 and bf16: the only dtypes v3's backward takes). */
 int fattn_v3_bwd_dq_out(const attn_bwd_params *p, int config) {
     const attn_params *f = &p->fwd;
     if (config < 0 || config >= V3_BWD_NCONFIGS) return 0;
     const v3_bwd_config *c = &v3_bwd_table[config];
-    return f->dtype == FATTN_F16 && !fattn_score_mods(f) && !f->cu_seqlens_q &&
+    return !fattn_score_mods(f) && !f->cu_seqlens_q &&
            (f->sk + c->bc - 1) / c->bc <= V3_BWD_DQ_OUT_KB_MAX && V3_BWD_DQ_OUT(c->dp, c->br);
 }
 
