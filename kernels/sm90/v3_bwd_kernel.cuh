@@ -4,7 +4,9 @@
  * dP = dO V^T, dS = P (dP - D), dK = scale dS^T Q, dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i,
  * dQ's accumulator and counters zeroed -- at D=128 / 256 in default mode only the first groups' accumulator, the
  * dK/dV kernel zeroing the rest: zero-ahead, below; kernels/bwd_common.cuh), v3_bwd_dkdv, v3_bwd_convert or
- * v3_bwd_convert_t (dQ = scale * dq_accum in the dtype, from v3's tile layouts; v3_bwd_convert.cuh).
+ * v3_bwd_convert_t (dQ = scale * dq_accum in the dtype, from v3's tile layouts; v3_bwd_convert.cuh).  Calls of at
+ * most 8 key blocks (v3_bwd_configs.h: V3_BWD_DQ_OUT) run two: bwd_prep zeroes dQ itself, and the dK/dV kernel adds
+ * its dQ tiles, scaled and in the dtype, straight into dQ by TMA reductions (DQ_OUT, below).
  *
  * v3_bwd_dkdv: a block per (key block of BC = 128 keys, b, kv head); K_j and V_j stay in shared memory, dK_j and
  * dV_j in the consumers' registers, while the block walks every query block of BR rows that sees key block j, for
@@ -29,7 +31,9 @@
  *   then dK * scale and dV are stored (rows < Sk, columns < d): staged in K's and V's tiles, once both consumers'
  *     GEMMs are done, and written a 16-byte chunk a thread, each warp whole rows (v3_bwd_ring.cuh: v3b_store_rows);
  *   the dQ writer warp (the producer warpgroup's second): each consumer's dQ tile from shared memory into the float32
- *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers).
+ *     dq_accum by one bulk reduce-add (cp.reduce.async.bulk), the slot handed back once read (named barriers); with
+ *     DQ_OUT the tile is scaled and in the dtype, laid out as TMA's 64 x 64 box, and goes into dQ itself by one
+ *     tensor reduction (cp.reduce.async.bulk.tensor ... .add).
  *     Deterministic mode (DET): the adds to a tile go in key-block order -- the writer waits on the tile's counter in
  *     the workspace (dq_sem) for its turn and counts its add once it has landed; the first is a plain store, so the
  *     accumulator needs no zeroing -- so the sums, and dQ, are bitwise repeatable; blocks start head by head in
