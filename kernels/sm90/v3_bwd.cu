@@ -159,7 +159,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     if (dq_out && (st = v3_map(&tdq, p->dq, f->dtype, f->d, rq, f->h, nb, p->dq_stride_s, p->dq_stride_h,
                                p->dq_stride_b, 64, "dq")))
         return st;
-    /* deterministic: each tile's first add is a store, dq_accum not zeroed */
+    /* deterministic: each tile's first add is a store, dq_accum not zeroed; dQ out: dQ zeroed, both modes */
     int prep_flags = (dq_out ? BWD_PREP_ZERO_DQ_OUT : p->deterministic ? 0 : BWD_PREP_ZERO_DQ) |
                      (V3_BWD_LSE_V3_ORDER(r->dp, r->br) ? BWD_PREP_V3_ORDER : 0) |
                      (V3_BWD_DQ_ROWS(r->br) == FATTN_BWD_STEP_ROWS ? BWD_PREP_STEP_ROWS : 0);

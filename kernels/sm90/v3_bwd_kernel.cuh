@@ -180,6 +180,12 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             return 4096 * dq_tile(it, cw_);
     };
     auto dq_sem = [&](int it, int cw_) { return p.dq_sem + (DQ_SWAP ? dq_off(it, cw_) / DQ_TILE : dq_tile(it, cw_)); };
+    /* DQ_OUT: consumer cw_'s tile of step it (T, in its slot) added into dQ's box -- 64 columns (D=128: cw_'s) by 64
+     * rows -- of head h0 + it / nm, batch b */
+    auto dq_out_add = [&](int it, int cw_) {
+        tma_reduce_add_4d(&tm_dq, (T *)sdQ + cw_ * 4096, DQ_ROWS ? 0 : cw_ * 64,
+                          (int)row0_of(it) + (DQ_ROWS ? cw_ * 64 : 0), (int)(h0 + it / nm), (int)b);
+    };
 
     /* ZA: zero-ahead, in kernels of their own (V3B_ZERO_AHEAD); zero_ahead 0 where bwd_prep zeroes every group */
     static_assert(!ZA || (V3B_ZERO_AHEAD(DP) && !DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
@@ -221,9 +227,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                             }
                             fence_proxy_async_global();
                             if constexpr (DQ_OUT) /* (dQ zeroed by bwd_prep) */
-                                tma_reduce_add_4d(&tm_dq, (T *)sdQ + w * 4096, DQ_ROWS ? 0 : w * 64,
-                                                  (int)row0_of(it) + (DQ_ROWS ? w * 64 : 0), (int)(h0 + it / nm),
-                                                  (int)b);
+                                dq_out_add(it, w);
                             else if (turn == 0) /* the tile's first add: a store (the accumulator is not zeroed) */
                                 bulk_store(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             else
@@ -242,10 +246,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
                     for (int w = 0; w < 2; w++) {
                         named_barrier_sync(V3B_BAR_DQ_FULL + w, V3B_DQ_THREADS);
                         if (lane == 0) {
-                            if constexpr (DQ_OUT) /* box: 64 columns (D=128: consumer w's) by 64 rows */
-                                tma_reduce_add_4d(&tm_dq, (T *)sdQ + w * 4096, DQ_ROWS ? 0 : w * 64,
-                                                  (int)row0_of(it) + (DQ_ROWS ? w * 64 : 0), (int)(h0 + it / nm),
-                                                  (int)b);
+                            if constexpr (DQ_OUT)
+                                dq_out_add(it, w);
                             else
                                 bulk_reduce_add_f32(p.dq_accum + dq_off(it, w), sdQ + w * DQ_TILE, DQ_TILE * 4);
                             tma_store_commit();
