@@ -29,31 +29,6 @@ DEV float lse2_of(const float *lse, int64_t i, int64_t sq) {
     return l == -INFINITY ? INFINITY : l * FATTN_LOG2E;
 }
 
-/* The query rows that see some key of [j0, j1]: rows [*lo, *hi) (empty when lo >= hi).  Both ends of a row's
- * visible keys grow with the row (mask.h), so the rows whose last visible key reaches j0 are a suffix and the rows
- * whose first visible key is at most j1 a prefix: two bisections on the one rule, fattn_row_keys.  A row inside the
- * range may still see none of [j0, j1] (an empty window): the edge-block mask handles it. */
-DEV void rows_seeing(const fattn_mask *m, int64_t sq, int64_t sk, int64_t j0, int64_t j1, int64_t *lo, int64_t *hi) {
-    int64_t a = 0, b = sq;
-    while (a < b) { /* first row with a visible key >= j0 */
-        const int64_t mid = (a + b) >> 1;
-        int64_t klo, khi;
-        fattn_row_keys(m, sq, sk, mid, &klo, &khi);
-        if (khi > j0) b = mid;
-        else a = mid + 1;
-    }
-    *lo = a;
-    b = sq;
-    while (a < b) { /* first row whose visible keys all lie past j1 */
-        const int64_t mid = (a + b) >> 1;
-        int64_t klo, khi;
-        fattn_row_keys(m, sq, sk, mid, &klo, &khi);
-        if (klo > j1) b = mid;
-        else a = mid + 1;
-    }
-    *hi = a;
-}
-
 /* ---- preprocess and convert: one group of DP / 8 lanes per row, 16 bytes per lane -------------------------------- */
 
 /* bwd_prep's flags: zero dq_accum (its first add is an add); LSE2 and D in v3's order (below); dQ added in tiles of

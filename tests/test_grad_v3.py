@@ -14,6 +14,19 @@ V3_BWD_BR80 = 3
 BR80_SEQS = [(1, 1), (17, 17), (80, 80), (81, 300), (113, 17), (160, 1025), (1025, 1025), (239, 97)]
 
 
+def dq_out_expected(sq, sk, causal):
+    """V3_BWD_DQ_OUT's rule (v3_bwd_configs.h) for a plain call on a config of whole 64-row steps: at most 16 key
+    blocks of 128, and on average at most 8.5 adds a 64-row dQ tile (one for each key block some row of it sees)."""
+    if -(-sk // 128) > 16:
+        return False
+    tiles, adds = -(-sq // 64), 0
+    for t in range(tiles):
+        last = min(64 * t + 63, sq - 1)  # a causal tile's last row sees the most keys
+        hi = sk if not causal else max(0, min(sk, last + 1 + (sk - sq if causal == "bottom_right" else 0)))
+        adds += -(-hi // 128)
+    return 2 * adds <= 17 * tiles
+
+
 def v3_bwd_br80_grads(q, k, v, dout, out, lse, deterministic, causal=False):
     """(dq, dk, dv) from v3's backward forced to the Br = 80 row."""
     g = [torch.empty_like(x) for x in (q, k, v)]
@@ -33,8 +46,8 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
     convert), forced: gradients against the reference at odd lengths (a last step of 1-79 rows, Sq != Sk), with and
     without a causal mask, with GQA (two query heads per kv head), at head dims 128 and 72 (the bucket's columns past
     d zero), in default and deterministic mode (bitwise repeatable).  The planner picks it where its steps pad Sq by
-    at most 5% more rows than Br = 64's, in both modes (but calls of at most 8 key blocks, which take dQ out on
-    Br = 64); a softcap keeps Br = 64 and refuses the Br = 80 row."""
+    at most 5% more rows than Br = 64's, in both modes (but not for calls that take dQ out on Br = 64,
+    dq_out_expected); a softcap keeps Br = 64 and refuses the Br = 80 row."""
     require_variant("cuda", "v3")
     stream = torch.cuda.current_stream().cuda_stream
     pads_little = -(-sq // 80) * 80 * 20 <= -(-sq // 64) * 64 * 21
@@ -48,8 +61,7 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
         e = [torch.empty_like(x) for x in (q, k, v)]
         plan = lambda **kw: _C._dev.plan_backward(dout, q, k, v, out, lse, *e, causal=CAUSAL[causal], stream=stream,
                                                   variant="v3", **kw)
-        # at most 8 key blocks: dQ added straight into dQ, on Br = 64 (V3_BWD_DQ_OUT)
-        dq_out = -(-sk // 128) <= 8
+        dq_out = dq_out_expected(sq, sk, causal)  # dQ added straight into dQ, on Br = 64
         for det in (False, True):
             assert (plan(deterministic=det)["config"] == V3_BWD_BR80) == (pads_little and not dq_out), (sq, det)
         assert plan(softcap=5.0)["config"] != V3_BWD_BR80
@@ -65,18 +77,28 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
 @pytest.mark.parametrize("d", [64, 72, 128])
 @pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
 def test_grad_v3_dq_out(d, causal, seed, request):
-    """At most 8 key blocks: v3's backward adds dQ, in its dtype, straight into dQ (no float32 accumulator, no convert
-    kernel; v3_bwd_configs.h: V3_BWD_DQ_OUT) -- into a strided dQ whose padding columns must stay untouched, its rows
-    past Sq and columns past d dropped, with GQA and Sq != Sk, fp16 and bf16; gradients against the reference, and
-    in deterministic mode (its adds in turn) bitwise repeatable.  Nine key blocks keep the float32 sum and its
-    convert."""
+    """Calls of few key blocks (dq_out_expected: at most 8 without a mask, up to 16 under a causal one): v3's backward
+    adds dQ, in its dtype, straight into dQ (no float32 accumulator, no convert kernel; v3_bwd_configs.h:
+    V3_BWD_DQ_OUT) -- into a strided dQ whose padding columns must stay untouched, its rows past Sq and columns past d
+    dropped, with GQA and Sq != Sk, fp16 and bf16; gradients against the reference, and in deterministic mode (its
+    adds in turn) bitwise repeatable.  The other calls (9 key blocks without a mask; causal, 16 key blocks of which
+    the short query side's tiles see nearly all; 17 key blocks) keep the float32 sum and its convert."""
     require("cuda")
     if "v3" not in fattn.variants("cuda"):
         pytest.skip("v3 runs on compute capability 9.0 only")
     stream = torch.cuda.current_stream().cuda_stream or 1
-    for sq, sk, dt, det, direct in [(300, 1000, torch.float16, False, True), (77, 1024, torch.float16, False, True),
-                                    (300, 1025, torch.float16, False, False), (300, 1000, torch.bfloat16, False, True),
-                                    (300, 1000, torch.float16, True, True)]:
+    cases = [(300, 1000, torch.float16, False), (77, 1024, torch.float16, False), (300, 1025, torch.float16, False),
+             (300, 1000, torch.bfloat16, False), (300, 1000, torch.float16, True), (1100, 1100, torch.float16, False),
+             (1100, 1100, torch.float16, True), (2000, 2000, torch.bfloat16, False), (300, 2000, torch.float16, False),
+             (2100, 2100, torch.float16, False)]
+    expected = {(sq, sk): dq_out_expected(sq, sk, causal) for sq, sk, _, _ in cases}
+    if causal:  # the rule's edges, as its comment has them
+        assert expected[(1100, 1100)] and expected[(2000, 2000)], expected
+        assert causal == "top_left" or not expected[(300, 2000)], expected
+    else:
+        assert not expected[(300, 1025)] and not expected[(1100, 1100)], expected
+    assert not expected[(2100, 2100)], expected
+    for sq, sk, dt, det in cases:
         q, k, v, dout = inputs(2, 4, 2, sq, sk, d, dt, "cuda", seed)
         out, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
         buf = torch.full((2, 4, sq, d + 8), float("nan"), dtype=dt, device="cuda")
@@ -84,7 +106,7 @@ def test_grad_v3_dq_out(d, causal, seed, request):
         names = kernels_launched(lambda: _C._dev.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=CAUSAL[causal],
                                                        stream=stream, variant="v3", deterministic=det))
         converts = [n for n in names if "convert" in n]
-        assert (not converts) == direct, (sq, sk, dt, det, names)
+        assert (not converts) == expected[(sq, sk)], (sq, sk, dt, det, names)
         assert torch.isnan(buf[..., d:]).all(), "a write past dQ's columns"
         check((dq, dk, dv), q, k, v, dout, causal, request=request)
         if det:

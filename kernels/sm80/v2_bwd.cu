@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) v2_bwd_dkdv(const attn_bwd_para
     /* the nm query blocks of rows [i_begin, i_end) hold the rows that see key block kb; the steps run over them for
      * each query head of the kv head's group: step (gi, i0) is query head hk * h_per_kv + gi, rows i0 + [0, BR) */
     int64_t i_lo, i_hi;
-    rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
+    fattn_rows_seeing(&f.mask, f.sq, f.sk, j0, (j0 + BC < f.sk ? j0 + BC : f.sk) - 1, &i_lo, &i_hi);
     const int i_begin = (int)(i_lo / BR) * BR, i_end = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) * BR : i_begin;
     const int nm = (i_end - i_begin) / BR, n_it = nm * (int)f.h_per_kv;
     const int64_t h0 = hk * f.h_per_kv; /* the group's first query head */

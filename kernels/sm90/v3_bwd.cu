@@ -180,13 +180,14 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     FATTN_CUDA_CHECK(cudaLaunchKernel(r->prep[ti], dim3((unsigned)prep_blocks), dim3(256), pargs, 0, s));
     /* Deterministic mode without a mask, a dense batch (v3_bwd_ring.cuh: V3B_STAGGER_*): whole heads staggered
      * (v3b_stagger_turn) where a head's key blocks fit in half the multiprocessors, so that they can all run at once
-     * beside work on other streams, at the head dims of V3B_STAGGERS -- on an H100 1.07-1.17x faster at D = 64 (S =
-     * 512 .. 8k, 88a1dbe), 1.06-1.10x at 256 (1k .. 4k, 7c1aabb), 0.95-1.03x at 128 (1eb5bb2), so not there
-     * (evidence/backward/h100_v3_bwd_stagger_88a1dbe.md); else the wide kernel's chunks where a chunk fits so. */
+     * beside work on other streams, in the kernels of V3B_STAGGERS -- on an H100 1.07-1.17x faster at D = 64 (S =
+     * 512 .. 8k, 88a1dbe), 1.06-1.10x at 256 (1k .. 4k, 7c1aabb), at 128 0.95-1.03x (1eb5bb2, so not there) but
+     * with dQ out 1.046x (evidence/backward/h100_v3_bwd_stagger_88a1dbe.md, h100_v3_bwd_dq_out_causal_*.md); else
+     * the wide kernel's chunks where a chunk fits so. */
     const int64_t room = plan->dev.sm_count / 2;
     int stagger = V3B_STAGGER_NONE;
     if (p->deterministic && !seq && f->mask.left < 0 && f->mask.right < 0)
-        stagger = V3B_STAGGERS(r->dp, r->br) && nkb <= room ? V3B_STAGGER_HEADS
+        stagger = V3B_STAGGERS(r->dp, r->br, dq_out) && nkb <= room ? V3B_STAGGER_HEADS
                   : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
                                                           : V3B_STAGGER_NONE;
     /* (the wide kernels take the first seven: no tm_dq) */

@@ -101,11 +101,12 @@
  * kernel runs about 1% slower with it); D=256 S=512 1.06 / 1.08x, 1k 1.02 / 1.05x, 2k 1.03 / 1.02x, 4k 1.02 /
  * 1.02x (non-causal / causal). */
 #define V3B_ZERO_AHEAD(dp) ((dp) == 128)
-/* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these head-dim buckets: 64, the wide
- * kernel's 256, and 128 at br = 80 (at 128 with br = 64 it ran 0.95-1.03x on an H100, so those kernels are built
- * without it; at br = 80, 1.057 / 1.090 / 1.075 / 1.014x at S = 1k / 2k / 4k / 8k non-causal against br = 80 without
- * it: evidence/backward/h100_v3_bwd_br80_777e632.md) */
-#define V3B_STAGGERS(dp, br) ((dp) == 64 || (dp) == 256 || (br) == 80)
+/* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these kernels: head-dim bucket 64, the
+ * wide kernel's 256, 128 at br = 80, and 128 at br = 64 with dQ out (on an H100 1.046x faster at S = 512 and 1k
+ * non-causal: evidence/backward/h100_v3_bwd_dq_out_causal_*.md).  D=128 at br = 64 with dQ in the float32 workspace
+ * ran 0.95-1.03x with it, so those kernels are built without it; br = 80 1.057 / 1.090 / 1.075 / 1.014x at S = 1k /
+ * 2k / 4k / 8k non-causal against br = 80 without it (evidence/backward/h100_v3_bwd_br80_777e632.md). */
+#define V3B_STAGGERS(dp, br, dq_out) ((dp) == 64 || (dp) == 256 || (br) == 80 || (dq_out))
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
  * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
@@ -154,7 +155,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     blk.desc = desc;
     const int nkb = (int)((f.sk + BC - 1) / BC);
     /* v3b_stagger_turn (the launcher's rule) */
-    const bool staggered = DET && !SEQ && V3B_STAGGERS(DP, BR) && stagger == V3B_STAGGER_HEADS && blk.nm > 0;
+    const bool staggered = DET && !SEQ && V3B_STAGGERS(DP, BR, DQ_OUT) && stagger == V3B_STAGGER_HEADS && blk.nm > 0;
     if (staggered) blk.rot = blk.kb % blk.nm;
     const int kb = blk.kb, j0 = blk.j0, nm = blk.nm, n_it = blk.n_it;
     const int64_t b = blk.b, hk = blk.hk, h0 = blk.h0;

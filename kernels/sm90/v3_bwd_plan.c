@@ -42,14 +42,29 @@ static int v3_bwd_pads_little(int64_t sq, int br, int br0) {
     return (sq + br - 1) / br * br * 20 <= (sq + br0 - 1) / br0 * br0 * 21;
 }
 
-/* V3_BWD_DQ_OUT's rule (v3_bwd_configs.h): no softcap / ALiBi, not packed, at most V3_BWD_DQ_OUT_KB_MAX key blocks,
- * a config of whole 64-row steps (fp16 and bf16: the only dtypes v3's backward takes). */
+/* The adds the 64-row dQ tiles of a call take, all together: for each key block of bc keys, the tiles holding a
+ * row that sees it (fattn_rows_seeing). */
+static int64_t dq_tile_adds(const attn_params *f, int bc) {
+    int64_t adds = 0;
+    for (int64_t j0 = 0; j0 < f->sk; j0 += bc) {
+        int64_t lo, hi;
+        fattn_rows_seeing(&f->mask, f->sq, f->sk, j0, (j0 + bc < f->sk ? j0 + bc : f->sk) - 1, &lo, &hi);
+        if (hi > lo) adds += (hi - 1) / 64 - lo / 64 + 1;
+    }
+    return adds;
+}
+
+/* V3_BWD_DQ_OUT's rule (v3_bwd_configs.h): no softcap / ALiBi, not packed, a config of whole 64-row steps, at most
+ * V3_BWD_DQ_OUT_KB_MAX key blocks and V3_BWD_DQ_OUT_ADDS2 / 2 adds a dQ tile on average (fp16 and bf16: the only
+ * dtypes v3's backward takes). */
 int fattn_v3_bwd_dq_out(const attn_bwd_params *p, int config) {
     const attn_params *f = &p->fwd;
     if (config < 0 || config >= V3_BWD_NCONFIGS) return 0;
     const v3_bwd_config *c = &v3_bwd_table[config];
-    return !fattn_score_mods(f) && !f->cu_seqlens_q &&
-           (f->sk + c->bc - 1) / c->bc <= V3_BWD_DQ_OUT_KB_MAX && V3_BWD_DQ_OUT(c->dp, c->br);
+    if (fattn_score_mods(f) || f->cu_seqlens_q || !V3_BWD_DQ_OUT(c->dp, c->br) ||
+        (f->sk + c->bc - 1) / c->bc > V3_BWD_DQ_OUT_KB_MAX)
+        return 0;
+    return 2 * dq_tile_adds(f, c->bc) <= V3_BWD_DQ_OUT_ADDS2 * ((f->sq + 63) / 64);
 }
 
 /* The reason v3's backward cannot run p, or NULL. */

@@ -96,7 +96,7 @@ DEV int v3b_blocks_below(int nkb, int nm, int x) { return nkb / nm * x + (nkb % 
  * residue below it.  A turn waits only on adds of an earlier step, or of the same step by a lower key block, so the
  * waits cannot close a cycle -- but they reach blocks placed after kb, so all of a head's blocks must be able to run
  * at once: the launcher staggers only heads of at most half the GPU's multiprocessors (one block each), at the head
- * dims of V3B_STAGGERS (v3_bwd_kernel.cuh: 64 and 256; at 128 it did not pay). */
+ * dims of V3B_STAGGERS (v3_bwd_kernel.cuh: 64, 256, and 128 at br = 80 or with dQ out). */
 DEV int v3b_stagger_turn(const v3b_block &k, int it, int nkb) {
     const int nm = k.nm, u = it % nm, w = u + k.rot < nm ? u + k.rot : u + k.rot - nm, lo = w - u + 1;
     const int before = lo >= 0 ? v3b_blocks_below(nkb, nm, w + 1) - v3b_blocks_below(nkb, nm, lo)
@@ -140,7 +140,7 @@ template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f, int k
     k.hk = hk;
     k.h0 = hk * f.h_per_kv;
     int64_t i_lo, i_hi;
-    rows_seeing(&f.mask, f.sq, f.sk, k.j0, (k.j0 + BC < f.sk ? k.j0 + BC : f.sk) - 1, &i_lo, &i_hi);
+    fattn_rows_seeing(&f.mask, f.sq, f.sk, k.j0, (k.j0 + BC < f.sk ? k.j0 + BC : f.sk) - 1, &i_lo, &i_hi);
     k.i_begin = (int)(i_lo / BR) * BR;
     k.nm = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - k.i_begin / BR : 0;
     k.n_it = k.nm * (int)f.h_per_kv;
