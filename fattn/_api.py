@@ -147,9 +147,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     With sinks, out and lse are the sink-adjusted ones the forward returned (the same backward kernels then give dq,
     dk, dv).  Rows that see no key get zero gradients.  Runs on the caller's current CUDA stream; a GPU call's float32
     workspace is allocated by the caller's framework (so it is safe under CUDA graph capture).  dQ is summed in
-    float32 and rounded once, except in the Hopper backward's calls of few key blocks (at most 1024 keys, or 2048 under
-    a causal mask; no softcap / ALiBi, not packed), which add each key block's dQ, in the dtype, straight into dq: one
-    rounding per key block (README.md).
+    float32 and rounded once, except in the Hopper backward's calls of few key blocks (at most 8, or 16 under a causal
+    mask: 1024 / 2048 keys, half that at head dims above 128; no softcap / ALiBi, not packed), which add each key
+    block's dQ, in the dtype, straight into dq: one rounding per key block (README.md).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     layout_code = _args.layout_code(layout)

@@ -14,16 +14,17 @@ V3_BWD_BR80 = 3
 BR80_SEQS = [(1, 1), (17, 17), (80, 80), (81, 300), (113, 17), (160, 1025), (1025, 1025), (239, 97)]
 
 
-def dq_out_expected(sq, sk, causal):
-    """V3_BWD_DQ_OUT's rule (v3_bwd_configs.h) for a plain call on a config of whole 64-row steps: at most 16 key
-    blocks of 128, and on average at most 8.5 adds a 64-row dQ tile (one for each key block some row of it sees)."""
-    if -(-sk // 128) > 16:
+def dq_out_expected(sq, sk, causal, bc=128):
+    """V3_BWD_DQ_OUT's rule (v3_bwd_configs.h) for a plain call on a config of whole 64-row steps and key blocks of
+    bc (128; the wide kernel's, head dims above 128: 64): at most 16 key blocks, and on average at most 8.5 adds a
+    64-row dQ tile (one for each key block some row of it sees)."""
+    if -(-sk // bc) > 16:
         return False
     tiles, adds = -(-sq // 64), 0
     for t in range(tiles):
         last = min(64 * t + 63, sq - 1)  # a causal tile's last row sees the most keys
         hi = sk if not causal else max(0, min(sk, last + 1 + (sk - sq if causal == "bottom_right" else 0)))
-        adds += -(-hi // 128)
+        adds += -(-hi // bc)
     return 2 * adds <= 17 * tiles
 
 
@@ -73,32 +74,46 @@ def test_grad_v3_br80(dtype, causal, sq, sk, seed, request):
     assert _C._dev.plan_backward(dout, q, k, v, out, lse, *e, stream=stream, variant="v3")["config"] != V3_BWD_BR80
 
 
+# dQ out's cases for key blocks of 128 (head dims to 128) and of 64 (above): (sq, sk, dtype, deterministic) -- few
+# key blocks, GQA, Sq != Sk, both dtypes, deterministic mode; one key block past the limit without a mask; causal
+# calls of up to 16 key blocks, one whose short query side sees nearly all of them, and 17 key blocks
+DQ_OUT_CASES = {128: [(300, 1000, "fp16", False), (77, 1024, "fp16", False), (300, 1025, "fp16", False),
+                      (300, 1000, "bf16", False), (300, 1000, "fp16", True), (1100, 1100, "fp16", False),
+                      (1100, 1100, "fp16", True), (2000, 2000, "bf16", False), (300, 2000, "fp16", False),
+                      (2100, 2100, "fp16", False)],
+                64: [(300, 500, "fp16", False), (77, 512, "fp16", False), (300, 513, "fp16", False),
+                     (300, 500, "bf16", False), (300, 500, "fp16", True), (550, 550, "fp16", False),
+                     (550, 550, "fp16", True), (1000, 1000, "bf16", False), (150, 1000, "fp16", False),
+                     (1100, 1100, "fp16", False)]}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 72, 128])
+@pytest.mark.parametrize("d", [64, 72, 128, 200, 256])
 @pytest.mark.parametrize("causal", CAUSALS, ids=["full", "tl", "br"])
 def test_grad_v3_dq_out(d, causal, seed, request):
     """Calls of few key blocks (dq_out_expected: at most 8 without a mask, up to 16 under a causal one): v3's backward
     adds dQ, in its dtype, straight into dQ (no float32 accumulator, no convert kernel; v3_bwd_configs.h:
-    V3_BWD_DQ_OUT) -- into a strided dQ whose padding columns must stay untouched, its rows past Sq and columns past d
-    dropped, with GQA and Sq != Sk, fp16 and bf16; gradients against the reference, and in deterministic mode (its
-    adds in turn) bitwise repeatable.  The other calls (9 key blocks without a mask; causal, 16 key blocks of which
-    the short query side's tiles see nearly all; 17 key blocks) keep the float32 sum and its convert."""
+    V3_BWD_DQ_OUT; at head dims above 128 the wide kernel, by reds from registers) -- into a strided dQ whose padding
+    columns must stay untouched, its rows past Sq and columns past d dropped, with GQA and Sq != Sk, fp16 and bf16;
+    gradients against the reference, and in deterministic mode (its adds in turn) bitwise repeatable.  The other calls
+    (9 key blocks without a mask; causal, 16 key blocks of which the short query side's tiles see nearly all; 17 key
+    blocks) keep the float32 sum and its convert."""
     require("cuda")
     if "v3" not in fattn.variants("cuda"):
         pytest.skip("v3 runs on compute capability 9.0 only")
     stream = torch.cuda.current_stream().cuda_stream or 1
-    cases = [(300, 1000, torch.float16, False), (77, 1024, torch.float16, False), (300, 1025, torch.float16, False),
-             (300, 1000, torch.bfloat16, False), (300, 1000, torch.float16, True), (1100, 1100, torch.float16, False),
-             (1100, 1100, torch.float16, True), (2000, 2000, torch.bfloat16, False), (300, 2000, torch.float16, False),
-             (2100, 2100, torch.float16, False)]
-    expected = {(sq, sk): dq_out_expected(sq, sk, causal) for sq, sk, _, _ in cases}
-    if causal:  # the rule's edges, as its comment has them
-        assert expected[(1100, 1100)] and expected[(2000, 2000)], expected
-        assert causal == "top_left" or not expected[(300, 2000)], expected
+    bc = 128 if d <= 128 else 64
+    cases = DQ_OUT_CASES[bc]
+    expected = {(sq, sk): dq_out_expected(sq, sk, causal, bc) for sq, sk, _, _ in cases}
+    few, past, mid, whole, side, many = (cases[i][:2] for i in (0, 2, 5, 7, 8, 9))
+    assert expected[few] and not expected[many], expected  # the rule's edges, as its comment has them
+    if causal:
+        assert expected[mid] and expected[whole], expected
+        assert causal == "top_left" or not expected[side], expected
     else:
-        assert not expected[(300, 1025)] and not expected[(1100, 1100)], expected
-    assert not expected[(2100, 2100)], expected
+        assert not expected[past] and not expected[mid], expected
     for sq, sk, dt, det in cases:
+        dt = DTYPES[dt]
         q, k, v, dout = inputs(2, 4, 2, sq, sk, d, dt, "cuda", seed)
         out, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
         buf = torch.full((2, 4, sq, d + 8), float("nan"), dtype=dt, device="cuda")

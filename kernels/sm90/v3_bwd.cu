@@ -29,7 +29,7 @@ typedef struct {
     /* dkdv[kind][deterministic][fp16, bf16] (NULL: not compiled; the wide row's come from v3_bwd_wide.cu);
      * dkdv_za[fp16, bf16]: default mode's plain kernels with zero-ahead (V3B_ZERO_AHEAD's head dims, else NULL);
      * dkdv_out[deterministic][fp16, bf16]: the plain kernels adding dQ straight into dQ (V3_BWD_DQ_OUT's configs,
-     * else NULL);
+     * else NULL; the wide row's come from v3_bwd_wide.cu);
      * convert[seq][fp16, bf16] */
     const void *dkdv[V3B_KINDS][2][2], *dkdv_za[2], *dkdv_out[2][2], *prep[2], *convert[2][2];
     int dp, br, bc, stages;
@@ -86,9 +86,10 @@ static const v3_bwd_row v3_bwd_rows[V3_BWD_NCONFIGS] = {
 #undef V3B_ZA_PAIR
 #undef V3B_OUT_PAIR
 
-/* v3_bwd_wide.cu: kind as above; its zero-ahead kernels */
+/* v3_bwd_wide.cu: kind as above; its zero-ahead and dQ-out kernels */
 extern "C" const void *fattn_v3_bwd_wide_kernel(int br, int bc, int stages, int kind, int det, int bf16);
 extern "C" const void *fattn_v3_bwd_wide_za_kernel(int br, int bc, int stages, int bf16);
+extern "C" const void *fattn_v3_bwd_wide_out_kernel(int br, int bc, int stages, int det, int bf16);
 
 /* Row r's dK/dV kernel of a kind, deterministic or not, fp16 (ti 0) or bf16 (1). */
 static const void *v3_bwd_dkdv_kernel(const v3_bwd_row *r, int kind, int det, int ti) {
@@ -98,6 +99,10 @@ static const void *v3_bwd_dkdv_kernel(const v3_bwd_row *r, int kind, int det, in
 static const void *v3_bwd_za_kernel(const v3_bwd_row *r, int ti) {
     return r->dp == 256 ? fattn_v3_bwd_wide_za_kernel(r->br, r->bc, r->stages, ti) : r->dkdv_za[ti];
 }
+/* Row r's dQ-out kernel, deterministic or not, or NULL. */
+static const void *v3_bwd_out_kernel(const v3_bwd_row *r, int det, int ti) {
+    return r->dp == 256 ? fattn_v3_bwd_wide_out_kernel(r->br, r->bc, r->stages, det, ti) : r->dkdv_out[det][ti];
+}
 
 extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     (void)device;
@@ -106,7 +111,7 @@ extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
             for (int k = 0; k <= 2 * V3B_KINDS + 2; k++) { /* kind, deterministic; zero-ahead; dQ out, each mode */
                 const void *kern = k < 2 * V3B_KINDS    ? v3_bwd_dkdv_kernel(&v3_bwd_rows[i], k >> 1, k & 1, t)
                                    : k == 2 * V3B_KINDS ? v3_bwd_za_kernel(&v3_bwd_rows[i], t)
-                                                        : v3_bwd_rows[i].dkdv_out[k - 2 * V3B_KINDS - 1][t];
+                                                        : v3_bwd_out_kernel(&v3_bwd_rows[i], k - 2 * V3B_KINDS - 1, t);
                 if (kern)
                     FATTN_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)v3_bwd_rows[i].smem));
@@ -154,10 +159,11 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     /* dQ out (v3_bwd_configs.h: V3_BWD_DQ_OUT, the planner's rule): bwd_prep zeroes dQ, the kernel adds into it,
      * no convert */
     const int64_t nkb = (f->sk + r->bc - 1) / r->bc, groups = f->b * f->h_kv;
-    const void *out_kernel = r->dkdv_out[p->deterministic != 0][ti];
+    const void *out_kernel = v3_bwd_out_kernel(r, p->deterministic != 0, ti);
     const int dq_out = fattn_v3_bwd_dq_out(p, plan->config) && out_kernel;
-    if (dq_out && (st = v3_map(&tdq, p->dq, f->dtype, f->d, rq, f->h, nb, p->dq_stride_s, p->dq_stride_h,
-                               p->dq_stride_b, 64, "dq")))
+    if (dq_out && r->dp != 256 && /* (the wide kernel adds from registers) */
+        (st = v3_map(&tdq, p->dq, f->dtype, f->d, rq, f->h, nb, p->dq_stride_s, p->dq_stride_h, p->dq_stride_b, 64,
+                     "dq")))
         return st;
     /* deterministic: each tile's first add is a store, dq_accum not zeroed; dQ out: dQ zeroed, both modes */
     int prep_flags = (dq_out ? BWD_PREP_ZERO_DQ_OUT : p->deterministic ? 0 : BWD_PREP_ZERO_DQ) |

@@ -44,20 +44,21 @@ typedef struct {
  * row order.  The launcher tells bwd_prep, the kernels read. */
 #define V3_BWD_LSE_V3_ORDER(dp, br) ((dp) == 64 || ((dp) == 128 && (br) == 64))
 
-/* dQ out: plain calls (both modes, fp16 and bf16) on a config whose steps are whole 64-row tiles (D=64, D=128 at
- * br = 64; V3_BWD_DQ_OUT) with at most V3_BWD_DQ_OUT_KB_MAX key blocks, whose dQ tiles (64 rows) take on average at
- * most V3_BWD_DQ_OUT_ADDS2 / 2 adds (one per key block that some row of the tile sees; fattn_v3_bwd_dq_out), add
- * each dQ tile, scaled and in the dtype, straight into dQ by a TMA reduction (v3_bwd_kernel.cuh, DQ_OUT): no float32
- * accumulator to zero, no convert pass.  dQ then carries one rounding per key block adding to it.  On an H100 (fp16,
- * two heads of each fa3 point, against float64): without a mask, up to 8 key blocks, max error 1.0-2.3x and mean
- * 1.2-1.8x the float32 sum's; 16 (S = 2k, D = 64) 4.2x / 2.2x, where the gain was gone (0.997x).  Under a causal mask
- * at S = 2k (16 key blocks, 8.5 adds a tile on average) max error unchanged and equal to torch cudnn's, mean 1.55x
- * (cudnn's: the float32 sum's), 1.055x faster at D = 64 and D = 128 (deterministic 1.04 / 1.08x); at 4k (32 blocks,
- * 16.5 adds) 0.997x, mean 1.9x: hence 16 blocks and a mean of 8.5, which passes causal S = 2k but not 9 key blocks
- * without a mask.  bf16 relative to its own rounding the same (a CPU emulation: 1.0-2.8x / 1.2-1.8x).  D=128 then
- * runs br = 64 (1.036 / 1.130x br = 80 with zero-ahead at S = 1k, non-causal / causal;
- * evidence/backward/h100_v3_bwd_dq_out_*.md).  The planner decides (fattn_v3_bwd_dq_out), the launcher follows. */
-#define V3_BWD_DQ_OUT(dp, br) ((br) % 64 == 0 && (dp) <= 128)
+/* dQ out: plain calls (both modes, fp16 and bf16) on a config whose steps are whole 64-row tiles (D=64, D=128 at br =
+ * 64, D=256: V3_BWD_DQ_OUT) with at most V3_BWD_DQ_OUT_KB_MAX key blocks, whose dQ tiles (64 rows) take on average at
+ * most V3_BWD_DQ_OUT_ADDS2 / 2 adds (one per key block that some row of the tile sees; fattn_v3_bwd_dq_out), add each
+ * dQ tile, scaled and in the dtype, straight into dQ by a TMA reduction (v3_bwd_kernel.cuh, DQ_OUT; the wide kernel,
+ * D=256: by 8-byte reds from registers, v3_bwd_wide.cu): no float32 accumulator to zero, no convert pass.  dQ then
+ * carries one rounding per key block adding to it.  On an H100 (fp16, two heads of each fa3 point, against float64):
+ * without a mask, up to 8 key blocks, max error 1.0-2.3x and mean 1.2-1.8x the float32 sum's; 16 (S = 2k, D = 64) 4.2x
+ * / 2.2x, where the gain was gone (0.997x).  Under a causal mask at S = 2k (16 key blocks, 8.5 adds a tile on average)
+ * max error unchanged and equal to torch cudnn's, mean 1.55x (cudnn's: the float32 sum's), 1.055x faster at D = 64 and
+ * D = 128 (deterministic 1.04 / 1.08x); at 4k (32 blocks, 16.5 adds) 0.997x, mean 1.9x: hence 16 blocks and a mean of
+ * 8.5, which passes causal S = 2k but not 9 key blocks without a mask.  bf16 relative to its own rounding the same (a
+ * CPU emulation: 1.0-2.8x / 1.2-1.8x).  D=128 then runs br = 64 (1.036 / 1.130x br = 80 with zero-ahead at S = 1k,
+ * non-causal / causal; evidence/backward/h100_v3_bwd_dq_out_*.md).  The planner decides (fattn_v3_bwd_dq_out), the
+ * launcher follows. */
+#define V3_BWD_DQ_OUT(dp, br) ((br) % 64 == 0)
 #define V3_BWD_DQ_OUT_KB_MAX 16
 #define V3_BWD_DQ_OUT_ADDS2 17 /* twice the mean adds a dQ tile may take: 8.5 */
 
