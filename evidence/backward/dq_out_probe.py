@@ -1,5 +1,5 @@
 """dQ's error against float64 for this tree, an older one and torch cudnn: two heads of each point (batch 0), a causal
-mask (top-left; Sq = Sk).  The older tree is the package fattn_old built by bench/old_tree.sh into /tmp/fattn_old_tree.
+mask (top-left; Sq = Sk) or none (CAUSAL=0).  The older tree is the package fattn_old built by bench/old_tree.sh into /tmp/fattn_old_tree.
 Run from the repository root on a GPU machine: SHAPES="8,32,2048,64 8,16,2048,128" DTYPES="fp16 bf16" python3
 evidence/backward/dq_out_probe.py (h100_v3_bwd_dq_out_causal_probe_278d447.txt)."""
 import os, sys
@@ -11,7 +11,7 @@ from fattn.testing import reference, suite
 SH = [tuple(int(x) for x in s.split(",")) for s in os.environ.get("SHAPES", "8,32,2048,64 8,16,2048,128").split()]
 for dt in os.environ.get("DTYPES", "fp16").split():
     for B, H, S, D in SH:
-        causal = "top_left"
+        causal = "top_left" if os.environ.get("CAUSAL", "1") != "0" else False
         p = dict(B=B, H=H, Sq=S, Sk=S, D=D, H_kv=H, dtype=dt, device="cuda", causal=causal)
         q, k, v = suite.make_inputs(p)
         dout = suite.make_inputs(p, 1)[0]
@@ -24,7 +24,7 @@ for dt in os.environ.get("DTYPES", "fp16").split():
         qt, kt, vt = (x.detach().clone().requires_grad_() for x in (qs, ks, vs))
         from torch.nn.attention import sdpa_kernel, SDPBackend
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
             o.backward(ds)
         e_cud = (qt.grad.double() - ref).abs()
         print(f"{dt} {B},{H},{S},{D} {causal} dq err max new {e_new.max().item():.2e} old {e_old.max().item():.2e} "
