@@ -192,7 +192,9 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     static_assert(!ZA || (V3B_ZERO_AHEAD(DP) && !DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
     /* DQ_OUT: each consumer's dQ tile scaled, in T, and reduce-added by TMA straight into dQ (tm_dq: bwd_prep zeroed
      * it; deterministic mode keeps its turns), in kernels of their own (v3_bwd_configs.h: V3_BWD_DQ_OUT); no
-     * dq_accum, no convert */
+     * dq_accum, no convert.  (Default mode's tile added by the consumers from registers instead, by 8-byte reds as
+     * the wide kernel does: 0.99-1.01x at D=64, 0.92-0.95x at D=128 on an H100 --
+     * evidence/backward/h100_ab_bwd_dq_out_reds_narrow_*_trial_vs_d0e5dce.json.) */
     static_assert(!DQ_OUT || (!MODS && !SEQ && !ZA && !DQ_SWAP), "dQ out: plain kernels");
     if (wg == 0) { /* ---- producer warp 0 (TMA, LSE, D), the dQ writer, warp 1, zero-ahead warps 2 and 3 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
