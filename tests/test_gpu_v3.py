@@ -168,3 +168,82 @@ def test_v3_config_rules():
         o = fattn.attention(q, k, k, causal=causal)
         assert (plan_of(q, k, k, causal=causal)["variant"], plan_of(q, k, k, causal=causal)["config"]) == ("v3", want)
         check_close(o, q, k, k, causal, None)
+
+
+def three_consumer_configs():
+    return [c["index"] for c in _C._dev.configs("v3") if c["consumers"] == 3]
+
+
+@V3
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_v3_split_tails(dtype, request):
+    """Split tails (v3_schedule.h, v3_plan.c: v3_split_tails): with three consumers (Br = 192), a head's last query
+    block of at most 64 rows runs as a tile of its own, its key blocks shared out over the consumers and merged in
+    consumer 0.  Tails of 1 .. 64 rows, tails only (Sq < 64), fewer key blocks than consumers (two consumers without
+    one), Sq != Sk, every mask kind, a window, strided (bshd) inputs, and more tails than the grid has blocks (each
+    block merges several in a row, after full tiles); output and LSE against the reference, and the same call
+    without the split (splits=1) agreeing with it."""
+    cases = [((2, 4, 1024, 1024), False, None, "bhsd"), ((2, 4, 200, 333), "bottom_right", None, "bhsd"),
+             ((2, 3, 17, 100), False, None, "bhsd"), ((1, 4, 1, 300), "top_left", None, "bhsd"),
+             ((2, 3, 64, 64), "top_left", None, "bhsd"), ((1, 5, 250, 1025), "bottom_right", None, "bshd"),
+             ((2, 3, 256, 700), False, (100, 20), "bhsd"), ((2, 3, 448, 129), "bottom_right", None, "bhsd"),
+             ((4, _C.device_info(0)[2] // 2 + 3, 424, 1030), "top_left", None, "bhsd")]
+    for idx in three_consumer_configs():
+        for (b, h, sq, sk), causal, window, layout in cases:
+            assert 0 < sq % 192 <= 64, sq
+            shape_q = (b, h, sq, 64) if layout == "bhsd" else (b, sq, h, 64)
+            shape_k = (b, h, sk, 64) if layout == "bhsd" else (b, sk, h, 64)
+            q = randn(shape_q, dtype, "cuda", sq + idx)
+            k = randn(shape_k, dtype, "cuda", sk + 1)
+            v = randn(shape_k, dtype, "cuda", sk + 2)
+            outs = {}
+            for splits, want in ((0, 3), (1, 1), (3, 3)):
+                lse = torch.empty(b, h, sq, device="cuda", dtype=torch.float32)
+                o, lse, plan = dev_forward(q, k, v, causal=causal, window=window, layout=layout, variant="v3",
+                                           lse=lse, config=idx, splits=splits)
+                assert (plan["config"], plan["splits"]) == (idx, want), plan
+                ob = o if layout == "bhsd" else o.transpose(1, 2)
+                qb, kb, vb = (q, k, v) if layout == "bhsd" else (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+                check_close(ob, qb, kb, vb, causal, None, lse=lse, request=request, window=window)
+                outs[want] = (ob.float(), lse)
+            # the split changes only the order of the additions: within a few units of the dtype's last place
+            tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+            assert (outs[3][0] - outs[1][0]).abs().max().item() <= tol, ((b, h, sq, sk), causal)
+            finite = torch.isfinite(outs[1][1])
+            assert torch.equal(finite, torch.isfinite(outs[3][1]))
+            assert (outs[3][1][finite] - outs[1][1][finite]).abs().max().item() <= 1e-4
+
+
+@V3
+def test_v3_split_tails_score_mods(request):
+    """The split tails of D=64's softcap / ALiBi kernel (three consumers): against the reference with the mods."""
+    from fattn.testing import accuracy
+
+    h = 4
+    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        q = randn((2, h, 200, 64), dtype, "cuda", 5, 3.0)
+        k = randn((2, h, 301, 64), dtype, "cuda", 6, 3.0)
+        v = randn((2, h, 301, 64), dtype, "cuda", 7)
+        for softcap, alibi in ((5.0, None), (0.0, slopes), (2.0, slopes)):
+            lse = torch.empty(2, h, 200, device="cuda")
+            out, lse, plan = dev_forward(q, k, v, causal="bottom_right", variant="v3", config=0, lse=lse,
+                                         softcap=softcap, alibi_slopes=alibi)
+            assert (plan["variant"], plan["config"], plan["splits"]) == ("v3", 0, 3), plan
+            why, _, _ = accuracy.check_attention(out, q, k, v, "bottom_right", None, lse, None, softcap, alibi)
+            assert why is None, f"softcap={softcap} alibi={alibi is not None}: {why}"
+
+
+@V3
+def test_v3_split_tails_overrides():
+    """splits on v3: 0 (the planner's) and 1 (no split) always; 3 only where a tail can be split (three consumers, a
+    last query block of at most 64 rows, a dense call).  v3 does not take other counts: the call runs v2 (v3's
+    fallback) with them, and the plan says so."""
+    q = randn((1, 2, 257, 64), torch.float16, "cuda", 1)  # 257 = 192 + 65: a tail of 65 rows
+    assert dev_forward(q, q, q, variant="v3", config=0)[2]["splits"] == 1
+    two = next(c["index"] for c in _C._dev.configs("v3") if c["dp"] == 64 and c["consumers"] == 2)
+    q2 = randn((1, 2, 256, 64), torch.float16, "cuda", 2)  # a tail of 64 rows at Br = 192, none at 128
+    for x, config, splits in ((q, 0, 3), (q2, 0, 2), (q2, two, 3), (q2, None, 2)):
+        o, _, plan = dev_forward(x, x, x, variant="v3", config=config, splits=splits)
+        assert (plan["variant"], plan["splits"]) == ("v2", splits), (config, splits, plan)
+        check_close(o, x, x, x, False, None)

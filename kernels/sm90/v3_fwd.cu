@@ -87,7 +87,9 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
                      64, "out")))
         return st;
     unsigned *ctr = plan->counters; /* per-sequence calls: the dynamic schedule's kernel where there is one */
-    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group, (void *)&ctr};
+    int split_tail = plan->splits > 1; /* v3_plan.c: the heads' last query blocks split over the consumers */
+    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group, (void *)&split_tail,
+                    (void *)&ctr};
     /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, whose table index the planner chose */
     const int seq = p->cu_seqlens_q || p->seqused_k;
     if (seq && plan->config != fattn_v3_seq_config(c->dp))

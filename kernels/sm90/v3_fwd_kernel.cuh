@@ -65,9 +65,12 @@ template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer 
 /* The lazy row max's slack, log2 units (see the softmax): P stays below 2^8, well inside fp16 and bf16. */
 #define V3_MAX_SLACK 8.f
 
-/* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns. */
+/* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns, 7 and 8
+ * a split tail's merge (7: the merge area free, 8: the partials written). */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
+#define V3_BAR_MERGE_FREE 7
+#define V3_BAR_MERGE_FULL 8
 
 /* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
@@ -77,7 +80,7 @@ template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, b
 __global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG))
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
-       const int kv_batch_step, const int head_group, unsigned *const tile_ctr) {
+       const int kv_batch_step, const int head_group, const int split_tail, unsigned *const tile_ctr) {
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
     static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(DP, BC, STAGES, CWG),
                   "the config's tiles exceed its shared memory");
@@ -93,9 +96,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
     constexpr int KS = BC / 16;               /* k-steps of O += P V, and A fragments of P */
+    /* split tails (v3_schedule.h; split_tail from the plan): three consumers of the dense kernels, which have the
+     * merge area (the O tile and V3_MERGE_EXTRA bytes after it) and take turns */
+    constexpr bool CAN_SPLIT = CWG == 3 && !SEQ;
+    static_assert(!CAN_SPLIT || (SEP_O && PP && !FLAT), "split tails merge in the O tile, between turns, per tile");
+    const int split = CAN_SPLIT ? split_tail : 0;
     extern __shared__ unsigned char smem_raw[];
     T *sQ = (T *)smem_align1024(smem_raw);
-    T *sK = sQ + (QB + (SEP_O ? 1 : 0)) * Q_TILE, *sV = sK + STAGES * KV_TILE;
+    T *sK = sQ + (QB + (SEP_O ? 1 : 0)) * Q_TILE + V3_MERGE_EXTRA(DP, CWG) / 2, *sV = sK + STAGES * KV_TILE;
     /* DYN: beside Q slot i, the tile after the one whose Q it holds: (i0, b, h, 1), or zeros where there is none;
      * q_tile[QB]: the block's first tile */
     int4 *q_tile = (int4 *)(sV + STAGES * KV_TILE);
@@ -106,7 +114,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* DYN (SEQ only): the dynamic schedule (v3_schedule.h: v3_seq_tile), tiles from tile_ctr (zero at launch) */
     static_assert(SEQ || !DYN, "the dynamic schedule is for per-sequence calls");
     constexpr bool dynamic = DYN;
-    const int64_t ntiles = (p.sq + BR - 1) / BR * p.b * p.h;
+    const int64_t ntiles = v3_ntiles(&p, BR, split);
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
@@ -166,7 +174,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         if (!dynamic) {
             int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
             for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-                v3_tile w = v3_tile_place(&p, BR, tile, head_group);
+                v3_tile w = v3_tile_place(&p, BR, tile, head_group, split);
                 const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
                 if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
                 v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
@@ -356,13 +364,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             w.i0 = next_w.x;
             w.b = next_w.y;
             w.h = next_w.z;
+            w.split = 0;
             x = fattn_extent_of(&p, w.b);
             v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
             qr = qround++;
             return true;
         }
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            w = v3_tile_place(&p, BR, tile, head_group);
+            w = v3_tile_place(&p, BR, tile, head_group, split);
             x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
             v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
@@ -391,7 +400,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             seq_k = (int)x.sk;
         }
         cur.seq_q = SEQ ? seq_q : (int)p.sq;
-        cur.wg_row = w.i0 + cw * 64; /* the warpgroup's first row */
+        const int own_rows = CAN_SPLIT && w.split ? 0 : cw; /* a split tail: every consumer on the tile's 64 rows */
+        cur.wg_row = w.i0 + own_rows * 64; /* the warpgroup's first row */
         row0 = cur.wg_row + warp * 16 + g;
         row1 = row0 + 8;
         k_first = (int64_t)w.n_min * BC;
@@ -399,7 +409,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         exact = false;
-        q_lo = desc_lo(sQ + cur.qs * Q_TILE + cw * 64 * 64, 0);
+        q_lo = desc_lo(sQ + cur.qs * Q_TILE + own_rows * 64 * 64, 0);
         /* The tile's key blocks are n_min + [0, nblocks); of them, this warpgroup's rows all see [f0, f1) whole (no
          * mask); the blocks before f0 and from f1 on are masked. */
         const fattn_span wsp = fattn_key_span(&p.mask, SEQ ? seq_q : p.sq, SEQ ? seq_k : p.sk, cur.wg_row, 64, BC);
@@ -479,13 +489,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         }
     };
 
-    /* One step of the pipeline: S_j = Q K_j^T (ring slot rs) and O += P V of the block before (slot rs - 1) issued
-     * together, the softmax of S_j while that P V runs.  Returns with P V done, and whether m moved; the caller
-     * rescales O if it did (or, when the P V was another tile's last, stores that tile) and packs P_j. */
-    auto step_gemms = [&](int rs, int j, float a[2]) -> bool {
-        const int st = rs % STAGES, sp = (rs - 1) % STAGES;
+    /* One step of the pipeline: S_j = Q K_j^T (ring slot rs) and O += P V of the consumer's block before (slot rp:
+     * rs - 1, or in a split tail rs - CWG) issued together, the softmax of S_j while that P V runs.  Returns with
+     * P V done, and whether m moved; the caller rescales O if it did (or, when the P V was another tile's last,
+     * stores that tile) and packs P_j. */
+    auto step_gemms = [&](int rs, int rp, int j, float a[2]) -> bool {
+        const int st = rs % STAGES, sp = rp % STAGES;
         mbar_wait(&k_full[st], (rs / STAGES) & 1);
-        mbar_wait(&v_full[sp], ((rs - 1) / STAGES) & 1);
+        mbar_wait(&v_full[sp], (rp / STAGES) & 1);
         turn_wait();
         issue_s(st);
         issue_pv(sp);
@@ -499,17 +510,18 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         release(&v_empty[sp]);
         return moved;
     };
-    /* S_0 of a tile, alone (the first tile's, or every tile's without FLAT) */
-    auto first_block = [&](float a[2]) {
-        const int st0 = ring % STAGES;
-        mbar_wait(&k_full[st0], (ring / STAGES) & 1);
+    /* The consumer's first S of a tile (block j, ring slot rs), alone (the first tile's, or every tile's without
+     * FLAT) */
+    auto first_block = [&](int rs, int j, float a[2]) {
+        const int st0 = rs % STAGES;
+        mbar_wait(&k_full[st0], (rs / STAGES) & 1);
         turn_wait();
         issue_s(st0);
         turn_pass();
         wgmma_wait<0>();
         reg_fence(s);
         release(&k_empty[st0]);
-        softmax(0, a, masked(0));
+        softmax(j, a, masked(j));
     };
     /* a tile's last P V (ring slot rl), alone (the last tile's, or every tile's without FLAT) */
     auto last_pv = [&](int rl) {
@@ -530,6 +542,88 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 #pragma unroll
         for (int i = 0; i < NO; i++) o[i] *= a[(i >> 1) & 1];
     };
+    /* ---- a split tail (v3_schedule.h): one query block of at most 64 rows, Q's first 64 rows in every consumer,
+     * consumer cw taking key blocks cw, cw + CWG, ...; the others' blocks it waits for and releases at once.  Each
+     * consumer takes as many GEMM turns as the busiest one (empty turns after its own), then consumers 1.. hand
+     * consumer 0 their O, m and l (per thread, in the accumulator layout) through the merge area, and consumer 0
+     * rescales them to the largest m, adds them up and runs the epilogue. ---- */
+    auto skip_block = [&](int rs) { /* another consumer's block: its slots back to the producer once loaded */
+        const int st = rs % STAGES;
+        mbar_wait(&k_full[st], (rs / STAGES) & 1);
+        release(&k_empty[st]);
+        mbar_wait(&v_full[st], (rs / STAGES) & 1);
+        release(&v_empty[st]);
+    };
+    auto merge_tail = [&]() {
+        constexpr int PART = 64 * DP + 4 * 128; /* floats of a consumer's partial: O, then m and l per thread */
+        float *area = (float *)(sQ + QB * Q_TILE);
+        if (tid == 0) tma_store_wait_read(); /* this warpgroup's stores have read the O tile */
+        if (cw > 0) {
+            named_barrier_sync(V3_BAR_MERGE_FREE, 128 * CWG); /* consumer 0 has read the last tail's partials */
+            float *part = area + (cw - 1) * PART;
+#pragma unroll
+            for (int i = 0; i < NO; i++) part[i * 128 + tid] = o[i];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                part[NO * 128 + r * 128 + tid] = m[r];
+                part[NO * 128 + (2 + r) * 128 + tid] = l[r];
+            }
+            named_barrier_arrive(V3_BAR_MERGE_FULL, 128 * CWG);
+            return;
+        }
+        named_barrier_arrive(V3_BAR_MERGE_FREE, 128 * CWG);
+        named_barrier_sync(V3_BAR_MERGE_FULL, 128 * CWG);
+        float mm[2] = {m[0], m[1]};
+#pragma unroll
+        for (int u = 1; u < CWG; u++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) mm[r] = fmaxf(mm[r], area[(u - 1) * PART + NO * 128 + r * 128 + tid]);
+        /* each partial is O and l up to the factor 2^(m c) of its own m: to the largest, 2^((m - mm) c) (0 for a
+         * consumer that saw no key, m = -inf; a row no consumer saw keeps its zeros) */
+        auto to_max = [&](float mr, int r) { return mm[r] == -INFINITY ? 0.f : exp2f((mr - mm[r]) * c); };
+        float f[2] = {to_max(m[0], 0), to_max(m[1], 1)};
+        rescale_o(f);
+        l[0] *= f[0];
+        l[1] *= f[1];
+#pragma unroll
+        for (int u = 1; u < CWG; u++) {
+            const float *part = area + (u - 1) * PART;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                f[r] = to_max(part[NO * 128 + r * 128 + tid], r);
+                l[r] += part[NO * 128 + (2 + r) * 128 + tid] * f[r];
+            }
+#pragma unroll
+            for (int i = 0; i < NO; i++) o[i] += part[i * 128 + tid] * f[(i >> 1) & 1];
+        }
+        m[0] = mm[0];
+        m[1] = mm[1];
+        epilogue(finish(), false);
+    };
+    auto split_tail_tile = [&](int nb) {
+        float a[2];
+        int prev = -1, done = 0, own = 0; /* prev: ring slot of the consumer's last block; [0, done): blocks handled */
+        for (int j = cw; j < nb; j += CWG) {
+            for (; done < j; done++) skip_block(ring + done);
+            if (prev < 0) first_block(ring + j, j, a);
+            else if (step_gemms(ring + j, prev, j, a)) rescale_o(a);
+            pack_p();
+            prev = ring + j;
+            done = j + 1;
+            own++;
+        }
+        release(&q_empty[cur.qs]); /* (SEP_O) the consumer's last S GEMM has read Q */
+        if (prev >= 0) last_pv(prev);
+        for (; done < nb; done++) skip_block(ring + done);
+        const int turns = nb > 0 ? (nb + CWG - 1) / CWG + 1 : 0; /* the busiest consumer's: its blocks' S, one P V */
+        for (int u = own > 0 ? own + 1 : 0; u < turns; u++) {
+            turn_wait();
+            turn_pass();
+        }
+        ring += nb;
+        merge_tail();
+    };
+
     v3_tile w;
     fattn_extent x;
     int qr;
@@ -549,12 +643,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         if (next_nonempty()) {
             float a[2];
             zero_o();
-            first_block(a);
+            first_block(ring, 0, a);
             pack_p();
             for (;;) {
                 const int nb = w.nblocks;
                 for (int j = 1; j < nb; j++) {
-                    if (step_gemms(ring + j, j, a)) rescale_o(a);
+                    if (step_gemms(ring + j, ring + j - 1, j, a)) rescale_o(a);
                     pack_p();
                 }
                 release(&q_empty[cur.qs]); /* the tile's last S GEMM has read Q: a later tile's Q may land */
@@ -566,7 +660,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                     epilogue(e, false);
                     break;
                 }
-                step_gemms(rl + 1, 0, a); /* the new tile's S_0 with the last tile's P V (slot rl) */
+                step_gemms(rl + 1, rl, 0, a); /* the new tile's S_0 with the last tile's P V (slot rl) */
                 epilogue(e, false);
                 zero_o();
                 pack_p();
@@ -576,12 +670,16 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         while (next_tile(w, x, qr)) {
             begin_tile(w, x, qr);
             zero_o();
+            if (CAN_SPLIT && w.split) {
+                split_tail_tile(w.nblocks);
+                continue;
+            }
             if (w.nblocks > 0) {
                 float a[2];
-                first_block(a);
+                first_block(ring, 0, a);
                 pack_p();
                 for (int j = 1; j < w.nblocks; j++) {
-                    if (step_gemms(ring + j, j, a)) rescale_o(a);
+                    if (step_gemms(ring + j, ring + j - 1, j, a)) rescale_o(a);
                     pack_p();
                 }
                 if (SEP_O) release(&q_empty[cur.qs]); /* the last S GEMM has read Q: a later tile's Q may land */

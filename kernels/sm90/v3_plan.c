@@ -126,6 +126,26 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
     return *index >= 0 ? FATTN_OK : FATTN_FAIL(FATTN_ERR_INVALID, "a V3_RULES config is not in V3_TABLE");
 }
 
+/* ---- split tails ------------------------------------------------------------------------------------------------ */
+
+/* Split tails (v3_schedule.h): where a head's last query block holds at most 64 rows, the dense kernels of three
+ * consumers run it as a tile of its own, its key blocks shared out over the consumers -- else two of them compute
+ * rows that do not exist through the whole tile.  Overrides: splits 1 turns it off, 0 or the config's consumer
+ * count leaves it to this rule; v3 does not take splits = consumers where the rule does not apply, nor any other
+ * count (fattn's own choice of variant then runs one that does: v2). */
+static fattn_status v3_split_tails(const attn_params *p, const v3_config *c, int asked, int *split) {
+    const int br = 64 * c->consumers, tail = (int)(p->sq % br);
+    const int can = c->consumers == 3 && !p->cu_seqlens_q && !p->seqused_k && tail > 0 && tail <= 64;
+    *split = 0;
+    if (asked == 1) return FATTN_OK;
+    if (asked > 1 && (asked != c->consumers || !can))
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 splits only a head's last query block (at most 64 of its %d "
+                          "rows) over its %d consumers, on dense calls of three: splits=%d does not apply here (0 or 1 "
+                          "do)", br, c->consumers, asked);
+    *split = can;
+    return FATTN_OK;
+}
+
 /* ---- the tile order ------------------------------------------------------------------------------------------- */
 
 /* The busiest SM's work over the mean when `grid` persistent blocks walk the tiles in order `group`
@@ -134,15 +154,18 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
  * share SM x % n with x + n, ... -- since a block that finishes early leaves its SM to the others: counted per
  * block, a grid of three blocks per SM read 5-8% less balanced head by head at D=64 causal 1k-4k and went
  * heads-fastest, 1.3-1.7x slower than head by head (evidence/bench/h100_v3_three_blocks_2c94c1b.md). */
-static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t n, int64_t group,
+static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t n, int64_t group, int split,
                            int64_t *load) {
-    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h; /* n: the SMs the grid spans, load[n] */
+    const int64_t ntiles = v3_ntiles(p, br, split); /* n: the SMs the grid spans, load[n] */
     int64_t total = 0, most = 0;
     for (int64_t x = 0; x < n; x++) load[x] = 0;
     for (int64_t k = 0; k * grid < ntiles; k++)
         for (int64_t x = 0; x < grid; x++) {
             const int64_t t = v3_tile_index(k, x, grid);
-            if (t < ntiles) load[x % n] += v3_tile_of(p, br, bc, t, group).nblocks + 1;
+            if (t < ntiles) { /* a split tail's blocks are shared out over the br / 64 consumers */
+                const v3_tile w = v3_tile_of(p, br, bc, t, group, split);
+                load[x % n] += (w.split ? (w.nblocks + br / 64 - 1) / (br / 64) : w.nblocks) + 1;
+            }
         }
     for (int64_t x = 0; x < n; x++) {
         total += load[x];
@@ -159,7 +182,7 @@ static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, i
 #define V3_ORDER_MEMO 8
 typedef struct {
     int64_t sq, sk, bh, grid, sms, left, right;
-    int br, bc, bottom_right;
+    int br, bc, bottom_right, split;
     int64_t group;
 } v3_order_memo;
 static v3_order_memo v3_memo[V3_ORDER_MEMO];
@@ -167,33 +190,33 @@ static int v3_memo_next;
 static pthread_mutex_t v3_memo_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int memo_matches(const v3_order_memo *m, const attn_params *p, int64_t nbh, int br, int bc, int64_t grid,
-                        int64_t sms) {
+                        int64_t sms, int split) {
     return m->group && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->grid == grid && m->sms == sms &&
            m->br == br && m->bc == bc && m->left == p->mask.left && m->right == p->mask.right &&
-           m->bottom_right == p->mask.bottom_right;
+           m->bottom_right == p->mask.bottom_right && m->split == split;
 }
 
-static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid, int64_t sms) {
+static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid, int64_t sms, int split) {
     const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX; /* a group of >= b * h: one group */
-    const int64_t ntiles = (p->sq + br - 1) / br * p->b * p->h;
+    const int64_t ntiles = v3_ntiles(p, br, split);
     const int masked = p->mask.left >= 0 || p->mask.right >= 0;
     if (!masked || nbh == 1) return 1;
     if (ntiles > (1 << 20)) return nbh;
     int64_t group = 0;
     pthread_mutex_lock(&v3_memo_lock);
     for (int i = 0; i < V3_ORDER_MEMO && !group; i++)
-        if (memo_matches(&v3_memo[i], p, nbh, br, bc, grid, sms)) group = v3_memo[i].group;
+        if (memo_matches(&v3_memo[i], p, nbh, br, bc, grid, sms, split)) group = v3_memo[i].group;
     pthread_mutex_unlock(&v3_memo_lock);
     if (group) return group;
     const int64_t n = sms > 0 && sms < grid ? sms : grid; /* the SMs the grid spans */
     int64_t *load = (int64_t *)malloc((size_t)n * sizeof(int64_t));
     if (!load) return nbh;
-    const double by_head = v3_imbalance(p, br, bc, grid, n, 1, load);
-    const double by_block = v3_imbalance(p, br, bc, grid, n, nbh, load);
+    const double by_head = v3_imbalance(p, br, bc, grid, n, 1, split, load);
+    const double by_block = v3_imbalance(p, br, bc, grid, n, nbh, split, load);
     free(load);
     group = by_head <= 1.05 * by_block ? 1 : nbh;
     const v3_order_memo m = {p->sq, p->sk, nbh, grid, sms, p->mask.left, p->mask.right, br, bc, p->mask.bottom_right,
-                             group};
+                             split, group};
     pthread_mutex_lock(&v3_memo_lock);
     v3_memo[v3_memo_next] = m;
     v3_memo_next = (v3_memo_next + 1) % V3_ORDER_MEMO;
@@ -216,13 +239,16 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     if (st) return st;
     const v3_config *c = &v3_table[idx];
     const int br = 64 * c->consumers;
-    const int64_t blocks = (p->sq + br - 1) / br * p->b * p->h;
+    int split = 0;
+    if ((st = v3_split_tails(p, c, ov->splits, &split))) return st;
+    const int64_t blocks = v3_ntiles(p, br, split);
     /* below 2^31 with room for the dynamic schedule's numbers, which run past the tiles by up to twice the grid */
     if (blocks > 0x7fff0000) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: %lld tiles are too many", (long long)blocks);
     /* the persistent grid: as many blocks as fit at once */
     const int64_t slots = (int64_t)plan->dev.sm_count * V3_BLOCKS_PER_SM(c->dp, c->bc, c->stages, c->consumers);
     const int64_t grid = blocks < slots ? blocks : slots;
     plan->config = idx;
+    plan->splits = split ? c->consumers : 1;
     plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
     plan->grid_y = 1;
     plan->threads = (unsigned)(128 * (c->consumers + 1));
@@ -230,7 +256,7 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX;
     plan->head_group = ov->order == FATTN_ORDER_HEADS    ? 1
                        : ov->order == FATTN_ORDER_BLOCKS ? nbh
-                                                         : v3_order(p, br, c->bc, grid, plan->dev.sm_count);
+                                                         : v3_order(p, br, c->bc, grid, plan->dev.sm_count, split);
     plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
     /* per-sequence lengths: tiles from a counter, only those that exist (v3_schedule.h: v3_seq_tile) */
     plan->use_counters = p->cu_seqlens_q || p->seqused_k;

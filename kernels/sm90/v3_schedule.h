@@ -6,6 +6,10 @@
  * walks one head's query blocks after another, so the blocks running at once share one or a few heads' K and V
  * (read from DRAM about once); group = b * h walks every head's last query block first, which balances causal tiles
  * of very different lengths but leaves K and V little reuse in L2.
+ * Split tails (split = 1; three consumers, the planner's rule in v3_plan.c): where a head's last query block holds
+ * at most 64 rows -- one consumer's, the other two idle through a whole tile -- it runs as a tile of its own whose
+ * key blocks the consumers share out (v3_fwd_kernel.cuh), and these b * h tiles come after all the full ones, so
+ * the short work fills the grid's last rounds.
  */
 #ifndef FATTN_V3_SCHEDULE_H
 #define FATTN_V3_SCHEDULE_H
@@ -17,22 +21,42 @@ typedef struct {
     int b, h;    /* batch, query head */
     int n_min;   /* first key block (of Bc keys) any row of the tile sees */
     int nblocks; /* key blocks from n_min on that some row of the tile sees */
+    int split;   /* 1: a split tail (at most 64 rows, its key blocks shared out over the consumers) */
 } v3_tile;
+
+/* A head's query blocks of br rows walked in the group order: all of them, or with split tails the full ones. */
+FATTN_HD int64_t v3_walked_blocks(const attn_params *p, int br, int split) {
+    return split ? p->sq / br : (p->sq + br - 1) / br;
+}
+
+/* The persistent grid's tiles: the walked query blocks of every (b, h), then one split tail each. */
+FATTN_HD int64_t v3_ntiles(const attn_params *p, int br, int split) {
+    return (v3_walked_blocks(p, br, split) + (split ? 1 : 0)) * p->b * p->h;
+}
 
 /* The persistent grid's k-th tile for block x (of G): rounds of G tiles, walked forwards in even rounds and
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
 FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
 
 /* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty). */
-FATTN_HD v3_tile v3_tile_place(const attn_params *p, int br, int64_t tile, int64_t group) {
-    const int64_t nqb = (p->sq + br - 1) / br, nbh = p->b * p->h, first = tile / (group * nqb) * group;
+FATTN_HD v3_tile v3_tile_place(const attn_params *p, int br, int64_t tile, int64_t group, int split) {
+    const int64_t nqb = v3_walked_blocks(p, br, split), nbh = p->b * p->h;
+    v3_tile w;
+    w.n_min = w.nblocks = 0;
+    w.split = split && tile >= nqb * nbh;
+    if (w.split) { /* (b, h) = tile - nqb nbh's last, partial query block */
+        const int64_t bh = tile - nqb * nbh;
+        w.i0 = nqb * br;
+        w.b = (int)(bh / p->h);
+        w.h = (int)(bh % p->h);
+        return w;
+    }
+    const int64_t first = tile / (group * nqb) * group;
     const int64_t in_group = nbh - first < group ? nbh - first : group, r = tile - first * nqb;
     const int64_t bh = first + r % in_group;
-    v3_tile w;
     w.i0 = (nqb - 1 - r / in_group) * br;
     w.b = (int)(bh / p->h);
     w.h = (int)(bh % p->h);
-    w.n_min = w.nblocks = 0;
     return w;
 }
 
@@ -44,8 +68,8 @@ FATTN_HD void v3_tile_span(const attn_params *p, int br, int bc, int64_t sq, int
     w->nblocks = (int)(s.n_max - s.n_min);
 }
 
-FATTN_HD v3_tile v3_tile_of(const attn_params *p, int br, int bc, int64_t tile, int64_t group) {
-    v3_tile w = v3_tile_place(p, br, tile, group);
+FATTN_HD v3_tile v3_tile_of(const attn_params *p, int br, int bc, int64_t tile, int64_t group, int split) {
+    v3_tile w = v3_tile_place(p, br, tile, group, split);
     v3_tile_span(p, br, bc, p->sq, p->sk, &w);
     return w;
 }
@@ -71,7 +95,7 @@ FATTN_HD int v3_seq_tile(const attn_params *p, int br, int t, v3_seq_cursor *c, 
             w->b = c->b;
             w->h = t - c->base - r * h;
             w->i0 = (int64_t)(nqb - 1 - r) * br;
-            w->n_min = w->nblocks = 0;
+            w->n_min = w->nblocks = w->split = 0;
             return 1;
         }
         c->base += n;
