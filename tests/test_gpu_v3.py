@@ -238,12 +238,12 @@ def test_v3_split_tails_score_mods(request):
 def test_v3_split_tails_overrides():
     """splits on v3: 0 (the planner's) and 1 (no split) always; 3 only where a tail can be split (three consumers, a
     last query block of at most 64 rows, a dense call).  v3 does not take other counts: the call runs v2 (v3's
-    fallback) with them, and the plan says so."""
+    fallback) with them (as many as its key blocks allow), and the plan says so."""
     q = randn((1, 2, 257, 64), torch.float16, "cuda", 1)  # 257 = 192 + 65: a tail of 65 rows
     assert dev_forward(q, q, q, variant="v3", config=0)[2]["splits"] == 1
     two = next(c["index"] for c in _C._dev.configs("v3") if c["dp"] == 64 and c["consumers"] == 2)
     q2 = randn((1, 2, 256, 64), torch.float16, "cuda", 2)  # a tail of 64 rows at Br = 192, none at 128
     for x, config, splits in ((q, 0, 3), (q2, 0, 2), (q2, two, 3), (q2, None, 2)):
         o, _, plan = dev_forward(x, x, x, variant="v3", config=config, splits=splits)
-        assert (plan["variant"], plan["splits"]) == ("v2", splits), (config, splits, plan)
+        assert plan["variant"] == "v2" and 1 < plan["splits"] <= splits, (config, splits, plan)
         check_close(o, x, x, x, False, None)
