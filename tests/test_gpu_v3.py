@@ -178,11 +178,12 @@ def three_consumer_configs():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_v3_split_tails(dtype, request):
     """Split tails (v3_schedule.h, v3_plan.c: v3_split_tails): with three consumers (Br = 192), a head's last query
-    block of at most 64 rows runs as a tile of its own, its key blocks shared out over the consumers and merged in
-    consumer 0.  Tails of 1 .. 64 rows, tails only (Sq < 64), fewer key blocks than consumers (two consumers without
-    one), Sq != Sk, every mask kind, a window, strided (bshd) inputs, and more tails than the grid has blocks (each
-    block merges several in a row, after full tiles); output and LSE against the reference, and the same call
-    without the split (splits=1) agreeing with it."""
+    block of at most 64 rows has its key blocks shared out over the consumers and merged in consumer 0 -- by the
+    planner's rule on unmasked calls, forced (splits=3) on masked ones.  Tails of 1 .. 64 rows, tails only
+    (Sq <= 64), fewer key blocks than consumers (two consumers without one), Sq != Sk, every mask kind, a window,
+    strided (bshd) inputs, and more tails than the grid has blocks (each block merges several, between full
+    tiles); output and LSE against the reference, and the same call without the split (splits=1) agreeing with
+    it."""
     cases = [((2, 4, 1024, 1024), False, None, "bhsd"), ((2, 4, 200, 333), "bottom_right", None, "bhsd"),
              ((2, 3, 17, 100), False, None, "bhsd"), ((1, 4, 1, 300), "top_left", None, "bhsd"),
              ((2, 3, 64, 64), "top_left", None, "bhsd"), ((1, 5, 250, 1025), "bottom_right", None, "bshd"),
@@ -197,7 +198,8 @@ def test_v3_split_tails(dtype, request):
             k = randn(shape_k, dtype, "cuda", sk + 1)
             v = randn(shape_k, dtype, "cuda", sk + 2)
             outs = {}
-            for splits, want in ((0, 3), (1, 1), (3, 3)):
+            rule = 3 if not causal and window is None else 1
+            for splits, want in ((0, rule), (1, 1), (3, 3)):
                 lse = torch.empty(b, h, sq, device="cuda", dtype=torch.float32)
                 o, lse, plan = dev_forward(q, k, v, causal=causal, window=window, layout=layout, variant="v3",
                                            lse=lse, config=idx, splits=splits)
@@ -226,12 +228,13 @@ def test_v3_split_tails_score_mods(request):
         k = randn((2, h, 301, 64), dtype, "cuda", 6, 3.0)
         v = randn((2, h, 301, 64), dtype, "cuda", 7)
         for softcap, alibi in ((5.0, None), (0.0, slopes), (2.0, slopes)):
-            lse = torch.empty(2, h, 200, device="cuda")
-            out, lse, plan = dev_forward(q, k, v, causal="bottom_right", variant="v3", config=0, lse=lse,
-                                         softcap=softcap, alibi_slopes=alibi)
-            assert (plan["variant"], plan["config"], plan["splits"]) == ("v3", 0, 3), plan
-            why, _, _ = accuracy.check_attention(out, q, k, v, "bottom_right", None, lse, None, softcap, alibi)
-            assert why is None, f"softcap={softcap} alibi={alibi is not None}: {why}"
+            for causal in (False, "bottom_right"):
+                lse = torch.empty(2, h, 200, device="cuda")
+                out, lse, plan = dev_forward(q, k, v, causal=causal, variant="v3", config=0, lse=lse, splits=3,
+                                             softcap=softcap, alibi_slopes=alibi)
+                assert (plan["variant"], plan["config"], plan["splits"]) == ("v3", 0, 3), plan
+                why, _, _ = accuracy.check_attention(out, q, k, v, causal, None, lse, None, softcap, alibi)
+                assert why is None, f"causal={causal} softcap={softcap} alibi={alibi is not None}: {why}"
 
 
 @V3
@@ -247,3 +250,20 @@ def test_v3_split_tails_overrides():
         o, _, plan = dev_forward(x, x, x, variant="v3", config=config, splits=splits)
         assert plan["variant"] == "v2" and 1 < plan["splits"] <= splits, (config, splits, plan)
         check_close(o, x, x, x, False, None)
+
+
+@V3
+def test_v3_split_tails_grid():
+    """With split tails the planner sizes the persistent grid by a replay of the tiles (v3_plan.c: v3_split_grid):
+    at D=64, S=1k, 6 tiles a head, every slot would hand all the short tiles to every sixth block, so it takes
+    fewer blocks than SMs there; without the split it takes every slot, and masked calls do not split by the
+    rule."""
+    sms = _C.device_info(0)[2]
+    q = torch.empty((16, 32, 1024, 64), dtype=torch.float16, device="cuda")
+    plan = plan_of(q, q, q)
+    assert (plan["variant"], plan["config"], plan["splits"]) == ("v3", 0, 3), plan
+    assert sms - 8 < plan["grid"][0] <= sms, plan
+    if sms % 6 == 0:
+        assert plan["grid"][0] < sms, plan
+    assert plan_of(q, q, q, splits=1)["grid"][0] == sms
+    assert plan_of(q, q, q, causal="top_left")["splits"] == 1

@@ -114,7 +114,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* DYN (SEQ only): the dynamic schedule (v3_schedule.h: v3_seq_tile), tiles from tile_ctr (zero at launch) */
     static_assert(SEQ || !DYN, "the dynamic schedule is for per-sequence calls");
     constexpr bool dynamic = DYN;
-    const int64_t ntiles = v3_ntiles(&p, BR, split);
+    const int64_t ntiles = v3_ntiles(&p, BR);
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {

@@ -126,26 +126,6 @@ static fattn_status v3_choose(const attn_params *p, const fattn_overrides *ov, i
     return *index >= 0 ? FATTN_OK : FATTN_FAIL(FATTN_ERR_INVALID, "a V3_RULES config is not in V3_TABLE");
 }
 
-/* ---- split tails ------------------------------------------------------------------------------------------------ */
-
-/* Split tails (v3_schedule.h): where a head's last query block holds at most 64 rows, the dense kernels of three
- * consumers run it as a tile of its own, its key blocks shared out over the consumers -- else two of them compute
- * rows that do not exist through the whole tile.  Overrides: splits 1 turns it off, 0 or the config's consumer
- * count leaves it to this rule; v3 does not take splits = consumers where the rule does not apply, nor any other
- * count (fattn's own choice of variant then runs one that does: v2). */
-static fattn_status v3_split_tails(const attn_params *p, const v3_config *c, int asked, int *split) {
-    const int br = 64 * c->consumers, tail = (int)(p->sq % br);
-    const int can = c->consumers == 3 && !p->cu_seqlens_q && !p->seqused_k && tail > 0 && tail <= 64;
-    *split = 0;
-    if (asked == 1) return FATTN_OK;
-    if (asked > 1 && (asked != c->consumers || !can))
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 splits only a head's last query block (at most 64 of its %d "
-                          "rows) over its %d consumers, on dense calls of three: splits=%d does not apply here (0 or 1 "
-                          "do)", br, c->consumers, asked);
-    *split = can;
-    return FATTN_OK;
-}
-
 /* ---- the tile order ------------------------------------------------------------------------------------------- */
 
 /* The busiest SM's work over the mean when `grid` persistent blocks walk the tiles in order `group`
@@ -156,7 +136,7 @@ static fattn_status v3_split_tails(const attn_params *p, const v3_config *c, int
  * heads-fastest, 1.3-1.7x slower than head by head (evidence/bench/h100_v3_three_blocks_2c94c1b.md). */
 static double v3_imbalance(const attn_params *p, int br, int bc, int64_t grid, int64_t n, int64_t group, int split,
                            int64_t *load) {
-    const int64_t ntiles = v3_ntiles(p, br, split); /* n: the SMs the grid spans, load[n] */
+    const int64_t ntiles = v3_ntiles(p, br); /* n: the SMs the grid spans, load[n] */
     int64_t total = 0, most = 0;
     for (int64_t x = 0; x < n; x++) load[x] = 0;
     for (int64_t k = 0; k * grid < ntiles; k++)
@@ -198,7 +178,7 @@ static int memo_matches(const v3_order_memo *m, const attn_params *p, int64_t nb
 
 static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid, int64_t sms, int split) {
     const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX; /* a group of >= b * h: one group */
-    const int64_t ntiles = v3_ntiles(p, br, split);
+    const int64_t ntiles = v3_ntiles(p, br);
     const int masked = p->mask.left >= 0 || p->mask.right >= 0;
     if (!masked || nbh == 1) return 1;
     if (ntiles > (1 << 20)) return nbh;
@@ -224,6 +204,83 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid, int6
     return group;
 }
 
+/* ---- split tails ------------------------------------------------------------------------------------------------ */
+
+/* Split tails (v3_schedule.h): where a head's last query block holds at most 64 rows, the dense kernels of three
+ * consumers share its key blocks out over the consumers -- else two of them compute rows that do not exist
+ * through the whole tile.  The rule takes them on unmasked calls only: a masked tail is the head's longest tile
+ * (causal) or no shorter than the others, and on an H100 splitting causal ones ran 0.92-0.97x (D=64, 4k and 16k).
+ * Overrides: splits 1 turns it off, 0 leaves it to the rule, the config's consumer count forces it wherever the
+ * kernel can (masked calls too); v3 does not take other counts, nor splits where it cannot (fattn's own choice of
+ * variant then runs one that does: v2). */
+static fattn_status v3_split_tails(const attn_params *p, const v3_config *c, int asked, int *split) {
+    const int br = 64 * c->consumers, tail = (int)(p->sq % br);
+    const int can = c->consumers == 3 && !p->cu_seqlens_q && !p->seqused_k && tail > 0 && tail <= 64;
+    *split = 0;
+    if (asked == 1) return FATTN_OK;
+    if (asked > 1 && (asked != c->consumers || !can))
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 splits only a head's last query block (at most 64 of its %d "
+                          "rows) over its %d consumers, on dense calls of three: splits=%d does not apply here (0 or 1 "
+                          "do)", br, c->consumers, asked);
+    *split = can && (asked > 1 || (p->mask.left < 0 && p->mask.right < 0));
+    return FATTN_OK;
+}
+
+/* With split tails the tiles differ in length, and a grid of G blocks walking tiles of nqb per head can hand every
+ * short one to the same few blocks (at 132 blocks and 6 tiles a head, blocks 0, 6, 12, ... take them all).  The
+ * grid among the V3_SPLIT_GRIDS sizes up to the slots whose busiest block has the least work by a replay (a full
+ * tile costing its key blocks plus one, a tail its share of them plus two: the merge), the largest on a tie.
+ * Calls of more than 2^16 tiles keep every slot; a few recent answers are remembered. */
+#define V3_SPLIT_GRIDS 8
+static int64_t v3_busiest(const attn_params *p, int br, int64_t group, int64_t grid, int64_t full, int64_t tail) {
+    const int64_t ntiles = v3_ntiles(p, br);
+    int64_t most = 0;
+    for (int64_t x = 0; x < grid; x++) {
+        int64_t load = 0;
+        for (int64_t k = 0, t; (t = v3_tile_index(k, x, grid)) < ntiles; k++)
+            load += v3_tile_place(p, br, t, group, 1).split ? tail : full;
+        most = load > most ? load : most;
+    }
+    return most;
+}
+
+typedef struct {
+    int64_t sq, sk, bh, slots, group, grid;
+    int br, bc;
+} v3_grid_memo;
+static v3_grid_memo v3_grids[V3_ORDER_MEMO];
+static int v3_grids_next;
+
+static int64_t v3_split_grid(const attn_params *p, int br, int bc, int64_t group, int64_t slots) {
+    const int64_t ntiles = v3_ntiles(p, br), nbh = p->b * p->h;
+    if (ntiles > (1 << 16) || slots <= V3_SPLIT_GRIDS || ntiles <= slots) return ntiles < slots ? ntiles : slots;
+    int64_t grid = 0;
+    pthread_mutex_lock(&v3_memo_lock);
+    for (int i = 0; i < V3_ORDER_MEMO && !grid; i++) {
+        const v3_grid_memo *m = &v3_grids[i];
+        if (m->grid && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->slots == slots && m->group == group &&
+            m->br == br && m->bc == bc)
+            grid = m->grid;
+    }
+    pthread_mutex_unlock(&v3_memo_lock);
+    if (grid) return grid;
+    const int64_t nb = (p->sk + bc - 1) / bc, full = nb + 1, tail = (nb + br / 64 - 1) / (br / 64) + 2;
+    int64_t best = -1;
+    for (int64_t g = slots; g > slots - V3_SPLIT_GRIDS; g--) {
+        const int64_t most = v3_busiest(p, br, group, g, full, tail);
+        if (best < 0 || most < best) {
+            best = most;
+            grid = g;
+        }
+    }
+    const v3_grid_memo m = {p->sq, p->sk, nbh, slots, group, grid, br, bc};
+    pthread_mutex_lock(&v3_memo_lock);
+    v3_grids[v3_grids_next] = m;
+    v3_grids_next = (v3_grids_next + 1) % V3_ORDER_MEMO;
+    pthread_mutex_unlock(&v3_memo_lock);
+    return grid;
+}
+
 fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned, const fattn_overrides *ov,
                            fattn_plan *plan) {
     (void)tuned;
@@ -241,12 +298,12 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     const int br = 64 * c->consumers;
     int split = 0;
     if ((st = v3_split_tails(p, c, ov->splits, &split))) return st;
-    const int64_t blocks = v3_ntiles(p, br, split);
+    const int64_t blocks = v3_ntiles(p, br);
     /* below 2^31 with room for the dynamic schedule's numbers, which run past the tiles by up to twice the grid */
     if (blocks > 0x7fff0000) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3: %lld tiles are too many", (long long)blocks);
     /* the persistent grid: as many blocks as fit at once */
     const int64_t slots = (int64_t)plan->dev.sm_count * V3_BLOCKS_PER_SM(c->dp, c->bc, c->stages, c->consumers);
-    const int64_t grid = blocks < slots ? blocks : slots;
+    int64_t grid = blocks < slots ? blocks : slots;
     plan->config = idx;
     plan->splits = split ? c->consumers : 1;
     plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
@@ -258,6 +315,10 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
                        : ov->order == FATTN_ORDER_BLOCKS ? nbh
                                                          : v3_order(p, br, c->bc, grid, plan->dev.sm_count, split);
     plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
+    if (split && p->mask.left < 0 && p->mask.right < 0) { /* (masked calls split only when asked: every slot) */
+        grid = v3_split_grid(p, br, c->bc, plan->head_group, slots);
+        plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
+    }
     /* per-sequence lengths: tiles from a counter, only those that exist (v3_schedule.h: v3_seq_tile) */
     plan->use_counters = p->cu_seqlens_q || p->seqused_k;
     return FATTN_OK;

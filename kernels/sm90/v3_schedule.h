@@ -7,9 +7,10 @@
  * (read from DRAM about once); group = b * h walks every head's last query block first, which balances causal tiles
  * of very different lengths but leaves K and V little reuse in L2.
  * Split tails (split = 1; three consumers, the planner's rule in v3_plan.c): where a head's last query block holds
- * at most 64 rows -- one consumer's, the other two idle through a whole tile -- it runs as a tile of its own whose
- * key blocks the consumers share out (v3_fwd_kernel.cuh), and these b * h tiles come after all the full ones, so
- * the short work fills the grid's last rounds.
+ * at most 64 rows -- one consumer's, the other two idle through a whole tile -- the consumers share out its key
+ * blocks instead (v3_fwd_kernel.cuh).  It keeps its place in the order, beside its head's other tiles (K and V
+ * still in L2: placed after every full tile they ran 0.8 of a full tile's time, reading K and V from DRAM), and the
+ * planner sizes the grid so that the short tiles do not all fall to the same blocks.
  */
 #ifndef FATTN_V3_SCHEDULE_H
 #define FATTN_V3_SCHEDULE_H
@@ -24,15 +25,8 @@ typedef struct {
     int split;   /* 1: a split tail (at most 64 rows, its key blocks shared out over the consumers) */
 } v3_tile;
 
-/* A head's query blocks of br rows walked in the group order: all of them, or with split tails the full ones. */
-FATTN_HD int64_t v3_walked_blocks(const attn_params *p, int br, int split) {
-    return split ? p->sq / br : (p->sq + br - 1) / br;
-}
-
-/* The persistent grid's tiles: the walked query blocks of every (b, h), then one split tail each. */
-FATTN_HD int64_t v3_ntiles(const attn_params *p, int br, int split) {
-    return (v3_walked_blocks(p, br, split) + (split ? 1 : 0)) * p->b * p->h;
-}
+/* The persistent grid's tiles: every (b, h)'s query blocks of br rows. */
+FATTN_HD int64_t v3_ntiles(const attn_params *p, int br) { return (p->sq + br - 1) / br * p->b * p->h; }
 
 /* The persistent grid's k-th tile for block x (of G): rounds of G tiles, walked forwards in even rounds and
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
@@ -40,23 +34,15 @@ FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G +
 
 /* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty). */
 FATTN_HD v3_tile v3_tile_place(const attn_params *p, int br, int64_t tile, int64_t group, int split) {
-    const int64_t nqb = v3_walked_blocks(p, br, split), nbh = p->b * p->h;
-    v3_tile w;
-    w.n_min = w.nblocks = 0;
-    w.split = split && tile >= nqb * nbh;
-    if (w.split) { /* (b, h) = tile - nqb nbh's last, partial query block */
-        const int64_t bh = tile - nqb * nbh;
-        w.i0 = nqb * br;
-        w.b = (int)(bh / p->h);
-        w.h = (int)(bh % p->h);
-        return w;
-    }
-    const int64_t first = tile / (group * nqb) * group;
+    const int64_t nqb = (p->sq + br - 1) / br, nbh = p->b * p->h, first = tile / (group * nqb) * group;
     const int64_t in_group = nbh - first < group ? nbh - first : group, r = tile - first * nqb;
     const int64_t bh = first + r % in_group;
+    v3_tile w;
     w.i0 = (nqb - 1 - r / in_group) * br;
     w.b = (int)(bh / p->h);
     w.h = (int)(bh % p->h);
+    w.n_min = w.nblocks = 0;
+    w.split = split && r / in_group == 0; /* the head's last query block (the planner's rule: at most 64 rows) */
     return w;
 }
 
