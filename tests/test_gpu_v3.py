@@ -205,7 +205,7 @@ def test_v3_split_tails(dtype, request):
                                            lse=lse, config=idx, splits=splits)
                 assert (plan["config"], plan["splits"]) == (idx, want), plan
                 ob = o if layout == "bhsd" else o.transpose(1, 2)
-                qb, kb, vb = (q, k, v) if layout == "bhsd" else (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+                qb, kb, vb = (q, k, v) if layout == "bhsd" else (t.transpose(1, 2) for t in (q, k, v))
                 check_close(ob, qb, kb, vb, causal, None, lse=lse, request=request, window=window)
                 outs[want] = (ob.float(), lse)
             # the split changes only the order of the additions: within a few units of the dtype's last place
@@ -254,10 +254,11 @@ def test_v3_split_tails_overrides():
 
 @V3
 def test_v3_split_tails_grid():
-    """With split tails the planner sizes the persistent grid by a replay of the tiles (v3_plan.c: v3_split_grid):
-    at D=64, S=1k, 6 tiles a head, every slot would hand all the short tiles to every sixth block, so it takes
-    fewer blocks than SMs there; without the split it takes every slot, and masked calls do not split by the
-    rule."""
+    """With short tails (split, or one consumer idle) the planner sizes the persistent grid by a replay of the tiles
+    (v3_plan.c: v3_tail_grid): at D=64, S=1k, 6 tiles a head, every slot would hand all the short tiles to every
+    sixth block, so it takes fewer blocks than SMs there, and at S=512 (3 tiles a head, a tail of 128 rows: one
+    consumer idle, not split) likewise; the 1k call with splits=1 (two idle consumers, not modelled) and masked
+    calls (not split by the rule) take every slot."""
     sms = _C.device_info(0)[2]
     q = torch.empty((16, 32, 1024, 64), dtype=torch.float16, device="cuda")
     plan = plan_of(q, q, q)
@@ -267,3 +268,9 @@ def test_v3_split_tails_grid():
         assert plan["grid"][0] < sms, plan
     assert plan_of(q, q, q, splits=1)["grid"][0] == sms
     assert plan_of(q, q, q, causal="top_left")["splits"] == 1
+    q = torch.empty((32, 32, 512, 64), dtype=torch.float16, device="cuda")
+    plan = plan_of(q, q, q)
+    assert (plan["config"], plan["splits"]) == (0, 1) and sms - 8 < plan["grid"][0] <= sms, plan
+    if sms % 3 == 0:
+        assert plan["grid"][0] < sms, plan
+    assert plan_of(q, q, q, causal=True)["grid"][0] <= sms

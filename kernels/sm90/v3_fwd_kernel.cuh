@@ -550,10 +550,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* ---- a split tail (v3_schedule.h): one query block of at most 64 rows, Q's first 64 rows in every consumer,
      * consumer cw taking key blocks cw, cw + CWG, ...; the others' blocks it waits for and releases at once.  A
      * consumer runs each of its blocks whole -- S, the softmax, P V, two GEMM turns -- and so holds a V slot only
-     * while its P V runs: with the P V of a block issued beside the consumer's next S, as in full tiles, the three
-     * consumers would hold three of the four V slots at once and each load would wait on the latest step (on an
-     * H100 that way split tails ran only 1.03x faster than none at D=64, S=1k).  Each consumer takes as many turns as the busiest
-     * one (empty turns after its own), then consumers 1.. hand consumer 0 their O, m and l (per thread, in the
+     * while its P V runs (with each P V issued beside the consumer's next S, as in full tiles, the three consumers
+     * would hold three of the four V slots at once).  Whether that matters was not isolated: with the tails placed
+     * after every full tile both forms ran 1.03x over no split at D=64, S=1k on an H100, for another reason
+     * (evidence/bench/h100_v3_fwd_split_tails_8223c72.md).  Each consumer takes as many turns as the busiest one
+     * (empty turns after its own), then consumers 1.. hand consumer 0 their O, m and l (per thread, in the
      * accumulator layout) through the merge area, and consumer 0 rescales them to the largest m, adds them up and
      * runs the epilogue. ---- */
     auto skip_block = [&](int rs) { /* another consumer's block: its slots back to the producer once loaded */
@@ -629,6 +630,23 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         m[1] = mm[1];
         epilogue(finish(), false);
     };
+    /* A consumer none of whose rows exist (a head's last query block of at most 128 rows, not split): it passes its
+     * turns and releases each block once loaded, but computes and stores nothing, so that the tile takes about the
+     * time of its working consumers' GEMMs.  Its turns keep the working consumers' order: S_0's, then one per block
+     * (the next S with this P V, or the last P V). */
+    auto idle_tile = [&](int nb) {
+        if (nb > 0) {
+            turn_wait();
+            turn_pass();
+        }
+        for (int j = 0; j < nb; j++) {
+            skip_block(ring + j);
+            turn_wait();
+            turn_pass();
+        }
+        release(&q_empty[cur.qs]);
+        ring += nb;
+    };
     auto split_tail_tile = [&](int nb) {
         int done = 0, own = 0; /* [0, done): blocks handled */
         for (int j = cw; j < nb; j += CWG, own++) {
@@ -696,6 +714,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             zero_o();
             if (CAN_SPLIT && w.split) {
                 split_tail_tile(w.nblocks);
+                continue;
+            }
+            if (CAN_SPLIT && cur.wg_row >= cur.seq_q) { /* no row of this consumer's exists: it only keeps pace */
+                idle_tile(w.nblocks);
                 continue;
             }
             if (w.nblocks > 0) {

@@ -226,11 +226,14 @@ static fattn_status v3_split_tails(const attn_params *p, const v3_config *c, int
     return FATTN_OK;
 }
 
-/* With split tails the tiles differ in length, and a grid of G blocks walking tiles of nqb per head can hand every
- * short one to the same few blocks (at 132 blocks and 6 tiles a head, blocks 0, 6, 12, ... take them all).  The
- * grid among the V3_SPLIT_GRIDS sizes up to the slots whose busiest block has the least work by a replay (a full
- * tile costing its key blocks plus one, a tail its share of them plus two: the merge), the largest on a tie.
- * Calls of more than 2^16 tiles keep every slot; a few recent answers are remembered. */
+/* Short tails: with three consumers a head's last query block is shorter than the others where it holds at most
+ * 128 rows -- split (at most 64 rows: each consumer a third of the key blocks, then the merge) or with one consumer
+ * idle (v3_fwd_kernel.cuh: idle_tile) -- and a grid of G blocks walking nqb tiles a head can hand every short one to
+ * the same few blocks (at 132 blocks and 6 tiles a head, blocks 0, 6, 12, ... take them all).  The grid among the
+ * V3_SPLIT_GRIDS sizes up to the slots whose busiest block has the least work by a replay, the largest on a tie:
+ * in quarters of a consumer's key blocks, a full tile costs 4 (nb + 1), a split tail 4 (its share + 2), a tail
+ * with one idle consumer 3 (nb + 1).  Calls of more than 2^16 tiles keep every slot; a few recent answers are
+ * remembered. */
 #define V3_SPLIT_GRIDS 8
 static int64_t v3_busiest(const attn_params *p, int br, int64_t group, int64_t grid, int64_t full, int64_t tail) {
     const int64_t ntiles = v3_ntiles(p, br);
@@ -245,13 +248,13 @@ static int64_t v3_busiest(const attn_params *p, int br, int64_t group, int64_t g
 }
 
 typedef struct {
-    int64_t sq, sk, bh, slots, group, grid;
-    int br, bc;
+    int64_t sq, sk, bh, slots, group, full, tail, grid;
+    int br;
 } v3_grid_memo;
 static v3_grid_memo v3_grids[V3_ORDER_MEMO];
 static int v3_grids_next;
 
-static int64_t v3_split_grid(const attn_params *p, int br, int bc, int64_t group, int64_t slots) {
+static int64_t v3_tail_grid(const attn_params *p, int br, int64_t group, int64_t slots, int64_t full, int64_t tail) {
     const int64_t ntiles = v3_ntiles(p, br), nbh = p->b * p->h;
     if (ntiles > (1 << 16) || slots <= V3_SPLIT_GRIDS || ntiles <= slots) return ntiles < slots ? ntiles : slots;
     int64_t grid = 0;
@@ -259,12 +262,11 @@ static int64_t v3_split_grid(const attn_params *p, int br, int bc, int64_t group
     for (int i = 0; i < V3_ORDER_MEMO && !grid; i++) {
         const v3_grid_memo *m = &v3_grids[i];
         if (m->grid && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->slots == slots && m->group == group &&
-            m->br == br && m->bc == bc)
+            m->br == br && m->full == full && m->tail == tail)
             grid = m->grid;
     }
     pthread_mutex_unlock(&v3_memo_lock);
     if (grid) return grid;
-    const int64_t nb = (p->sk + bc - 1) / bc, full = nb + 1, tail = (nb + br / 64 - 1) / (br / 64) + 2;
     int64_t best = -1;
     for (int64_t g = slots; g > slots - V3_SPLIT_GRIDS; g--) {
         const int64_t most = v3_busiest(p, br, group, g, full, tail);
@@ -273,7 +275,7 @@ static int64_t v3_split_grid(const attn_params *p, int br, int bc, int64_t group
             grid = g;
         }
     }
-    const v3_grid_memo m = {p->sq, p->sk, nbh, slots, group, grid, br, bc};
+    const v3_grid_memo m = {p->sq, p->sk, nbh, slots, group, full, tail, grid, br};
     pthread_mutex_lock(&v3_memo_lock);
     v3_grids[v3_grids_next] = m;
     v3_grids_next = (v3_grids_next + 1) % V3_ORDER_MEMO;
@@ -315,8 +317,11 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
                        : ov->order == FATTN_ORDER_BLOCKS ? nbh
                                                          : v3_order(p, br, c->bc, grid, plan->dev.sm_count, split);
     plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
-    if (split && p->mask.left < 0 && p->mask.right < 0) { /* (masked calls split only when asked: every slot) */
-        grid = v3_split_grid(p, br, c->bc, plan->head_group, slots);
+    const int tail_rows = (int)(p->sq % br);
+    if (c->consumers == 3 && p->mask.left < 0 && p->mask.right < 0 && tail_rows > 0 && (split || tail_rows > 64)) {
+        const int64_t nb = (p->sk + c->bc - 1) / c->bc; /* (masked calls: every slot) */
+        const int64_t tail = split ? 4 * ((nb + 2) / 3 + 2) : 3 * (nb + 1);
+        grid = v3_tail_grid(p, br, plan->head_group, slots, 4 * (nb + 1), tail);
         plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
     }
     /* per-sequence lengths: tiles from a counter, only those that exist (v3_schedule.h: v3_seq_tile) */
