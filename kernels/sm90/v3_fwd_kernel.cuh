@@ -28,8 +28,9 @@
  * Split tails (three consumers, dense calls; the rule and the grid: v3_plan.c): a head's last query block of at most
  * 64 rows has every consumer on its rows, consumer c taking key blocks c, c + 3, ..., and consumer 0 merging the
  * three partial results (see split_tail_tile) -- else two consumers compute rows that do not exist through the
- * tile.  H100, D=64 non-causal: S=1k 1.073x faster (0.93 -> 1.00x cudnn), 4k 1.022x
- * (evidence/bench/h100_v3_fwd_split_tails_8223c72.md).
+ * tile.  H100, D=64 non-causal: S=1k 1.073x faster (0.93 -> 1.00x cudnn), 4k 1.022x.  A consumer with no rows in
+ * a tile (a tail of 65-128 rows, not split) only passes its turns and releases the blocks (idle_tile): S=512
+ * 1.043x (evidence/bench/h100_v3_fwd_split_tails_8223c72.md).
  * SEQ (kernels of their own, V3_SEQ_CONFIGS: the D=128 / 256 defaults, D=64 on two consumers): per-sequence
  * lengths -- packed batches (TMA maps over all the rows, a sequence's tiles starting at its first row) and
  * seqused_k.  Rows of the next sequence that a tile's loads pick up are masked (keys) or never stored: a sequence's
