@@ -29,7 +29,7 @@
  * 64 rows has every consumer on its rows, consumer c taking key blocks c, c + 3, ..., and consumer 0 merging the
  * three partial results (see split_tail_tile) -- else two consumers compute rows that do not exist through the
  * tile.  H100, D=64 non-causal: S=1k 1.073x faster (0.93 -> 1.00x cudnn), 4k 1.022x.  A consumer with no rows in
- * a tile (a tail of 65-128 rows, not split) only passes its turns and releases the blocks (idle_tile): S=512
+ * a tile (a tail of 65-128 rows, not split) only passes its turns and releases the blocks: S=512
  * 1.043x (evidence/bench/h100_v3_fwd_split_tails_8223c72.md).
  * SEQ (kernels of their own, V3_SEQ_CONFIGS: the D=128 / 256 defaults, D=64 on two consumers): per-sequence
  * lengths -- packed batches (TMA maps over all the rows, a sequence's tiles starting at its first row) and
@@ -395,6 +395,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     };
     v3_done cur;    /* the current tile's (m, l filled in when it ends) */
     int f0 = 0, f1 = 0; /* the current tile's key blocks [f0, f1) are unmasked for this warpgroup's rows */
+    int seen = 0;       /* its key blocks [0, seen) hold keys some row of this warpgroup's sees (none past them);
+                           dense calls only (SEQ: with it D=256's kernels spilled 44 bytes) */
     /* Starts tile w (Q's slot waited for): the softmax's per-tile state, Q's descriptor, the mask's block range. */
     auto begin_tile = [&](const v3_tile &w, const fattn_extent &x, int qr) {
         cur.qs = qr % QB;
@@ -423,6 +425,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                                                                                            : wsp.n_full_min - w.n_min);
         f1 = (int)(wsp.n_full_max - w.n_min < f0 ? f0 : wsp.n_full_max - w.n_min > w.nblocks ? w.nblocks
                                                                                              : wsp.n_full_max - w.n_min);
+        if (!SEQ)
+            seen = (int)(wsp.n_max - w.n_min < 0         ? 0
+                         : wsp.n_max - w.n_min > w.nblocks ? w.nblocks
+                                                           : wsp.n_max - w.n_min);
         if (cur.wg_row >= cur.seq_q) { /* rows past the sequence (a last, partial tile): never stored, so spare them the mask */
             f0 = 0;
             f1 = w.nblocks;
@@ -558,7 +564,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
      * (empty turns after its own), then consumers 1.. hand consumer 0 their O, m and l (per thread, in the
      * accumulator layout) through the merge area, and consumer 0 rescales them to the largest m, adds them up and
      * runs the epilogue. ---- */
-    auto skip_block = [&](int rs) { /* another consumer's block: its slots back to the producer once loaded */
+    auto skip_block = [&](int rs) { /* a block this consumer does not compute: back to the producer once loaded */
         const int st = rs % STAGES;
         mbar_wait(&k_full[st], (rs / STAGES) & 1);
         release(&k_empty[st]);
@@ -631,23 +637,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         m[1] = mm[1];
         epilogue(finish(), false);
     };
-    /* A consumer none of whose rows exist (a head's last query block of at most 128 rows, not split): it passes its
-     * turns and releases each block once loaded, but computes and stores nothing, so that the tile takes about the
-     * time of its working consumers' GEMMs.  Its turns keep the working consumers' order: S_0's, then one per block
-     * (the next S with this P V, or the last P V). */
-    auto idle_tile = [&](int nb) {
-        if (nb > 0) {
-            turn_wait();
-            turn_pass();
-        }
-        for (int j = 0; j < nb; j++) {
-            skip_block(ring + j);
-            turn_wait();
-            turn_pass();
-        }
-        release(&q_empty[cur.qs]);
-        ring += nb;
-    };
     auto split_tail_tile = [&](int nb) {
         int done = 0, own = 0; /* [0, done): blocks handled */
         for (int j = cw; j < nb; j += CWG, own++) {
@@ -717,25 +706,34 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
                 split_tail_tile(w.nblocks);
                 continue;
             }
-            if (CAN_SPLIT && cur.wg_row >= cur.seq_q) { /* no row of this consumer's exists: it only keeps pace */
-                idle_tile(w.nblocks);
-                continue;
-            }
-            if (w.nblocks > 0) {
+            /* The consumer computes the key blocks its rows see, [0, seen); past them (a causal diagonal or a right
+             * window edge beyond its rows, every block when none of its rows exist) it only takes its turns -- the
+             * S_0 turn when it has no block, then one per block -- and releases each block once loaded. */
+            const int nb = w.nblocks, seen_ = SEQ ? nb : seen;
+            if (seen_ > 0) {
                 float a[2];
                 first_block(ring, 0, a);
                 pack_p();
-                for (int j = 1; j < w.nblocks; j++) {
+                for (int j = 1; j < seen_; j++) {
                     if (step_gemms(ring + j, ring + j - 1, j, a)) rescale_o(a);
                     pack_p();
                 }
                 if (SEP_O) release(&q_empty[cur.qs]); /* the last S GEMM has read Q: a later tile's Q may land */
-                last_pv(ring + w.nblocks - 1);
-                ring += w.nblocks;
-            } else if (SEP_O) {
-                release(&q_empty[cur.qs]);
+                last_pv(ring + seen_ - 1);
+            } else {
+                if (nb > 0) {
+                    turn_wait();
+                    turn_pass();
+                }
+                if (SEP_O) release(&q_empty[cur.qs]);
             }
-            epilogue(finish(), false);
+            for (int j = seen_; j < nb; j++) {
+                skip_block(ring + j);
+                turn_wait();
+                turn_pass();
+            }
+            ring += nb;
+            if (SEQ || !SEP_O || cur.wg_row < cur.seq_q) epilogue(finish(), false); /* (else: no row to store) */
         }
     }
     if (PP && cw == 0) turn_wait(); /* the last consumer's final hand-over */

@@ -228,7 +228,7 @@ static fattn_status v3_split_tails(const attn_params *p, const v3_config *c, int
 
 /* Short tails: with three consumers a head's last query block is shorter than the others where it holds at most
  * 128 rows -- split (at most 64 rows: each consumer a third of the key blocks, then the merge) or with one consumer
- * idle (v3_fwd_kernel.cuh: idle_tile) -- and a grid of G blocks walking nqb tiles a head can hand every short one to
+ * idle (v3_fwd_kernel.cuh: it only takes its turns) -- and a grid of G blocks walking nqb tiles a head can hand every short one to
  * the same few blocks (at 132 blocks and 6 tiles a head, blocks 0, 6, 12, ... take them all).  The grid among the
  * V3_SPLIT_GRIDS sizes up to the slots whose busiest block has the least work by a replay, the largest on a tie:
  * in quarters of a consumer's key blocks, a full tile costs 4 (nb + 1), a split tail 4 (its share + 2), a tail
