@@ -24,7 +24,9 @@
  * issued with the next tile's S_0, and its epilogue runs once both are done.
  * O is written back through a shared-memory tile (its own where it fits, else the consumer's Q slot; swizzled like
  * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
- * with zeros, so no load reads past it.  A tile visits only the key blocks its rows see (mask.h: fattn_key_span).
+ * with zeros, so no load reads past it.  A tile visits only the key blocks its rows see (mask.h: fattn_key_span),
+ * and in dense calls a consumer computes only those its own rows see: past them it takes its turns and releases the
+ * blocks (causal D=256 S=512 / 1k 1.035 / 1.041x, D=64 4k 1.027x on an H100).
  * Split tails (three consumers, dense calls; the rule and the grid: v3_plan.c): a head's last query block of at most
  * 64 rows has every consumer on its rows, consumer c taking key blocks c, c + 3, ..., and consumer 0 merging the
  * three partial results (see split_tail_tile) -- else two consumers compute rows that do not exist through the
@@ -47,8 +49,9 @@
  * so the blocks in flight share K/V in L2, or longest first over all heads where a causal schedule needs it for
  * balance; v3_schedule.h, chosen by v3_plan.c); the K/V ring and the turns run on across tiles.  Configurations:
  * v3_configs.h (bench/ab.py times them).  Built for sm_90a only (kernels/sm90/gencode).  Speed (H100, fa3 fp16,
- * evidence/bench/h100_v3_ratios_9034942.md): 0.88-1.19x torch cudnn, >= 1.05 at 17 of 36 points; D=128 S=16k
- * non-causal 686 TFLOP/s.  Weakest: D=64 causal at S=512-2k (0.88-0.90x). */
+ * evidence/bench/h100_v3_ratios_f464541.md): 0.88-1.24x torch cudnn, >= 1.05 at 17 of 36 points; D=128 S=16k
+ * non-causal 686 TFLOP/s in 9034942's pass (617 in f464541's, cudnn 647 / 616).  Weakest: D=64 causal at
+ * S=512-2k (0.88-0.90x, the rule configs). */
 #ifndef FATTN_V3_FWD_KERNEL_CUH
 #define FATTN_V3_FWD_KERNEL_CUH
 
