@@ -526,8 +526,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         return moved;
     };
     /* The consumer's first S of a tile (block j, ring slot rs), alone (the first tile's, or every tile's without
-     * FLAT) */
-    auto first_block = [&](int rs, int j, float a[2]) {
+     * FLAT), and its softmax; returns whether m moved */
+    auto first_block = [&](int rs, int j, float a[2]) -> bool {
         const int st0 = rs % STAGES;
         mbar_wait(&k_full[st0], (rs / STAGES) & 1);
         turn_wait();
@@ -536,7 +536,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         wgmma_wait<0>();
         reg_fence(s);
         release(&k_empty[st0]);
-        softmax(j, a, masked(j));
+        return softmax(j, a, masked(j));
     };
     /* a tile's last P V (ring slot rl), alone (the last tile's, or every tile's without FLAT) */
     auto last_pv = [&](int rl) {
@@ -575,24 +575,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         release(&v_empty[st]);
     };
     auto whole_block = [&](int rs, int j) { /* S_j, its softmax, O += P_j V_j, each GEMM in a turn of its own */
-        const int st = rs % STAGES;
         float a[2];
-        mbar_wait(&k_full[st], (rs / STAGES) & 1);
-        turn_wait();
-        issue_s(st);
-        turn_pass();
-        wgmma_wait<0>();
-        reg_fence(s);
-        release(&k_empty[st]);
-        if (softmax(j, a, masked(j))) rescale_o(a);
+        if (first_block(rs, j, a)) rescale_o(a);
         pack_p();
-        mbar_wait(&v_full[st], (rs / STAGES) & 1);
-        turn_wait();
-        issue_pv(st);
-        turn_pass();
-        wgmma_wait<0>();
-        reg_fence(o);
-        release(&v_empty[st]);
+        last_pv(rs);
     };
     auto merge_tail = [&]() {
         constexpr int PART = 64 * DP + 4 * 128; /* floats of a consumer's partial: O, then m and l per thread */
