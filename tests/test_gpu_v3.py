@@ -139,7 +139,7 @@ def test_v3_tile_order_rule():
 def test_v3_config_rules():
     """kernels/sm90/v3_configs.h's V3_RULES: D=64 causal calls with Sk <= 1024 and at least one default tile per SM
     run one consumer at Bc = 64 (three blocks per SM); D=64 calls with Sk <= 512 run one consumer at Bc = 128 (two
-    blocks per SM) when causal (fewer tiles) or when the default's tiles are at most 2 per SM; D=64 causal calls with Sk <= 2048 run Br = 128 without ping-pong; D=128
+    blocks per SM) when causal (fewer tiles) or when the default's tiles are at most 2 per SM; D=64 causal calls with Sk <= 1024 run Br = 128 without ping-pong; D=128
     non-causal calls with Sk >= 8192 run Bc = 176; D=256 calls with Sk >= 1024 (non-causal) or >= 2048 (causal) run
     Bc = 80; the calls next to them run the bucket's default; all correct."""
     configs = _C._dev.configs("v3")
@@ -156,7 +156,8 @@ def test_v3_config_rules():
              (64, 2, 512, 512, False, one),
              (64, many, 512, 512, False, default[64]), (64, 2, 512, 513, False, default[64]),
              (64, 2 * sms // 3, 512, 512, False, one), (64, 2 * sms // 3 + 1, 512, 512, False, default[64]),
-             (64, 2, 600, 1025, True, by_cfg[(64, 128, 2, 2, 0)]), (64, 2, 600, 700, False, default[64]),
+             (64, 2, 600, 1025, True, default[64]), (64, 2, 600, 2048, True, default[64]),
+             (64, 2, 600, 700, False, default[64]),
              (64, 2, 300, 2049, True, default[64]), (128, 2, 100, 8192, False, by_cfg[(128, 176, 2, 2, 1)]),
              (128, 2, 100, 8191, False, default[128]), (128, 2, 100, 8192, True, default[128]),
              (128, 2, 100, 16384, True, default[128]), (256, 2, 100, 1024, False, by_cfg[(256, 80, 2, 2, 1)]),

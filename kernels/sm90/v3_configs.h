@@ -19,7 +19,10 @@
  *   most 2 default tiles per SM: one consumer, two blocks per SM (bench/ab.py, 96c58d0: causal 1.05-1.25x,
  *   non-causal 1.04-1.32x on the seeds' grids, 0.93x on the fa3 grid's; at 11c1184 the default ran B=8 H=16, 2.9
  *   tiles per SM, 1.07x faster than one consumer, so 3 -> 2 tiles);
- *   D=64 causal, Sk <= 2k: Br = 128 without ping-pong, 0.58-0.78x -> 0.75-0.82x cudnn (less of each tile masked);
+ *   D=64 causal, Sk <= 1k: Br = 128 without ping-pong, 0.58-0.78x -> 0.75-0.82x cudnn (less of each tile masked);
+ *   up to 2k until the default's consumers skipped the key blocks past their own rows (f464541): then at causal 2k
+ *   the default ran 1.084x faster than this config, 0.880 -> 0.954x cudnn (fa3's B=8 H=32;
+ *   evidence/bench/h100_ab_fwd_d64_causal_configs_736d840.json; at 512 / 1k the rules above still win by 1.14x);
  *   D=128 non-causal, Sk >= 8k: Bc = 176 (bench/ab.py, interleaved medians: 16k 0.93 -> 0.97x, 8k 0.94 -> 0.97x;
  *   with the lazy row max, 4891d41, the three D=128 configs read within 1.5% of each other there); D=256, Sk >= 1k
  *   non-causal and >= 2k causal: Bc = 80 (the sweep at f97efb6, evidence/bench/h100_v3_sweep_d128_256_f97efb6.json:
@@ -46,7 +49,7 @@ typedef struct {
     X(64, 64, 3, 1, 0, 1, 0, 1024, 1, 0)              \
     X(64, 128, 2, 1, 0, 1, 0, 512, 0, 0)              \
     X(64, 128, 2, 1, 0, 0, 0, 512, 0, 2)              \
-    X(64, 128, 2, 2, 0, 1, 0, 2048, 0, 0)             \
+    X(64, 128, 2, 2, 0, 1, 0, 1024, 0, 0)             \
     X(128, 176, 2, 2, 1, 0, 8192, INT64_MAX, 0, 0)    \
     X(256, 80, 2, 2, 1, 0, 1024, INT64_MAX, 0, 0)     \
     X(256, 80, 2, 2, 1, 1, 2048, INT64_MAX, 0, 0)
