@@ -122,8 +122,10 @@ int fattn_v3_seq_config(int dp);
  * O (64 x DP floats) and each thread's two row maxima and sums, in the O tile (Br x DP halves) and V3_MERGE_EXTRA
  * bytes after it (whole KB, so that K and V stay 1024-aligned). */
 #define V3_MERGE_BYTES(DP, CWG) ((CWG) == 3 ? 2 * (64 * (DP) + 4 * 128) * 4 : 0)
-#define V3_MERGE_EXTRA(DP, CWG) \
-    (V3_MERGE_BYTES(DP, CWG) > 128 * (CWG) * (DP) ? (V3_MERGE_BYTES(DP, CWG) - 128 * (CWG) * (DP) + 1023) / 1024 * 1024 : 0)
+#define V3_MERGE_EXTRA(DP, CWG)                                                                  \
+    (V3_MERGE_BYTES(DP, CWG) > 128 * (CWG) * (DP)                                                \
+         ? (V3_MERGE_BYTES(DP, CWG) - 128 * (CWG) * (DP) + 1023) / 1024 * 1024                   \
+         : 0)
 #define V3_SMEM(DP, BC, STAGES, CWG)                                                                 \
     (V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QB(DP, BC, STAGES, CWG), V3_SEP_O(DP, BC, STAGES, CWG)) + \
      V3_MERGE_EXTRA(DP, CWG))

@@ -504,10 +504,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         }
     };
 
-    /* One step of the pipeline: S_j = Q K_j^T (ring slot rs) and O += P V of the consumer's block before (slot rp:
-     * rs - 1, or in a split tail rs - CWG) issued together, the softmax of S_j while that P V runs.  Returns with
-     * P V done, and whether m moved; the caller rescales O if it did (or, when the P V was another tile's last,
-     * stores that tile) and packs P_j. */
+    /* One step of the pipeline: S_j = Q K_j^T (ring slot rs) and O += P V of the block before (slot rp, which every
+     * caller passes as rs - 1; the parameter stays from an earlier form of the split tails because folding it back
+     * changes the SASS, which no GPU run has checked) issued together, the softmax of S_j while that P V runs.
+     * Returns with P V done, and whether m moved; the caller rescales O if it did (or, when the P V was another
+     * tile's last, stores that tile) and packs P_j. */
     auto step_gemms = [&](int rs, int rp, int j, float a[2]) -> bool {
         const int st = rs % STAGES, sp = rp % STAGES;
         mbar_wait(&k_full[st], (rs / STAGES) & 1);

@@ -228,13 +228,13 @@ static fattn_status v3_split_tails(const attn_params *p, const v3_config *c, int
 
 /* Short tails: with three consumers a head's last query block is shorter than the others where it holds at most
  * 128 rows -- split (at most 64 rows: each consumer a third of the key blocks, then the merge) or with one consumer
- * idle (v3_fwd_kernel.cuh: it only takes its turns) -- and a grid of G blocks walking nqb tiles a head can hand every short one to
- * the same few blocks (at 132 blocks and 6 tiles a head, blocks 0, 6, 12, ... take them all).  The grid among the
- * V3_SPLIT_GRIDS sizes up to the slots whose busiest block has the least work by a replay, the largest on a tie:
- * in quarters of a consumer's key blocks, a full tile costs 4 (nb + 1), a split tail 4 (its share + 2), a tail
- * with one idle consumer 3 (nb + 1).  Calls of more than 2^16 tiles keep every slot; a few recent answers are
- * remembered. */
-#define V3_SPLIT_GRIDS 8
+ * idle (v3_fwd_kernel.cuh: it only takes its turns) -- and a grid of G blocks walking nqb tiles a head can hand
+ * every short one to the same few blocks (at 132 blocks and 6 tiles a head, blocks 0, 6, 12, ... take them all).
+ * The grid among the V3_TAIL_GRIDS sizes up to the slots whose busiest block has the least work by a replay, the
+ * largest on a tie: in quarters of a consumer's key blocks, a full tile costs 4 (nb + 1), a split tail 4 (its
+ * share + 2), a tail with one idle consumer 3 (nb + 1).  Unmasked calls only (masked ones keep every slot); calls
+ * of more than 2^16 tiles keep every slot; a few recent answers are remembered. */
+#define V3_TAIL_GRIDS 8
 static int64_t v3_busiest(const attn_params *p, int br, int64_t group, int64_t grid, int64_t full, int64_t tail) {
     const int64_t ntiles = v3_ntiles(p, br);
     int64_t most = 0;
@@ -256,7 +256,7 @@ static int v3_grids_next;
 
 static int64_t v3_tail_grid(const attn_params *p, int br, int64_t group, int64_t slots, int64_t full, int64_t tail) {
     const int64_t ntiles = v3_ntiles(p, br), nbh = p->b * p->h;
-    if (ntiles > (1 << 16) || slots <= V3_SPLIT_GRIDS || ntiles <= slots) return ntiles < slots ? ntiles : slots;
+    if (ntiles > (1 << 16) || slots <= V3_TAIL_GRIDS || ntiles <= slots) return ntiles < slots ? ntiles : slots;
     int64_t grid = 0;
     pthread_mutex_lock(&v3_memo_lock);
     for (int i = 0; i < V3_ORDER_MEMO && !grid; i++) {
@@ -268,7 +268,7 @@ static int64_t v3_tail_grid(const attn_params *p, int br, int64_t group, int64_t
     pthread_mutex_unlock(&v3_memo_lock);
     if (grid) return grid;
     int64_t best = -1;
-    for (int64_t g = slots; g > slots - V3_SPLIT_GRIDS; g--) {
+    for (int64_t g = slots; g > slots - V3_TAIL_GRIDS; g--) {
         const int64_t most = v3_busiest(p, br, group, g, full, tail);
         if (best < 0 || most < best) {
             best = most;

@@ -8,8 +8,9 @@
  * of very different lengths but leaves K and V little reuse in L2.
  * Split tails (split = 1; three consumers, the planner's rule in v3_plan.c): where a head's last query block holds
  * at most 64 rows -- one consumer's, the other two idle through a whole tile -- the consumers share out its key
- * blocks instead (v3_fwd_kernel.cuh).  It keeps its place in the order, beside its head's other tiles (K and V
- * still in L2: placed after every full tile they ran 0.8 of a full tile's time, reading K and V from DRAM), and the
+ * blocks instead (v3_fwd_kernel.cuh).  It keeps its place in the order, beside its head's other tiles, K and V
+ * still in L2 (placed after every full tile, split tails gained 1.033x at D=64 S=1k instead of 1.073x -- from the
+ * timings about 0.8 of a full tile each, K and V back from DRAM being the likely cause, not profiled), and the
  * planner sizes the grid so that the short tiles do not all fall to the same blocks.
  */
 #ifndef FATTN_V3_SCHEDULE_H
