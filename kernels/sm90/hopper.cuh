@@ -127,6 +127,13 @@ DEV void red_add_x4(__half *a, unsigned lo, unsigned hi) {
 DEV void red_add_x4(__nv_bfloat16 *a, unsigned lo, unsigned hi) {
     asm volatile("red.global.add.noftz.v2.bf16x2 [%0], {%1, %2};\n" ::"l"(a), "r"(lo), "r"(hi) : "memory");
 }
+/* Programmatic dependent launch: a grid launched behind this one with the programmatic-serialization attribute
+ * may start once every block of this grid has issued launch_dependents (or exited) -- it then runs beside this
+ * grid's last blocks, and must synchronise with them itself; wait blocks the calling thread until the grids this
+ * one was launched behind have completed and their writes are visible. */
+DEV void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+DEV void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 /* Orders this thread's async-proxy global writes (bulk copies, once waited for) with its generic accesses after. */
 DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 

@@ -199,8 +199,21 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     /* (the wide kernels take the first seven: no tm_dq) */
     void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, &zero_ahead, &tdq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
-    void *cargs[] = {(void *)p};
-    if (!dq_out)
-        FATTN_CUDA_CHECK(cudaLaunchKernel(r->convert[seq][ti], dim3((unsigned)conv_blocks), dim3(128), cargs, 0, s));
+    /* convert: where the dK/dV kernel counts its blocks done (V3B_COUNTS_DONE), launched as its programmatic
+     * dependent -- it starts on the multiprocessors the dK/dV kernel's last wave leaves idle, each block once its
+     * group is done -- else behind it in stream order */
+    if (dq_out) return FATTN_OK;
+    int wait_blocks = V3B_COUNTS_DONE(r->dp, p->deterministic != 0, seq, dq_out) ? (int)nkb : 0;
+    void *cargs[] = {(void *)p, (void *)&wait_blocks};
+    cudaLaunchAttribute overlap;
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cc = {};
+    cc.gridDim = dim3((unsigned)conv_blocks);
+    cc.blockDim = dim3(128);
+    cc.stream = s;
+    cc.attrs = &overlap;
+    cc.numAttrs = wait_blocks ? 1 : 0;
+    FATTN_CUDA_CHECK(cudaLaunchKernelExC(&cc, r->convert[seq][ti], cargs));
     return FATTN_OK;
 }

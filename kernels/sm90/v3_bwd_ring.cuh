@@ -244,6 +244,25 @@ template <int BC> struct v3b_zero {
     }
 };
 
+/* The convert pass beside the dK/dV kernel's last blocks (default mode, dense batches, dQ in dq_accum: the launcher's
+ * rule, v3_bwd.cu): every dK/dV block counts itself done on its group's counter once its dQ adds have landed, and
+ * each convert block waits until its group (b, kv head) has all nkb of them, so the convert grid can be launched as
+ * the dK/dV kernel's programmatic dependent and run on the multiprocessors its last wave leaves idle.  The counter:
+ * row 1 of the group's first query head in dq_sem (zeroed by bwd_prep; row 0 is zero-ahead's, and deterministic mode,
+ * whose tile counters fill dq_sem from its start, does not count). */
+DEV int *v3b_done(const attn_bwd_params &p, int64_t g) { return p.dq_sem + g * p.fwd.h_per_kv * p.ws_rows + 1; }
+/* One thread of a dK/dV block, after its adds have landed (cp.async.bulk.wait_group 0) */
+DEV void v3b_signal_done(const attn_bwd_params &p, int64_t g) {
+    fence_proxy_async_global();
+    red_release_add(v3b_done(p, g), 1);
+}
+/* A whole convert block, before it reads dq_accum: group g counted n blocks done */
+DEV void v3b_wait_done(const attn_bwd_params &p, int64_t g, int n) {
+    if (threadIdx.x == 0)
+        while (ld_acquire(v3b_done(p, g)) < n) __nanosleep(256);
+    __syncthreads();
+}
+
 /* The shared memory the producer fills: K and V (BC x DP), STAGES slots of Q and dO (BR x DP) and of the rows' LSE2
  * and D (BR floats), the mbarriers kv_full, q_full[STAGES], q_empty[STAGES]. */
 template <typename T> struct v3b_ring {
