@@ -171,9 +171,9 @@ def test_grad_v3_many_key_blocks(b, h, hk, sq, sk, d, causal, seed, request):
 
 
 # (b, h, hk, sq, sk, d, causal): calls whose dQ goes through dq_accum and a convert pass -- D=64 (Br = 128), D=128 on
-# Br = 80 and on Br = 64 (Sq = 64: 80-row steps would pad it), D=96 under a bottom-right mask, D=256 (the wide
-# kernel), GQA -- with more dK/dV blocks than an H100 has SMs (a last, partial wave) and more key blocks than dQ out
-# takes
+# Br = 80 and on Br = 64 (Sq = 64: 80-row steps would pad it), D=96 under a bottom-right mask, and D=256 / 200 (the
+# wide kernel, whose convert runs behind it), GQA -- with more dK/dV blocks than an H100 has SMs (a last, partial
+# wave) and more key blocks than dQ out takes
 CONVERT_OVERLAP = [(2, 16, 16, 600, 2200, 64, False), (2, 8, 8, 2048, 2048, 128, False),
                    (4, 8, 4, 64, 2300, 128, False), (2, 8, 4, 700, 2300, 96, "bottom_right"),
                    (2, 8, 4, 600, 1100, 256, False), (2, 8, 4, 700, 1100, 200, "top_left")]
@@ -184,10 +184,11 @@ CONVERT_OVERLAP = [(2, 16, 16, 600, 2200, 64, False), (2, 8, 8, 2048, 2048, 128,
                          ids=["x".join(map(str, c[:6])) + f"-{c[6]}" for c in CONVERT_OVERLAP])
 def test_grad_v3_convert_overlap(b, h, hk, sq, sk, d, causal, seed, request):
     """v3's backward with its convert pass launched as the dK/dV kernel's programmatic dependent, each convert block
-    waiting for its group's count (kernels/sm90/v3_bwd_ring.cuh: v3b_done): in each mode five calls back to back on
-    one stream, each one's gradients copied by the stream's next operation before anything synchronises, every copy
-    against the reference -- a convert block reading sums that had not all landed, or the copy running before the
-    dK/dV kernel's stores, would show here; deterministic mode's copies bitwise equal."""
+    waiting for its group's count (kernels/sm90/v3_bwd_ring.cuh: v3b_done; default mode, head dims to 128): in each
+    mode five calls back to back on one stream, each one's gradients copied by the stream's next operation before
+    anything synchronises, every copy against the reference -- a convert block reading sums that had not all landed,
+    or the copy running before the dK/dV kernel's stores, would show here; deterministic mode's copies (convert
+    behind the dK/dV kernel) bitwise equal."""
     require("cuda")
     if "v3" not in fattn.variants("cuda"):
         pytest.skip("v3 runs on compute capability 9.0 only")

@@ -203,7 +203,7 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
      * dependent -- it starts on the multiprocessors the dK/dV kernel's last wave leaves idle, each block once its
      * group is done -- else behind it in stream order */
     if (dq_out) return FATTN_OK;
-    int wait_blocks = V3B_COUNTS_DONE(seq, dq_out) ? (int)nkb : 0;
+    int wait_blocks = V3B_COUNTS_DONE(r->dp, p->deterministic != 0, seq, dq_out) ? (int)nkb : 0;
     void *cargs[] = {(void *)p, (void *)&wait_blocks};
     cudaLaunchAttribute overlap;
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -4,10 +4,10 @@
  * dP = dO V^T, dS = P (dP - D), dK = scale dS^T Q, dQ = scale dS K.  Three kernels on the stream: bwd_prep (D_i,
  * dQ's accumulator and counters zeroed -- at D=128 / 256 in default mode only the first groups' accumulator, the
  * dK/dV kernel zeroing the rest: zero-ahead, below; kernels/bwd_common.cuh), v3_bwd_dkdv, v3_bwd_convert or
- * v3_bwd_convert_t (dQ = scale * dq_accum in the dtype, from v3's tile layouts; v3_bwd_convert.cuh) -- on dense
- * batches launched as the dK/dV kernel's programmatic dependent, so that it runs on the multiprocessors the dK/dV
- * kernel's last wave leaves idle, each convert block once its group's dK/dV blocks have counted their dQ adds landed
- * (v3_bwd_ring.cuh: V3B_COUNTS_DONE, v3b_done).  Calls of at most 8 key blocks
+ * v3_bwd_convert_t (dQ = scale * dq_accum in the dtype, from v3's tile layouts; v3_bwd_convert.cuh) -- in default
+ * mode on dense batches launched as the dK/dV kernel's programmatic dependent, so that it runs on the
+ * multiprocessors the dK/dV kernel's last wave leaves idle, each convert block once its group's dK/dV blocks have
+ * counted their dQ adds landed (V3B_COUNTS_DONE below; v3_bwd_ring.cuh: v3b_done).  Calls of at most 8 key blocks
  * (v3_bwd_configs.h: V3_BWD_DQ_OUT) run two: bwd_prep zeroes dQ itself, and the dK/dV kernel adds its dQ tiles,
  * scaled and in the dtype, straight into dQ by TMA reductions (DQ_OUT, below).
  *
@@ -104,6 +104,12 @@
  * kernel runs about 1% slower with it); D=256 S=512 1.06 / 1.08x, 1k 1.02 / 1.05x, 2k 1.03 / 1.02x, 4k 1.02 /
  * 1.02x (non-causal / causal). */
 #define V3B_ZERO_AHEAD(dp) ((dp) == 128)
+/* The convert pass beside the dK/dV kernel's last wave (v3_bwd_ring.cuh: v3b_done): this file's kernels that add dQ
+ * into dq_accum in default mode on dense batches count each block done on its group's counter and let the grid
+ * launched behind them start early (griddepcontrol.launch_dependents, at every block's start); the launcher then
+ * launches convert as their programmatic dependent, its blocks waiting for their groups' counts.  (The wide kernel,
+ * head dim 256, does not count.) */
+#define V3B_COUNTS_DONE(dp, det, seq, dq_out) ((dp) != 256 && !(det) && !(seq) && !(dq_out))
 /* Deterministic mode's stagger of whole heads (v3b_stagger_turn) is built for these kernels: head-dim bucket 64, the
  * wide kernel's 256, 128 at br = 80, and 128 at br = 64 with dQ out (on an H100 1.046x faster at S = 512 and 1k
  * non-causal: evidence/backward/h100_v3_bwd_dq_out_causal_*.md).  D=128 at br = 64 with dQ in the float32 workspace
@@ -122,7 +128,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             const attn_bwd_params all, const int stagger, const int zero_ahead,
             const __grid_constant__ CUtensorMap tm_dq) {
     static_assert(BC == 128, "two consumers of 64 keys");
-    constexpr bool COUNTS = V3B_COUNTS_DONE(SEQ, DQ_OUT);
+    constexpr bool COUNTS = V3B_COUNTS_DONE(DP, DET, SEQ, DQ_OUT);
     if constexpr (COUNTS) griddep_launch_dependents(); /* convert may start once every block has */
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
     constexpr int NS = BR / 2;  /* S^T and dP^T accumulators per thread (64 keys x BR queries) */

@@ -244,21 +244,14 @@ template <int BC> struct v3b_zero {
     }
 };
 
-/* The convert pass beside the dK/dV kernel's last wave.  The dK/dV kernels that add dQ into dq_accum on dense
- * batches (V3B_COUNTS_DONE: both modes, v3_bwd_kernel.cuh's and the wide kernel's) issue
- * griddepcontrol.launch_dependents at every block's start and count each block done on its group's counter once its
- * dQ adds have landed; the launcher (v3_bwd.cu) launches convert as their programmatic dependent, and each convert
- * block waits until its group (b, kv head) has all nkb of them -- so convert runs on the multiprocessors the dK/dV
- * kernel's last wave leaves idle.  The counter, in dq_sem (zeroed by bwd_prep): in default mode row 1 of the group's
- * first query head (row 0 is zero-ahead's); in deterministic mode, whose tile counters fill dq_sem from its start
- * (below b h ws_rows / 16: v3_dq_tile), the group's word counted back from dq_sem's end. */
-#define V3B_COUNTS_DONE(seq, dq_out) (!(seq) && !(dq_out))
-DEV int *v3b_done(const attn_bwd_params &p, int64_t g) {
-    return p.deterministic ? p.dq_sem + p.fwd.b * p.fwd.h * p.ws_rows - 1 - g
-                           : p.dq_sem + g * p.fwd.h_per_kv * p.ws_rows + 1;
-}
-/* One thread of a dK/dV block, once its adds have landed: bulk adds waited for (cp.async.bulk.wait_group 0), or
- * reds ordered before this thread by fences and a barrier */
+/* The convert pass beside the dK/dV kernel's last blocks (default mode, dense batches, dQ in dq_accum: the launcher's
+ * rule, v3_bwd.cu): every dK/dV block counts itself done on its group's counter once its dQ adds have landed, and
+ * each convert block waits until its group (b, kv head) has all nkb of them, so the convert grid can be launched as
+ * the dK/dV kernel's programmatic dependent and run on the multiprocessors its last wave leaves idle.  The counter:
+ * row 1 of the group's first query head in dq_sem (zeroed by bwd_prep; row 0 is zero-ahead's, and deterministic mode,
+ * whose tile counters fill dq_sem from its start, does not count). */
+DEV int *v3b_done(const attn_bwd_params &p, int64_t g) { return p.dq_sem + g * p.fwd.h_per_kv * p.ws_rows + 1; }
+/* One thread of a dK/dV block, after its adds have landed (cp.async.bulk.wait_group 0) */
 DEV void v3b_signal_done(const attn_bwd_params &p, int64_t g) {
     fence_proxy_async_global();
     red_release_add(v3b_done(p, g), 1);

@@ -133,8 +133,6 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                  const attn_bwd_params all, const int stagger_asked, const int zero_ahead) {
     constexpr int DP = 256;
-    constexpr bool COUNTS = V3B_COUNTS_DONE(SEQ, DQ_OUT); /* v3_bwd_ring.cuh: v3b_done */
-    if constexpr (COUNTS) griddep_launch_dependents();    /* convert may start once every block has */
     static_assert(!ZA || (!DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
     static_assert(!DQ_OUT || (!MODS && !SEQ && !ZA), "dQ out: plain kernels");
     static_assert(BR == 64 && BC == 64, "a 64 x 64 P and dS, 32 keys of S per consumer");
@@ -176,11 +174,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         if (threadIdx.x == 0 && blk.n_it > 0)
             v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
                                                     bp.tma_b, ZA ? zero_ahead : 0);
-        if (DET && warp == 1 && blk.n_it > 0) {
-            v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, lane);
-            /* the block's adds all counted (the keeper's last fence orders them): the block is done */
-            if (COUNTS && lane == 0) v3b_signal_done(p, blk.b * f.h_kv + blk.hk);
-        }
+        if (DET && warp == 1 && blk.n_it > 0) v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, lane);
         return;
     }
 
@@ -345,12 +339,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d, staged in K's and V's tiles (free once both
      * consumers' GEMMs are done; consumer cw's 64 x 128 in its half of each) so that each warp stores whole rows,
      * 16 bytes a thread ---- */
-    /* done (v3b_done): each consumer thread's reds fenced, the barrier, one release -- in deterministic mode the turn
-     * keeper counts the block instead, once it has counted its adds */
-    const bool signals = COUNTS && (!DET || blk.n_it == 0);
-    if (signals) fence_acq_rel_gpu();
     named_barrier_sync(V3W_BAR_PDS, 256);
-    if (signals && threadIdx.x == 128) v3b_signal_done(p, blk.b * f.h_kv + blk.hk);
     T *sdK = sK + cw * 64 * 128, *sdV = sV + cw * 64 * 128;
     v3b_stage<T, 128>(sdK, sdV, dk, dv, f.scale, qrow, t);
     named_barrier_sync(V3W_BAR_PDS, 256);
