@@ -131,6 +131,14 @@ def test_grad_v3_dq_out(d, causal, seed, request):
             assert all(torch.equal(a, b) for a, b in zip((dq, dk, dv), g2))
 
 
+def v3_call(b, h, hk, sq, sk, d, causal, seed):
+    """A backward test's fp16 inputs on the GPU and their forward: (q, k, v, dout, out, lse); skips without v3."""
+    require_variant("cuda", "v3")
+    q, k, v, dout = inputs(b, h, hk, sq, sk, d, torch.float16, "cuda", seed)
+    out, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
+    return q, k, v, dout, out, lse
+
+
 # (b, h, hk, sq, sk, d, causal): more key blocks (128 keys; 64 at D=256) than an H100 has SMs: 432, 192, 480, 240
 MANY_BLOCKS = [(3, 48, 48, 300, 300, 64, False), (2, 64, 32, 257, 301, 128, "bottom_right"),
                (2, 40, 40, 560, 700, 104, "top_left"), (2, 48, 24, 200, 260, 256, False)]
@@ -145,11 +153,7 @@ def test_grad_v3_many_key_blocks(b, h, hk, sq, sk, d, causal, seed, request):
     (batch, kv head) groups than the zero-ahead's lead, so at D=128 and 256 in default mode the dK/dV kernel zeroes
     the later groups' dQ sums itself (kernels/sm90/v3_bwd_ring.cuh: v3b_zero); a workspace filled with NaN first shows
     every row they add into was zeroed, by bwd_prep or by the kernel."""
-    require("cuda")
-    if "v3" not in fattn.variants("cuda"):
-        pytest.skip("v3 runs on compute capability 9.0 only")
-    q, k, v, dout = inputs(b, h, hk, sq, sk, d, torch.float16, "cuda", seed)
-    out, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
+    q, k, v, dout, out, lse = v3_call(b, h, hk, sq, sk, d, causal, seed)
     stream = torch.cuda.current_stream().cuda_stream
     for det in (False, True):
         g = [torch.empty_like(x) for x in (q, k, v)]
@@ -189,11 +193,7 @@ def test_grad_v3_convert_overlap(b, h, hk, sq, sk, d, causal, seed, request):
     anything synchronises, every copy against the reference -- a convert block reading sums that had not all landed,
     or the copy running before the dK/dV kernel's stores, would show here; deterministic mode's copies (convert
     behind the dK/dV kernel) bitwise equal."""
-    require("cuda")
-    if "v3" not in fattn.variants("cuda"):
-        pytest.skip("v3 runs on compute capability 9.0 only")
-    q, k, v, dout = inputs(b, h, hk, sq, sk, d, torch.float16, "cuda", seed)
-    out, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
+    q, k, v, dout, out, lse = v3_call(b, h, hk, sq, sk, d, causal, seed)
     stream = torch.cuda.current_stream().cuda_stream
     e = [torch.empty_like(x) for x in (q, k, v)]
     plan = _C._dev.plan_backward(dout, q, k, v, out, lse, *e, causal=CAUSAL[causal], stream=stream, variant="v3")
