@@ -8,11 +8,6 @@
 
 #include "v3_bwd_ring.cuh"
 
-/* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum,
- * read in v3_dq_index's order (thread tid its own float4s, coalesced), turned row-major in shared memory, and written
- * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
- * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
- * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
 /* Launched behind the dK/dV kernel as its programmatic dependent (wait_blocks > 0: v3b_wait_done), the convert grid
  * could complete before the dK/dV kernel's last dK / dV stores: its first block waits for that grid at its end, so
  * the work queued after convert still runs after both. */
@@ -20,6 +15,11 @@ DEV void v3b_convert_done(int wait_blocks) {
     if (wait_blocks && blockIdx.x == 0 && threadIdx.x == 0) griddep_wait();
 }
 
+/* dQ = scale * dq_accum in the dtype, rows < Sq, columns < d: a block of 128 threads per 64 x 64 tile of dq_accum,
+ * read in v3_dq_index's order (thread tid its own float4s, coalesced), turned row-major in shared memory, and written
+ * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
+ * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
+ * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
 template <typename T, int DP, bool SEQ>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all, const int wait_blocks) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
