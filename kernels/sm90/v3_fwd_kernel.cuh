@@ -4,7 +4,7 @@
  * A block is one producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups of 64 query rows each:
  *   the producer: one thread issues every TMA load (Q per tile; K_j, V_j for each key block of Bc keys into a ring
  *     of STAGES shared-memory slots, each slot with a "full" mbarrier the TMA completes and an "empty" mbarrier the
- *     consumers arrive on), and gives its registers away (setmaxnreg.dec);
+ *     consumers arrive on), and gives its registers away (setmaxnreg.dec) -- v3_fwd_producer.cuh;
  *   the consumers (setmaxnreg.inc), per key block:
  *     S = Q K_j^T      wgmma m64nBck16, both operands in 128-byte-swizzled shared memory
  *     MODS             (kernels of their own, the defaults' configs): S in log2 units, the softcap c2 tanh(S2 / c2)
@@ -60,6 +60,7 @@
 #include "../mma.cuh"
 #include "hopper.cuh"
 #include "v3_configs.h"
+#include "v3_fwd_producer.cuh"
 #include "v3_schedule.h"
 #include "wgmma_tiles.cuh"
 
@@ -120,6 +121,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     uint64_t *q_full = bar, *q_empty = bar + QB, *k_full = bar + 2 * QB, *v_full = k_full + STAGES,
              *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
     uint64_t *q_read = v_empty + STAGES; /* DYN: every consumer warp has read q_tile[i] */
+    const v3_fwd_smem<T> sm = {sQ, sK, sV, q_tile, q_full, q_empty, k_full, v_full, k_empty, v_empty, q_read};
     /* DYN (SEQ only): the dynamic schedule (v3_schedule.h: v3_seq_tile), tiles from tile_ctr (zero at launch) */
     static_assert(SEQ || !DYN, "the dynamic schedule is for per-sequence calls");
     constexpr bool dynamic = DYN;
@@ -148,86 +150,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     }
     __syncthreads();
 
-    if (wg == 0) { /* ---- producer ---- */
+    if (wg == 0) { /* ---- producer (v3_fwd_producer.cuh) ---- */
         setmaxnreg_dec<regs::producer>();
-        if (warp != 0 || lane != 0) return;
-        tma_prefetch_map(&tm_q);
-        tma_prefetch_map(&tm_k);
-        tma_prefetch_map(&tm_v);
-        int ring = 0; /* K/V ring position */
-        /* Tile w's Q into slot qr % QB (free once tile qr - QB's consumers released it) and its key blocks into the
-         * ring; packed batches are one batch of rows, sequence b's starting at row q0 / k0 (x) */
-        auto load_tile = [&](const v3_tile &w, const fattn_extent &x, int qr) {
-            const int hk = (int)(w.h / p.h_per_kv), qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
-            const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)x.k0;
-            const int qs = qr % QB;
-            mbar_arrive_expect_tx(&q_full[qs], Q_TILE * 2);
-#pragma unroll
-            for (int c = 0; c < PANELS; c++)
-                tma_load_4d(sQ + qs * Q_TILE + c * BR * 64, &tm_q, &q_full[qs], c * 64, (int)(x.q0 + w.i0), w.h, qb);
-            for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
-                const int s = ring % STAGES;
-                const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
-                /* key block j of K (or V) into slot s once the consumers have released it */
-                auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty) {
-                    if (ring >= STAGES) mbar_wait(empty, parity);
-                    mbar_arrive_expect_tx(full, KV_TILE * 2);
-#pragma unroll
-                    for (int c = 0; c < PANELS; c++)
-                        tma_load_4d(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb);
-                };
-                load(sK + s * KV_TILE, &tm_k, &k_full[s], &k_empty[s]);
-                load(sV + s * KV_TILE, &tm_v, &v_full[s], &v_empty[s]);
-            }
-        };
-        if (!dynamic) {
-            int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
-            for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-                v3_tile w = v3_tile_place(&p, BR, tile, head_group, split);
-                const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
-                if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
-                v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-                const int qr = SEQ ? qround++ : round;
-                if (qr >= QB) mbar_wait(&q_empty[qr % QB], (qr / QB - 1) & 1);
-                load_tile(w, x, qr);
-            }
-            return;
-        }
-        /* dynamic: block x's first tile is number x, the next ones come from the counter (+ the grid), each number
-         * read a tile ahead.  Beside each tile's Q goes the tile after it, so the consumers know a tile before its
-         * Q lands and compute its span ahead of any wait (after a wait the compiler moved their ring and
-         * descriptor arithmetic off the uniform datapath: 4-18% slower, evidence/serving/h100_v3_dyn_schedule_12be09c.md). */
-        /* The producer keeps its tiles in shared memory too (q_tile: the current one is the entry written a tile
-         * ago, or the first), so few values live across a tile's loads: with 24 registers the rest spill, and a
-         * spilled tile number would wait for its atomic at once. */
-        v3_seq_cursor seqs = {0, 0};
-        unsigned t = q_tile[QB].w ? atomicAdd(tile_ctr, 1u) + gridDim.x : 0u; /* the second tile's number */
-        for (int qr = 0;; qr++) {
-            const int4 cur = q_tile[qr == 0 ? QB : (qr - 1) % QB];
-            if (!cur.w) break;
-            v3_tile wn; /* the next tile, its number read a tile ago */
-            const bool more_n = v3_seq_tile(&p, BR, (int)t, &seqs, &wn);
-            if (more_n) t = atomicAdd(tile_ctr, 1u) + gridDim.x;
-            const int qs = qr % QB;
-            if (qr >= QB) mbar_wait(&q_read[qs], (qr / QB - 1) & 1); /* the slot's last entry has been read */
-            q_tile[qs] = more_n ? make_int4((int)wn.i0, wn.b, wn.h, 1) : make_int4(0, 0, 0, 0);
-            v3_tile w;
-            w.i0 = cur.x;
-            w.b = cur.y;
-            w.h = cur.z;
-            const fattn_extent x = fattn_extent_of(&p, w.b);
-            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-            if (qr >= QB) mbar_wait(&q_empty[qs], (qr / QB - 1) & 1); /* ... and its Q */
-            load_tile(w, x, qr); /* its arrival on q_full releases the entry */
-        }
-        { /* the last block to take its final number sets the counter back to zero for the next launch */
-            __threadfence();
-            if (atomicAdd(tile_ctr + 1, 1u) == gridDim.x - 1) {
-                __threadfence();
-                tile_ctr[0] = 0u;
-                tile_ctr[1] = 0u;
-            }
-        }
+        if (warp == 0 && lane == 0)
+            v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step, head_group, split,
+                                                             tile_ctr);
         return;
     }
 
