@@ -145,11 +145,11 @@ DEV unsigned cluster_rank() {
 /* Every thread of the cluster's blocks arrives and waits (a thread that has exited counts as arrived): what each
  * wrote before, shared memory and mbarrier inits included, is visible to every thread of the cluster after. */
 DEV void cluster_sync() { asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory"); }
-/* One arrival on the mbarrier at bar's offset in the shared memory of the cluster's block `rank` (this block's own
- * included). */
+/* One arrival, with release at cluster scope, on the mbarrier at bar's offset in the shared memory of the
+ * cluster's block `rank` (this block's own included). */
 DEV void mbar_arrive_remote(uint64_t *bar, unsigned rank) {
     asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_addr(bar)), "r"(rank)
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_addr(bar)), "r"(rank)
                  : "memory");
 }
 /* tma_load_4d into dst's offset in every block of the cluster whose rank's bit is set in mask, completing the bytes on
