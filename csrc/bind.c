@@ -17,8 +17,7 @@
  * block_table's values (no read back: no host sync), and with max_seqlen_q / max_seqlen_k given, cu_seqlens' too.
  * alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes (attn_params).  Overrides: config (a GPU variant's config
  * index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's; v3: 1 or 3, its split tails,
- * kernels/sm90/v3_plan.c), order (block order, 0: the planner's; 1 heads, 2 blocks, 3
- * pairs: csrc/plan.h).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
+ * kernels/sm90/v3_plan.c), order (block order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
  * head_group, workspace. */
 #include "module.h"
 
@@ -159,7 +158,7 @@ int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_o
     *ov = none;
     long splits = 0, order = 0;
     if (fattn_arg_long(splits_obj, "splits", 0, 128, &splits) ||
-        fattn_arg_long(order_obj, "order", 0, FATTN_ORDER_PAIRS, &order))
+        fattn_arg_long(order_obj, "order", 0, FATTN_ORDER_BLOCKS, &order))
         return -1;
     ov->splits = (int)splits;
     ov->order = (int)order;

@@ -171,69 +171,6 @@ def test_v3_config_rules():
         check_close(o, q, k, k, causal, None)
 
 
-def pair_configs():
-    return [c for c in _C._dev.configs("v3") if c["pairs"]]
-
-
-@V3
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_v3_pairs(dtype, request):
-    """Pairs (csrc/plan.h: FATTN_ORDER_PAIRS; v3_fwd_producer.cuh): a cluster of two blocks on adjacent query blocks of
-    one head, block 0 loading each K tile and block 1 each V tile into both.  Each tile's arithmetic is the one it has
-    head by head (order 1), so output and LSE are bitwise equal to it, and right against the reference.  Every config
-    with pair kernels: lengths that are not multiples of the tile with an even number of query blocks, Sq != Sk both
-    ways, one key, GQA, strided (bshd) inputs, head dims inside the buckets, and more pairs than the grid has
-    clusters (each walks several rounds)."""
-    sms = _C.device_info(0)[2]
-    configs = pair_configs()
-    assert sorted({c["dp"] for c in configs}) == [128, 256]
-    for c in configs:
-        idx, br = c["index"], 64 * c["consumers"]
-        d_inner = 96 if c["dp"] == 128 else 200
-        # (b, h, h_kv, sq, sk, d, layout)
-        cases = [(2, 3, 3, 2 * br - 6, 113, c["dp"], "bhsd"), (1, 4, 2, br + 1, 1, c["dp"], "bhsd"),
-                 (2, 4, 4, 4 * br, 1025, c["dp"], "bshd"), (1, 2, 1, 2 * br, 2 * br + 17, d_inner, "bhsd"),
-                 (2, sms // 2 + 5, sms // 2 + 5, 2 * br - 60, 300, c["dp"], "bhsd")]
-        for b, h, hk, sq, sk, d, layout in cases:
-            shape_q = (b, h, sq, d) if layout == "bhsd" else (b, sq, h, d)
-            shape_k = (b, hk, sk, d) if layout == "bhsd" else (b, sk, hk, d)
-            q = randn(shape_q, dtype, "cuda", sq + idx)
-            k = randn(shape_k, dtype, "cuda", sk + 1)
-            v = randn(shape_k, dtype, "cuda", sk + 2)
-            got = {}
-            for order, want in ((0, 3), (1, 1), (3, 3)):
-                lse = torch.empty(b, h, sq, device="cuda", dtype=torch.float32)
-                o, lse, plan = dev_forward(q, k, v, layout=layout, variant="v3", lse=lse, config=idx, order=order)
-                assert (plan["variant"], plan["config"], plan["order"]) == ("v3", idx, want), plan
-                assert plan["grid"][0] % 2 == 0 or want == 1, plan
-                got[order] = (o, lse)
-            for order in (0, 3):
-                assert torch.equal(got[order][0], got[1][0]) and torch.equal(got[order][1], got[1][1]), (c, sq, sk)
-            o, lse = got[3]
-            ob = o if layout == "bhsd" else o.transpose(1, 2)
-            qb, kb, vb = (q, k, v) if layout == "bhsd" else (t.transpose(1, 2) for t in (q, k, v))
-            check_close(ob, qb, kb, vb, False, None, lse=lse, request=request)
-
-
-@V3
-def test_v3_pairs_where_they_apply():
-    """The planner runs pairs on dense calls without a mask, softcap or ALiBi, with an even number of query blocks a
-    head, on configs that have pair kernels; other calls head by head (or heads fastest).  Asked for (order=3) where
-    they do not apply, v3 refuses with the reason and so does v2, its fallback: a ValueError naming the variant."""
-    q = randn((1, 2, 256, 128), torch.float16, "cuda", 1)
-    assert plan_of(q, q, q)["order"] == 3
-    assert plan_of(q, q, q, order=1)["order"] == 1
-    q3 = randn((1, 2, 300, 128), torch.float16, "cuda", 2)  # 3 query blocks of 128 rows
-    q64 = randn((1, 2, 256, 64), torch.float16, "cuda", 3)  # D=64: no pair kernels
-    slopes = torch.tensor([0.5, 0.25], device="cuda")
-    for x, kw in ((q, {"causal": "top_left"}), (q, {"window": (64, 0)}), (q3, {}), (q64, {}), (q, {"softcap": 5.0}),
-                  (q, {"alibi_slopes": slopes})):
-        plan = dev_forward(x, x, x, variant="v3", **kw)[2]
-        assert plan["order"] != 3, (x.shape, kw, plan)
-        with pytest.raises(ValueError, match="variant: order 3 .*runs on v3 only"):
-            dev_forward(x, x, x, variant="v3", order=3, **kw)
-
-
 def three_consumer_configs():
     return [c["index"] for c in _C._dev.configs("v3") if c["consumers"] == 3]
 

@@ -207,9 +207,6 @@ fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, co
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 does not take %s yet", missing);
     /* its online softmax scales (m_old - m_new) by |scale log2 e|: -inf * 0 would be NaN on a row's first block */
     if (p->scale == 0.f) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 needs a non-zero scale (scale 0 runs v1)");
-    if (ov->order == FATTN_ORDER_PAIRS)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "order 3 (pairs of query blocks sharing K / V loads) runs on v3 "
-                          "only, on unmasked dense calls with an even number of query blocks a head");
     fattn_status st = v2_check_tensors(p);
     v2_config c;
     int idx = 0;

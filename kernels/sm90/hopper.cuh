@@ -134,34 +134,6 @@ DEV void red_add_x4(__nv_bfloat16 *a, unsigned lo, unsigned hi) {
 DEV void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 DEV void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
-/* ---- clusters (thread-block clusters of sm_90; v3's pairs) ---------------------------------------------- */
-
-/* This block's rank in its cluster. */
-DEV unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* Every thread of the cluster's blocks arrives and waits (a thread that has exited counts as arrived): what each
- * wrote before, shared memory and mbarrier inits included, is visible to every thread of the cluster after. */
-DEV void cluster_sync() { asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory"); }
-/* One arrival, with release at cluster scope, on the mbarrier at bar's offset in the shared memory of the
- * cluster's block `rank` (this block's own included). */
-DEV void mbar_arrive_remote(uint64_t *bar, unsigned rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_addr(bar)), "r"(rank)
-                 : "memory");
-}
-/* tma_load_4d into dst's offset in every block of the cluster whose rank's bit is set in mask, completing the bytes on
- * each one's mbarrier at bar's offset. */
-DEV void tma_load_4d_multicast(void *dst, const void *map, uint64_t *bar, int c0, int c1, int c2, int c3,
-                               unsigned short mask) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1),
-                 "r"(c2), "r"(c3), "r"(smem_addr(bar)), "h"(mask)
-                 : "memory");
-}
-
 /* Orders this thread's async-proxy global writes (bulk copies, once waited for) with its generic accesses after. */
 DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 

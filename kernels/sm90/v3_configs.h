@@ -79,34 +79,16 @@ typedef struct {
     X(128, 128, 2, 2, 1)  \
     X(256, 64, 2, 2, 1)
 
-/* The configs whose dense kernels are also compiled for pairs of blocks (FATTN_ORDER_PAIRS: a cluster of two blocks on
- * adjacent query blocks of one head, each K / V tile loaded once for both by TMA multicast -- v3_fwd_producer.cuh),
- * which the planner runs on unmasked calls without a softcap or ALiBi and with an even number of query blocks a
- * head (v3_plan.c).  FlashAttention-3 pairs its blocks this way at head dims of 128 and more without a mask. */
-#define V3_CLUSTER_CONFIGS(X) \
-    X(128, 128, 2, 2, 1)      \
-    X(128, 176, 2, 2, 1)      \
-    X(256, 64, 2, 2, 1)       \
-    X(256, 80, 2, 2, 1)
-
 /* The table compiled ahead of time, in index order: the defaults (index = bucket), then the sweep candidates; a
  * rule names one of these configs by value.  The kernel file and the planner expand this one list. */
 #define V3_TABLE(X) V3_DEFAULT_CONFIGS(X) V3_SWEEP_CONFIGS(X)
 #define V3_COUNT(...) +1
 enum { V3_NCONFIGS = 0 V3_TABLE(V3_COUNT), V3_NRULES = 0 V3_RULES(V3_COUNT),
-       V3_NDEFAULTS = 0 V3_DEFAULT_CONFIGS(V3_COUNT) /* = the buckets; V3_SEQ_CONFIGS has as many rows */,
-       V3_NCLUSTER = 0 V3_CLUSTER_CONFIGS(V3_COUNT) };
+       V3_NDEFAULTS = 0 V3_DEFAULT_CONFIGS(V3_COUNT) /* = the buckets; V3_SEQ_CONFIGS has as many rows */ };
 
 /* The bucket (0, 1, 2) of a head-dim bucket's width (64, 128, 256): the default's table index, and the row of
  * V3_SEQ_CONFIGS. */
 static inline int v3_bucket(int dp) { return dp == 64 ? 0 : dp == 128 ? 1 : 2; }
-
-/* The row of V3_CLUSTER_CONFIGS that is config `config` of V3_TABLE, or -1 (v3_plan.c: the planner and the launcher). */
-#ifdef __cplusplus
-extern "C" int fattn_v3_cluster_config(int config);
-#else
-int fattn_v3_cluster_config(int config);
-#endif
 
 /* The table index of a bucket's V3_SEQ_CONFIGS row (v3_plan.c): the planner chooses it, the launcher checks it. */
 #ifdef __cplusplus

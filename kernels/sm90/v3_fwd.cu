@@ -18,91 +18,42 @@ typedef struct {
     size_t smem;
 } v3_entry;
 
-#define V3_DTYPES_CL(DP, BC, STAGES, CWG, PP, MD, SQ, DY, CL)                                                      \
-    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD, SQ, DY, CL>,                                     \
-     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD, SQ, DY, CL>}
-#define V3_DTYPES(DP, BC, STAGES, CWG, PP, MD, SQ, DY) V3_DTYPES_CL(DP, BC, STAGES, CWG, PP, MD, SQ, DY, false)
+#define V3_PAIR(DP, BC, STAGES, CWG, PP, MD, SQ, DY)                                                             \
+    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD, SQ, DY>,                                         \
+     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD, SQ, DY>}
 /* V3_TABLE's kernels, with MODS for the defaults; the SEQ kernels of V3_SEQ_CONFIGS (with MODS), by bucket, with
  * the static schedule and with the dynamic one */
 #define V3_ENTRY_MODS(DP, BC, STAGES, CWG, PP)                                                                  \
-    {{V3_DTYPES(DP, BC, STAGES, CWG, PP, false, false, false), V3_DTYPES(DP, BC, STAGES, CWG, PP, true, false, false)}, \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true, false, false)}, \
      V3_SMEM(DP, BC, STAGES, CWG)},
 #define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
-    {{V3_DTYPES(DP, BC, STAGES, CWG, PP, false, false, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
 #define V3_ENTRY_SEQ(DP, BC, STAGES, CWG, PP)                                                                   \
-    {{V3_DTYPES(DP, BC, STAGES, CWG, PP, false, true, false), V3_DTYPES(DP, BC, STAGES, CWG, PP, true, true, false)}, \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true, false)}, \
      V3_SMEM(DP, BC, STAGES, CWG)},
 #define V3_ENTRY_DYN(DP, BC, STAGES, CWG, PP)                                                                   \
-    {{V3_DTYPES(DP, BC, STAGES, CWG, PP, false, true, true), V3_DTYPES(DP, BC, STAGES, CWG, PP, true, true, true)},   \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true, true), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true, true)},   \
      V3_SMEM(DP, BC, STAGES, CWG)},
-#define V3_ENTRY_CLUSTER(DP, BC, STAGES, CWG, PP)                                                               \
-    {{V3_DTYPES_CL(DP, BC, STAGES, CWG, PP, false, false, false, true), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
 static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_DEFAULT_CONFIGS(V3_ENTRY_MODS) V3_SWEEP_CONFIGS(V3_ENTRY)};
-/* V3_CLUSTER_CONFIGS' kernels for pairs of blocks (FATTN_ORDER_PAIRS), by row */
-static const v3_entry v3_cluster_kernels[V3_NCLUSTER] = {V3_CLUSTER_CONFIGS(V3_ENTRY_CLUSTER)};
 /* by bucket: [0] the static schedule, [1] the dynamic one */
 static const v3_entry v3_seq_kernels[2][V3_NDEFAULTS] = {{V3_SEQ_CONFIGS(V3_ENTRY_SEQ)}, {V3_SEQ_CONFIGS(V3_ENTRY_DYN)}};
-#undef V3_ENTRY_CLUSTER
 #undef V3_ENTRY_DYN
 #undef V3_ENTRY_SEQ
 #undef V3_ENTRY
 #undef V3_ENTRY_MODS
-#undef V3_DTYPES
-#undef V3_DTYPES_CL
+#undef V3_PAIR
 
-/* A launch of pairs: clusters of two blocks along x. */
-static cudaLaunchConfig_t v3_cluster_launch(dim3 grid, unsigned threads, size_t smem, cudaStream_t stream,
-                                            cudaLaunchAttribute *attr) {
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = 2;
-    attr->val.clusterDim.y = 1;
-    attr->val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cfg;
-}
-
-/* Pairs of blocks that fit on the device at once, per V3_CLUSTER_CONFIGS row and dtype (clusters go to one GPC
- * each, so a GPC with an odd number of free SMs leaves one idle): a persistent grid of pairs is no larger, so no
- * pair waits for a second wave.  Set by fattn_prepare_v3 for each device it prepares. */
-#define V3_MAX_DEVICES 64
-static int v3_max_pairs[V3_MAX_DEVICES][V3_NCLUSTER][2];
-
-/* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set); the
- * pairs that fit at once. */
+/* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set). */
 extern "C" fattn_status fattn_prepare_v3(int device) {
-    const int nall = V3_NCONFIGS + 2 * V3_NDEFAULTS + V3_NCLUSTER;
-    for (int i = 0; i < nall; i++) {
-        const int j = i - V3_NCONFIGS, jc = j - 2 * V3_NDEFAULTS; /* the SEQ kernels (static, dynamic), pairs */
-        const v3_entry *e = j < 0 ? &v3_kernels[i]
-                            : jc < 0 ? &v3_seq_kernels[j / V3_NDEFAULTS][j % V3_NDEFAULTS]
-                                     : &v3_cluster_kernels[jc];
+    (void)device;
+    for (int i = 0; i < V3_NCONFIGS + 2 * V3_NDEFAULTS; i++) {
+        const int j = i - V3_NCONFIGS; /* the SEQ kernels: static, then dynamic */
+        const v3_entry *e = j < 0 ? &v3_kernels[i] : &v3_seq_kernels[j / V3_NDEFAULTS][j % V3_NDEFAULTS];
         for (int k = 0; k < 4; k++)
             if (e->kern[k >> 1][k & 1])
                 FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[k >> 1][k & 1],
                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)e->smem));
     }
-    if (device < 0 || device >= V3_MAX_DEVICES) return FATTN_OK; /* (gpu.c keeps device ids below its own limit) */
-    static const v3_config pairs[V3_NCLUSTER] = {
-#define CFG(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
-        V3_CLUSTER_CONFIGS(CFG)
-#undef CFG
-    };
-    for (int i = 0; i < V3_NCLUSTER; i++)
-        for (int k = 0; k < 2; k++) {
-            cudaLaunchAttribute attr;
-            const cudaLaunchConfig_t cfg = v3_cluster_launch(dim3(2), 128 * (pairs[i].consumers + 1),
-                                                             v3_cluster_kernels[i].smem, 0, &attr);
-            int n = 0;
-            FATTN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, v3_cluster_kernels[i].kern[0][k], &cfg));
-            v3_max_pairs[device][i][k] = n;
-        }
     return FATTN_OK;
 }
 
@@ -146,18 +97,6 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
     const void *kernel = (seq ? &v3_seq_kernels[ctr != NULL][v3_bucket(c->dp)] : &v3_kernels[plan->config])
                              ->kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
     if (!kernel) return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no softcap / ALiBi kernel", plan->config);
-    if (plan->order == FATTN_ORDER_PAIRS) { /* the planner's rule held (v3_plan.c): a cluster kernel exists */
-        const int row = fattn_v3_cluster_config(plan->config), dt = p->dtype - FATTN_F16;
-        if (row < 0 || seq || fattn_score_mods(p) || plan->grid_x % 2)
-            return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no kernel for pairs here", plan->config);
-        const int dev = plan->dev.id, most = dev >= 0 && dev < V3_MAX_DEVICES ? 2 * v3_max_pairs[dev][row][dt] : 0;
-        const unsigned grid = most >= 2 && plan->grid_x > (unsigned)most ? (unsigned)most : plan->grid_x;
-        cudaLaunchAttribute attr;
-        const cudaLaunchConfig_t cfg = v3_cluster_launch(dim3(grid), plan->threads, plan->smem, (cudaStream_t)stream,
-                                                         &attr);
-        FATTN_CUDA_CHECK(cudaLaunchKernelExC(&cfg, v3_cluster_kernels[row].kern[0][dt], args));
-        return FATTN_OK;
-    }
     FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem,
                                       (cudaStream_t)stream));
     return FATTN_OK;

@@ -41,11 +41,6 @@
  * from a counter, only those that exist (v3_schedule.h: v3_seq_tile), the producer naming each tile's successor
  * beside its Q; run wherever the dispatch has a counter (not under CUDA graph capture).  H100, against the static
  * schedule: ragged batches 1.06-1.62x, equal lengths 0.98-1.03x (evidence/serving/h100_v3_dyn_schedule_*.md).
- * CLUSTER (kernels of their own, V3_CLUSTER_CONFIGS; the planner's order 3, pairs): the grid in clusters of two blocks
- * on adjacent query blocks of one head (v3_schedule.h: v3_tile_index_of), block 0 loading each K tile and block 1 each
- * V tile into both by TMA multicast (v3_fwd_producer.cuh) -- half the K / V reads from L2.  A slot's empty barrier
- * counts both blocks' consumer warps (each arrives on the loader's), and the two blocks wait for each other at the
- * start (barriers ready for the other's loads) and at the end (no arrival left to come into this block).
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
@@ -91,13 +86,12 @@ template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer 
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
-template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ, bool DYN, bool CLUSTER>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ, bool DYN>
 __global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG))
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
        const int kv_batch_step, const int head_group, const int split_tail, unsigned *const tile_ctr) {
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
-    static_assert(!CLUSTER || (!MODS && !SEQ && CWG == 2), "pairs: dense kernels of two consumers (v3_plan.c's rule)");
     static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(DP, BC, STAGES, CWG),
                   "the config's tiles exceed its shared memory");
     using regs = v3_regs<CWG, V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG)>;
@@ -149,18 +143,17 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&v_full[s], 1);
-            mbar_init(&k_empty[s], 4 * CWG * (CLUSTER ? 2 : 1)); /* pairs: both blocks' consumer warps */
-            mbar_init(&v_empty[s], 4 * CWG * (CLUSTER ? 2 : 1));
+            mbar_init(&k_empty[s], 4 * CWG);
+            mbar_init(&v_empty[s], 4 * CWG);
         }
         mbar_init_fence();
     }
     __syncthreads();
-    if (CLUSTER) cluster_sync(); /* the other block's barriers are ready for this one's loads and arrivals */
 
     if (wg == 0) { /* ---- producer (v3_fwd_producer.cuh) ---- */
         setmaxnreg_dec<regs::producer>();
         if (warp == 0 && lane == 0)
-            v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, CLUSTER>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step, head_group, split,
+            v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step, head_group, split,
                                                              tile_ctr);
         return;
     }
@@ -285,12 +278,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         __syncwarp();
         if (lane == 0) mbar_arrive(b_);
     };
-    /* A K (loader 0) or V (loader 1) slot back to the producer; pairs: to the block of the cluster that loads it */
-    auto release_kv = [&](uint64_t *b_, unsigned loader) {
-        if (!CLUSTER) return release(b_);
-        __syncwarp();
-        if (lane == 0) mbar_arrive_remote(b_, loader);
-    };
     /* Ping-pong: each GEMM-issue slot of consumer cw waits for cw's turn and hands the turn to the next consumer.
      * Every consumer has the same slots (per tile: S_0; S_j with P_{j-1} V_{j-1}; the last P V).  The last
      * consumer opens consumer 0's first turn, and consumer 0 takes one extra turn at the end, so every barrier
@@ -319,7 +306,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             qr = qround++;
             return true;
         }
-        for (int64_t tile; (tile = v3_tile_index_of(round, blockIdx.x, gridDim.x, CLUSTER ? 2 : 1)) < ntiles; round++) {
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             w = v3_tile_place(&p, BR, tile, head_group, split);
             x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
@@ -459,11 +446,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         turn_pass();
         wgmma_wait<1>(); /* S_j done; the P V may still run */
         reg_fence(s);
-        release_kv(&k_empty[st], 0);
+        release(&k_empty[st]);
         const bool moved = softmax(j, a, masked(j));
         wgmma_wait<0>();
         reg_fence(o);
-        release_kv(&v_empty[sp], 1);
+        release(&v_empty[sp]);
         return moved;
     };
     /* The consumer's first S of a tile (block j, ring slot rs), alone (the first tile's, or every tile's without
@@ -476,7 +463,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         turn_pass();
         wgmma_wait<0>();
         reg_fence(s);
-        release_kv(&k_empty[st0], 0);
+        release(&k_empty[st0]);
         return softmax(j, a, masked(j));
     };
     /* a tile's last P V (ring slot rl), alone (the last tile's, or every tile's without FLAT) */
@@ -488,7 +475,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         turn_pass();
         wgmma_wait<0>();
         reg_fence(o);
-        release_kv(&v_empty[sp], 1);
+        release(&v_empty[sp]);
     };
     auto zero_o = [&]() {
 #pragma unroll
@@ -511,9 +498,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     auto skip_block = [&](int rs) { /* a block this consumer does not compute: back to the producer once loaded */
         const int st = rs % STAGES;
         mbar_wait(&k_full[st], (rs / STAGES) & 1);
-        release_kv(&k_empty[st], 0);
+        release(&k_empty[st]);
         mbar_wait(&v_full[st], (rs / STAGES) & 1);
-        release_kv(&v_empty[st], 1);
+        release(&v_empty[st]);
     };
     auto whole_block = [&](int rs, int j) { /* S_j, its softmax, O += P_j V_j, each GEMM in a turn of its own */
         float a[2];
@@ -668,8 +655,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     }
     if (PP && cw == 0) turn_wait(); /* the last consumer's final hand-over */
     if (tid == 0) tma_store_wait_read();
-    if (CLUSTER) cluster_sync(); /* the other block's arrivals on this one's barriers are done (its producer exited:
-                                    exited threads count as arrived) */
 }
 
 #endif

@@ -2,13 +2,7 @@
  * that issues every TMA load -- each tile's Q into a slot of QB (free once the tile QB before it has released it),
  * each of its key blocks' K and V into the ring of STAGES slots (each once the consumers have released the slot) --
  * walking the same tiles as the consumers: the static schedule (v3_schedule.h: rounds of the persistent grid, split
- * tails' places) or, for per-sequence calls with a counter, the dynamic one.
- * CLUSTER (pairs, FATTN_ORDER_PAIRS): the block and the other one of its cluster run adjacent query blocks of one head,
- * so the same key blocks in the same order; block 0 of the pair loads each K tile, block 1 each V tile, into both
- * blocks' slots at once (TMA multicast), once the consumers of both have released the slot (their empty barriers
- * count both blocks' warps: v3_fwd_kernel.cuh).  The other block only tells its own full barrier how many bytes to
- * expect, once that barrier's last phase is done (the bytes may land before it says so: the count goes below zero
- * and the phase waits for the arrival). */
+ * tails' places) or, for per-sequence calls with a counter, the dynamic one. */
 #ifndef FATTN_V3_FWD_PRODUCER_CUH
 #define FATTN_V3_FWD_PRODUCER_CUH
 
@@ -26,7 +20,7 @@ template <typename T> struct v3_fwd_smem {
     uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty, *q_read;
 };
 
-template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN, bool CLUSTER>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN>
 DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                         const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group, int split,
                         unsigned *tile_ctr) {
@@ -38,8 +32,6 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
     tma_prefetch_map(tm_k);
     tma_prefetch_map(tm_v);
     int ring = 0; /* K/V ring position */
-    const unsigned rank = CLUSTER ? cluster_rank() : 0u; /* pairs: block 0 loads K, block 1 V, for both */
-    const int pair = CLUSTER ? 2 : 1;
     /* Tile w's Q into slot qr % QB (free once tile qr - QB's consumers released it) and its key blocks into the
      * ring; packed batches are one batch of rows, sequence b's starting at row q0 / k0 (x) */
     auto load_tile = [&](const v3_tile &w, const fattn_extent &x, int qr) {
@@ -54,29 +46,20 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
             const int s = ring % STAGES;
             const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
             /* key block j of K (or V) into slot s once the consumers have released it */
-            auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty, unsigned loader) {
-                if (CLUSTER && rank != loader) { /* the other block loads it into both */
-                    if (ring >= STAGES) mbar_wait(full, parity);
-                    mbar_arrive_expect_tx(full, KV_TILE * 2);
-                    return;
-                }
+            auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty) {
                 if (ring >= STAGES) mbar_wait(empty, parity);
                 mbar_arrive_expect_tx(full, KV_TILE * 2);
 #pragma unroll
-                for (int c = 0; c < PANELS; c++) {
-                    if (CLUSTER)
-                        tma_load_4d_multicast(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb, 3);
-                    else
-                        tma_load_4d(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb);
-                }
+                for (int c = 0; c < PANELS; c++)
+                    tma_load_4d(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb);
             };
-            load(sm.k + s * KV_TILE, tm_k, &sm.k_full[s], &sm.k_empty[s], 0);
-            load(sm.v + s * KV_TILE, tm_v, &sm.v_full[s], &sm.v_empty[s], 1);
+            load(sm.k + s * KV_TILE, tm_k, &sm.k_full[s], &sm.k_empty[s]);
+            load(sm.v + s * KV_TILE, tm_v, &sm.v_full[s], &sm.v_empty[s]);
         }
     };
     if (!dynamic) {
         int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
-        for (int64_t tile; (tile = v3_tile_index_of(round, blockIdx.x, gridDim.x, pair)) < ntiles; round++) {
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             v3_tile w = v3_tile_place(&p, BR, tile, head_group, split);
             const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */

@@ -42,21 +42,8 @@ static int v3_index_of(const v3_config *c) {
 
 int fattn_v3_seq_config(int dp) { return v3_index_of(&v3_seq_table[v3_bucket(dp)]); }
 
-static const v3_config v3_cluster_table[V3_NCLUSTER] = {
-#define ROW(dp, bc, st, cwg, pp) {dp, bc, st, cwg, pp},
-    V3_CLUSTER_CONFIGS(ROW)
-#undef ROW
-};
-
-int fattn_v3_cluster_config(int config) {
-    if (config < 0 || config >= V3_NCONFIGS) return -1;
-    for (int i = 0; i < V3_NCLUSTER; i++)
-        if (!memcmp(&v3_cluster_table[i], &v3_table[config], sizeof(v3_config))) return i;
-    return -1;
-}
-
 int fattn_configs_v3(int i, fattn_config_info *out) {
-    static const char *names[] = {"dp", "bc", "stages", "consumers", "pingpong", "pairs"};
+    static const char *names[] = {"dp", "bc", "stages", "consumers", "pingpong"};
     if (i < 0 || i >= V3_NCONFIGS) return 0;
     const v3_config *c = &v3_table[i];
     memset(out, 0, sizeof *out);
@@ -65,10 +52,9 @@ int fattn_configs_v3(int i, fattn_config_info *out) {
     out->role = i < V3_NDEFAULTS ? "default" : rule ? "rule" : "sweep";
     out->dtypes = 1 << FATTN_F16 | 1 << FATTN_BF16;
     out->smem = V3_SMEM(c->dp, c->bc, c->stages, c->consumers);
-    /* pairs: 1 where the config has kernels for pairs of blocks (V3_CLUSTER_CONFIGS) */
-    const int64_t values[] = {c->dp, c->bc, c->stages, c->consumers, c->pingpong, fattn_v3_cluster_config(i) >= 0};
-    out->n = 6;
-    for (int k = 0; k < 6; k++) {
+    const int64_t values[] = {c->dp, c->bc, c->stages, c->consumers, c->pingpong};
+    out->n = 5;
+    for (int k = 0; k < 5; k++) {
         out->names[k] = names[k];
         out->values[k] = values[k];
     }
@@ -218,17 +204,6 @@ static int64_t v3_order(const attn_params *p, int br, int bc, int64_t grid, int6
     return group;
 }
 
-/* ---- pairs ------------------------------------------------------------------------------------------------------ */
-
-/* Whether config idx may run call p in pairs (FATTN_ORDER_PAIRS: clusters of two blocks on adjacent query blocks of
- * one head, each K / V tile loaded once for both; v3_schedule.h, v3_fwd_producer.cuh): the config has pair kernels
- * (V3_CLUSTER_CONFIGS), the call is dense (no packed batch, no seqused_k, no softcap or ALiBi) and unmasked -- both
- * blocks of a pair then visit the same key blocks -- and each head has an even number of query blocks. */
-static int v3_pairs_ok(const attn_params *p, int idx, int br) {
-    return fattn_v3_cluster_config(idx) >= 0 && !p->cu_seqlens_q && !p->seqused_k && !fattn_score_mods(p) &&
-           p->mask.left < 0 && p->mask.right < 0 && (p->sq + br - 1) / br % 2 == 0;
-}
-
 /* ---- split tails ------------------------------------------------------------------------------------------------ */
 
 /* Split tails (v3_schedule.h): where a head's last query block holds at most 64 rows, the dense kernels of three
@@ -331,14 +306,6 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     /* the persistent grid: as many blocks as fit at once */
     const int64_t slots = (int64_t)plan->dev.sm_count * V3_BLOCKS_PER_SM(c->dp, c->bc, c->stages, c->consumers);
     int64_t grid = blocks < slots ? blocks : slots;
-    /* pairs where the call allows them, unless the caller asked for another order */
-    const int pairs_ok = v3_pairs_ok(p, idx, br);
-    if (ov->order == FATTN_ORDER_PAIRS && !pairs_ok)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 runs order 3 (pairs of query blocks sharing K / V loads) only with "
-                          "configs that have pair kernels, on calls without a mask, softcap, ALiBi or per-sequence "
-                          "lengths, with an even number of %d-row query blocks a head", br);
-    const int pairs = pairs_ok && (ov->order == 0 || ov->order == FATTN_ORDER_PAIRS);
-    if (pairs) grid = grid / 2 * 2; /* whole clusters (blocks is even) */
     plan->config = idx;
     plan->splits = split ? c->consumers : 1;
     plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
@@ -346,10 +313,10 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     plan->threads = (unsigned)(128 * (c->consumers + 1));
     plan->smem = V3_SMEM(c->dp, c->bc, c->stages, c->consumers);
     const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX;
-    plan->head_group = pairs || ov->order == FATTN_ORDER_HEADS ? 1
-                       : ov->order == FATTN_ORDER_BLOCKS     ? nbh
-                                                             : v3_order(p, br, c->bc, grid, plan->dev.sm_count, split);
-    plan->order = pairs ? FATTN_ORDER_PAIRS : plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
+    plan->head_group = ov->order == FATTN_ORDER_HEADS    ? 1
+                       : ov->order == FATTN_ORDER_BLOCKS ? nbh
+                                                         : v3_order(p, br, c->bc, grid, plan->dev.sm_count, split);
+    plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
     const int tail_rows = (int)(p->sq % br);
     if (c->consumers == 3 && p->mask.left < 0 && p->mask.right < 0 && tail_rows > 0 && (split || tail_rows > 64)) {
         const int64_t nb = (p->sk + c->bc - 1) / c->bc; /* (masked calls: every slot) */

@@ -33,14 +33,6 @@ FATTN_HD int64_t v3_ntiles(const attn_params *p, int br) { return (p->sq + br - 
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
 FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
 
-/* Pairs (FATTN_ORDER_PAIRS, pair = 2): the grid's blocks in clusters of two, cluster x / 2 walking the tiles two at
- * a time in the rounds above -- tiles 2n and 2n + 1, adjacent query blocks of one head where heads come one after
- * another (group 1) with an even number of query blocks each (v3_plan.c's rule) -- and block x % 2 (its rank in the
- * cluster) taking one of them, so the two share every K / V load (v3_fwd_producer.cuh).  pair = 1: v3_tile_index. */
-FATTN_HD int64_t v3_tile_index_of(int64_t k, int64_t x, int64_t G, int pair) {
-    return pair == 1 ? v3_tile_index(k, x, G) : v3_tile_index(k, x / pair, G / pair) * pair + x % pair;
-}
-
 /* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty). */
 FATTN_HD v3_tile v3_tile_place(const attn_params *p, int br, int64_t tile, int64_t group, int split) {
     const int64_t nqb = (p->sq + br - 1) / br, nbh = p->b * p->h, first = tile / (group * nqb) * group;
