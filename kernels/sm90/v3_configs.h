@@ -69,8 +69,7 @@ typedef struct {
     X(64, 64, 2, 1, 0)      \
     X(64, 64, 3, 1, 0)      \
     X(128, 64, 2, 1, 0)     \
-    X(128, 80, 2, 1, 0)     \
-    X(128, 64, 3, 3, 1)
+    X(128, 80, 2, 1, 0)
 
 /* The configs whose per-sequence kernels (SEQ: packed variable-length batches, seqused_k) are compiled, one per
  * bucket in bucket order, each also in V3_TABLE.  D=64 takes two consumers: the default's three, at 160 registers
