@@ -10,7 +10,6 @@ Dynamic shared memory per block comes from fattn._C.v3_configs() for v3 and from
 import glob
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -19,16 +18,13 @@ sys.path.insert(0, ROOT)
 
 
 def cuobjdump():
-    cands = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
-    try:
-        import nvidia.cu13  # noqa: F401  (PyPI's CUDA 13 wheels)
-        cands += [os.path.join(d, "bin", "cuobjdump") for d in nvidia.cu13.__path__]
-    except ImportError:
-        pass
-    for c in cands:
-        if c and os.path.isfile(c):
-            return c
-    sys.exit("cuobjdump not found (CUDA toolkit or the nvidia-cuda-cuobjdump wheel)")
+    """(cuobjdump, its environment): fattn.testing.sass finds it (PATH, or PyPI's nvidia-cuda-cuobjdump and
+    -nvdisasm wheels)."""
+    from fattn.testing import sass
+    found = sass.tools()
+    if found is None:
+        sys.exit("cuobjdump / nvdisasm not found (CUDA toolkit, or pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    return found
 
 
 def parse_name(mangled):
@@ -48,9 +44,10 @@ def main():
     so = sys.argv[1] if len(sys.argv) > 1 else (glob.glob(os.path.join(ROOT, "fattn", "_C*.so")) or [None])[0]
     if not so:
         sys.exit("no built extension: pip install -e . first")
-    tool = cuobjdump()
-    res = subprocess.run([tool, "--dump-resource-usage", so], capture_output=True, text=True).stdout
-    sass = subprocess.run([tool, "-sass", so], capture_output=True, text=True).stdout
+    from fattn.testing import sass as sass_counts
+    tool, env = cuobjdump()
+    res = subprocess.run([tool, "--dump-resource-usage", so], capture_output=True, text=True, env=env).stdout
+    sass = subprocess.run([tool, "-sass", so], capture_output=True, text=True, env=env).stdout
     usage, arch = {}, None
     for line in res.splitlines():
         a = re.search(r"arch = (sm_\w+)", line)
@@ -62,16 +59,9 @@ def main():
         r = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
         if r:
             usage[(name, arch)] = tuple(int(x) for x in r.groups())
-    counts, cur = {}, None
-    for line in sass.splitlines():
-        f = re.search(r"Function : (\S+)", line)
-        if f:
-            cur = f.group(1)
-            counts.setdefault(cur, {"HGMMA": 0, "HMMA": 0, "waits": 0})
-        elif cur and ("HGMMA" in line or "HMMA" in line):
-            counts[cur]["HGMMA" if "HGMMA" in line else "HMMA"] += 1
-        elif cur and "WARPGROUP.DEPBAR" in line:
-            counts[cur]["waits"] += 1
+    # per kernel, summed over the archs it was built for: HGMMA, HMMA and wgmma waits (fattn.testing.sass)
+    counts = {name: {"HGMMA": c["HGMMA"], "HMMA": c["HMMA"], "waits": c["DEPBAR"]}
+              for name, c in sass_counts.parse(sass).items()}
     from fattn import _C
     smem_of = {(v, tuple(c[f] for f in fields)): c["smem"] for v, fields in
                (("v2", ("dp", "warps", "mt", "bc", "stages")), ("v3", ("dp", "bc", "stages", "consumers", "pingpong")))
