@@ -137,6 +137,36 @@ def test_grad_cuda_graph_capture_and_replay(deterministic, seed):
 
 
 @pytest.mark.gpu
+def test_grad_workspace_argument(seed):
+    """The GPU backward's workspace: a torch float32 tensor (as fattn's torch integration allocates it, read through
+    the lean torch path) and the same bytes in other dtypes (uint8 through DLPack, float16 through the lean path)
+    give bitwise the same gradients, and right ones; too small, not contiguous, or on another device: a ValueError
+    naming the workspace."""
+    require("cuda")
+    q, k, v, dout = inputs(2, 4, 2, 200, 150, 64, torch.float16, "cuda", seed)
+    out, lse = fattn.attention(q, k, v, return_lse=True)
+    nbytes = _C.backward_workspace_bytes(2, 4, 200, 64)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def run(ws):
+        g = [torch.empty_like(x) for x in (q, k, v)]
+        _C.backward(dout, q, k, v, out, lse, *g, stream=stream, workspace=ws, deterministic=True)
+        return g
+
+    want = run(torch.empty(nbytes // 4, device="cuda", dtype=torch.float32))
+    check(want, q, k, v, dout)
+    for ws in (torch.empty(nbytes, device="cuda", dtype=torch.uint8),
+               torch.empty(nbytes // 2, device="cuda", dtype=torch.float16)):
+        assert all(torch.equal(a, b) for a, b in zip(run(ws), want)), ws.dtype
+    for ws, match in ((torch.empty(nbytes // 4 - 4, device="cuda"), "workspace: .* need"),
+                      (torch.empty(nbytes // 2, device="cuda")[::2], "workspace: must be contiguous"),
+                      (torch.empty(nbytes // 4), "workspace: on cpu but q is on cuda:0")):
+        with pytest.raises(ValueError, match=match):
+            run(ws)
+    torch.cuda.synchronize()  # nothing left pending
+
+
+@pytest.mark.gpu
 def test_grad_runs_on_the_callers_stream_and_device(seed):
     require("cuda")
     n = torch.cuda.device_count()
