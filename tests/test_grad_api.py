@@ -146,7 +146,7 @@ def test_grad_workspace_argument(seed):
     q, k, v, dout = inputs(2, 4, 2, 200, 150, 64, torch.float16, "cuda", seed)
     out, lse = fattn.attention(q, k, v, return_lse=True)
     nbytes = _C.backward_workspace_bytes(2, 4, 200, 64)
-    stream = torch.cuda.current_stream().cuda_stream
+    stream = torch.cuda.current_stream().cuda_stream or 1  # DLPack's legacy default stream is 1, not 0
 
     def run(ws):
         g = [torch.empty_like(x) for x in (q, k, v)]
