@@ -9,6 +9,9 @@
   varlen_bwd  the backward of the equal-lengths packed batch against the dense backward on the same data
   mods     a softcap (30), ALiBi, both, against the plain call, for the default variant (v3 on Hopper) and v2,
            forward and backward, B=4, H=16, S=4k, D=64 / 128 / 256, causal and not: what the scores' changes cost
+  sinks    attention sinks against the plain call (forward, default variant): as the call applies them, and as the
+           plain call with the sinks pass after it (_C.sinks: what every call ran before v3 applied them in its
+           epilogue); gpt-oss-like prefill (H=64, H_kv=8, D=64, causal, full and a 128-key window) and D=128
 
     python bench/serving_targets.py --json serving.json
 
@@ -141,6 +144,32 @@ def mods_rows(args):
     return rows
 
 
+def sinks_rows(args):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    stream = torch.cuda.current_stream().cuda_stream or 1
+    rows = []
+    for (b, h, hk, sq, d), kw in (((1, 64, 8, 4096, 64), {"causal": True}),
+                                  ((1, 64, 8, 4096, 64), {"causal": True, "window": (128, 0)}),
+                                  ((8, 64, 8, 1024, 64), {"causal": True}),
+                                  ((32, 16, 16, 512, 128), {})):
+        q = torch.randn((b, h, sq, d), generator=g, device="cuda").half()
+        k, v = (torch.randn((b, hk, sq, d), generator=g, device="cuda").half() for _ in range(2))
+        sinks = torch.randn((h,), generator=g, device="cuda")
+
+        def with_pass():
+            out, lse = fattn.attention(q, k, v, return_lse=True, **kw)
+            fattn._C.sinks(out, lse, sinks, stream=stream)
+        fns = {"plain": lambda: fattn.attention(q, k, v, **kw),
+               "sinks": lambda: fattn.attention(q, k, v, sinks=sinks, **kw), "sinks-pass": with_pass}
+        p50 = timed(fns, args)
+        for name, us in p50.items():
+            rows.append({"target": "sinks", "impl": name, "shape": [b, h, hk, sq, d], **kw, "p50_us": us,
+                         "variant": variant_of(q, k, v, causal=1 if kw.get("causal") else 0,
+                                               window=kw.get("window")),
+                         "time_vs_plain": us / p50["plain"]})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=20)
@@ -161,6 +190,8 @@ def main():
         rows += packed_bwd_rows(args, [2048] * 8, "varlen-bwd-equal")
     if "mods" in want:
         rows += mods_rows(args)
+    if "sinks" in want:
+        rows += sinks_rows(args)
     for r in rows:
         extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                  if k not in ("target", "impl", "p50_us", "lengths")}

@@ -3,7 +3,7 @@
  *   _C.forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None,
  *              softcap=0, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=None,
  *              max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
- *              check_indices=True, alibi_slopes=None)
+ *              check_indices=True, alibi_slopes=None, sinks=None)
  *   _C._dev.forward(..., config=None, splits=0, order=0) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan(...)                                   -> the plan a call would run, without running it
  *
@@ -15,7 +15,9 @@
  * (int32, B x max_pages); k_new / v_new (B, S_new, H_kv, D) are written at cache_seqlens (int32, B: the lengths
  * before the call) once the call is planned, and attended to; check_indices=False trusts cache_seqlens' and
  * block_table's values (no read back: no host sync), and with max_seqlen_q / max_seqlen_k given, cu_seqlens' too.
- * alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes (attn_params).  Overrides: config (a GPU variant's config
+ * alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes (attn_params).  sinks: float32 (H,), attention sinks (gpt-oss;
+ * csrc/sinks.h), lse required with them: out and lse come back sink-adjusted -- applied by the kernel's epilogue where
+ * its planner says so (fattn_plan.sinks_fused: v3), else by the sinks pass after the kernel.  Overrides: config (a GPU variant's config
  * index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's; v3: 1 or 3, its split tails,
  * kernels/sm90/v3_plan.c), order (block order, 0: the planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order,
  * head_group, workspace. */
@@ -27,12 +29,12 @@
 const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS] = {
     "q", "k", "v", "out", "lse", "causal", "scale", "layout", "window", "variant", "stream", "softcap",
     "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "cache_seqlens", "block_table",
-    "k_new", "v_new", "check_indices", "alibi_slopes", "config", "splits", "order"};
-#define NARGS_PUBLIC 23
+    "k_new", "v_new", "check_indices", "alibi_slopes", "sinks", "config", "splits", "order"};
+#define NARGS_PUBLIC 24
 #define NARGS_DEV FATTN_FORWARD_ARGS
 enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_SOFTCAP, A_CU_Q,
        A_CU_K, A_USED_K, A_MAX_Q, A_MAX_K, A_CACHE_SEQLENS, A_BLOCK_TABLE, A_K_NEW, A_V_NEW, A_CHECK_INDICES,
-       A_ALIBI, A_CONFIG, A_SPLITS, A_ORDER };
+       A_ALIBI, A_SINKS, A_CONFIG, A_SPLITS, A_ORDER };
 #define NCACHE 4 /* cache_seqlens, block_table, k_new, v_new */
 
 PyObject *fattn_raise_status(void) {
@@ -115,6 +117,9 @@ typedef struct {
     fattn_tensor cache[NCACHE];
     fattn_append append;  /* k_new / v_new, written after planning */
     fattn_tensor alibi;   /* alibi_slopes */
+    fattn_tensor sinks;   /* sinks */
+    fattn_sink_params sp; /* the sinks pass over out and lse, for a kernel that does not apply them */
+    int layout;
     attn_params p;
     const char *variant;
     fattn_overrides ov;
@@ -127,6 +132,7 @@ static void call_release(call *c) {
     for (int i = 0; i < 3; i++) fattn_tensor_release(&c->seqs[i]);
     for (int i = 0; i < NCACHE; i++) fattn_tensor_release(&c->cache[i]);
     fattn_tensor_release(&c->alibi);
+    fattn_tensor_release(&c->sinks);
 }
 
 static int given(PyObject *obj) { return obj && obj != Py_None; }
@@ -196,6 +202,7 @@ static int call_take(module_state *st, PyObject **a, call *c) {
         return -1;
     o.causal = (int)causal;
     o.layout = (int)layout;
+    c->layout = (int)layout;
     if (fattn_arg_variant(a[A_VARIANT], &c->variant)) return -1;
     /* cu_seqlens, seqused_k / cache_seqlens and block_table: trusted when check_indices is false */
     if (fattn_arg_check_indices(a[A_CHECK_INDICES], &o.trust_indices)) return -1;
@@ -206,9 +213,19 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     if (given(a[A_ALIBI]) && fattn_take_dlpack(&st->names, a[A_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
         return -1;
     o.alibi_slopes = &c->alibi;
+    if (given(a[A_SINKS]) && fattn_take_dlpack(&st->names, a[A_SINKS], "sinks", stream_obj, &c->sinks)) return -1;
     if (fattn_take_varlen_args(&st->names, a + A_CU_Q, a[A_MAX_Q], a[A_MAX_K], stream_obj, c->seqs, &o) ||
         (cache && take_cache_args(st, a, stream_obj, c, &o)) || fattn_build_params(c->ts, &o, &c->p, c->stream))
         return -1;
+    if (c->sinks.t) {
+        if (!c->ts[4].t) {
+            PyErr_SetString(PyExc_TypeError, "lse: needed with sinks (they adjust it)");
+            return -1;
+        }
+        bhsd_view rows;
+        if (fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks, c->layout, &rows, &c->sp)) return -1;
+        c->p.sinks = c->sp.sinks;
+    }
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
     if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
         PyErr_SetString(PyExc_TypeError, c->gpu ? "config: a GPU variant takes a config index"
@@ -297,6 +314,7 @@ static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nar
         if (plan_gpu(st, &c, &plan)) goto done;
         if (run && c.append.s_new) s = append_kv(&c);
         if (run && !s) s = fattn_run_gpu(p, &st->tuned, c.variant, &c.ov, &plan, c.stream);
+        if (run && !s && p->sinks && !plan.sinks_fused) s = fattn_gpu_sinks(&c.sp, 0, c.device, c.stream);
     } else {
         if (c.variant && strcmp(c.variant, "cpu")) {
             PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
@@ -308,6 +326,7 @@ static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nar
             Py_BEGIN_ALLOW_THREADS
             if (c.append.s_new) s = append_kv(&c);
             if (!s) s = fattn_cpu_forward(p, &plan.cpu);
+            if (!s && p->sinks) fattn_cpu_sinks_forward(&c.sp);
             Py_END_ALLOW_THREADS
         }
     }

@@ -53,6 +53,35 @@ static int take_lse(const fattn_tensor *t, const fattn_tensor *out, const bhsd_v
     return fattn_same_device(t, out);
 }
 
+int fattn_take_sink_rows(const fattn_tensor *out, const fattn_tensor *lse, const fattn_tensor *sinks, int layout,
+                         bhsd_view *o, fattn_sink_params *p) {
+    memset(p, 0, sizeof *p);
+    if (rows_of(out, layout, o) || take_lse(lse, out, o, p) || head_vector(sinks, out, o->h, 0)) return -1;
+    p->o = o->data;
+    p->o_sb = o->sb; p->o_sh = o->sh; p->o_ss = o->ss;
+    p->b = o->b; p->h = o->h; p->s = o->s; p->d = o->d;
+    p->dtype = o->dtype;
+    p->sinks = (const float *)((char *)sinks->t->data + sinks->t->byte_offset);
+    return 0;
+}
+
+/* The pass on out's device (stream) or the CPU: 0, or -1 with an exception set. */
+static int run_sinks(const fattn_tensor *out, const fattn_sink_params *p, int backward, void *stream) {
+    int device = 0;
+    if (fattn_call_device(out, &device)) {
+        if (fattn_gpu_sinks(p, backward, device, stream)) {
+            fattn_raise_status();
+            return -1;
+        }
+        return 0;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (backward) fattn_cpu_sinks_backward(p);
+    else fattn_cpu_sinks_forward(p);
+    Py_END_ALLOW_THREADS
+    return 0;
+}
+
 PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     module_state *st = fattn_state(module);
     PyObject *a[S_N];
@@ -71,16 +100,13 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
     memset(ts, 0, sizeof ts);
     PyObject *result = NULL;
     fattn_sink_params p;
-    memset(&p, 0, sizeof p);
     bhsd_view o, g;
     for (int i = 0; i < S_N; i++) {
         if (i == S_LAYOUT || i == S_STREAM || !a[i] || a[i] == Py_None) continue;
         if ((i == S_OUT || i == S_DOUT ? fattn_take : fattn_take_dlpack)(&st->names, a[i], names[i], stream_obj, &ts[i]))
             goto done;
     }
-    if (rows_of(&ts[S_OUT], (int)layout, &o) || take_lse(&ts[S_LSE], &ts[S_OUT], &o, &p) ||
-        head_vector(&ts[S_SINKS], &ts[S_OUT], o.h, 0))
-        goto done;
+    if (fattn_take_sink_rows(&ts[S_OUT], &ts[S_LSE], &ts[S_SINKS], (int)layout, &o, &p)) goto done;
     if (!backward && ts[S_OUT].readonly) {
         PyErr_SetString(PyExc_ValueError, "out: the array is read-only");
         goto done;
@@ -97,23 +123,7 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
         p.do_sb = g.sb; p.do_sh = g.sh; p.do_ss = g.ss;
         p.dsinks = (float *)((char *)ts[S_DSINKS].t->data + ts[S_DSINKS].t->byte_offset);
     }
-    p.o = o.data;
-    p.o_sb = o.sb; p.o_sh = o.sh; p.o_ss = o.ss;
-    p.b = o.b; p.h = o.h; p.s = o.s; p.d = o.d;
-    p.dtype = o.dtype;
-    p.sinks = (const float *)((char *)ts[S_SINKS].t->data + ts[S_SINKS].t->byte_offset);
-    int device = 0;
-    if (fattn_call_device(&ts[S_OUT], &device)) {
-        if (fattn_gpu_sinks(&p, backward, device, stream)) {
-            fattn_raise_status();
-            goto done;
-        }
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        if (backward) fattn_cpu_sinks_backward(&p);
-        else fattn_cpu_sinks_forward(&p);
-        Py_END_ALLOW_THREADS
-    }
+    if (run_sinks(&ts[S_OUT], &p, backward, stream)) goto done;
     result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < S_N; i++) fattn_tensor_release(&ts[i]);

@@ -76,6 +76,11 @@ typedef struct attn_params {
      * float32, on the call's device. */
     const float *alibi_slopes;
     int64_t alibi_stride_b;
+    /* Attention sinks (gpt-oss; NULL: none): float32 (h,) logits, natural-log units, each joining its head's rows'
+     * softmax denominator (csrc/sinks.h).  Read only by kernels whose planner sets fattn_plan.sinks_fused, which
+     * apply them in their epilogue (out and lse leave the kernel sink-adjusted); for any other kernel the forward
+     * call runs the sinks pass over out and lse after it. */
+    const float *sinks;
 } attn_params;
 
 FATTN_HD int64_t fattn_elem_bytes(fattn_dtype t) { return t == FATTN_F32 ? 4 : 2; }

@@ -4,10 +4,12 @@
 
 #include "args.h"
 #include "plan.h"
+#include "sinks.h"
 #include "tuned.h"
+#include "views.h"
 
 /* The forward call's argument names (bind.c), interned so that keywords match by pointer. */
-#define FATTN_FORWARD_ARGS 26
+#define FATTN_FORWARD_ARGS 27
 extern const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS];
 /* The backward call's (bind_bwd.c). */
 #define FATTN_BACKWARD_ARGS 25
@@ -52,6 +54,11 @@ PyObject *fattn_dev_backward(PyObject *module, PyObject *const *args, Py_ssize_t
 PyObject *fattn_dev_plan_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+/* The sinks pass's arrays (bind_sinks.c, csrc/sinks.h), for the forward's binding too: out's rows (layout 0 / 1,
+ * packed 3-D as b = 1), lse (B, H, S) or (H, total) and sinks float32 (H,), checked into p.  0, or -1 with an
+ * exception set. */
+int fattn_take_sink_rows(const fattn_tensor *out, const fattn_tensor *lse, const fattn_tensor *sinks, int layout,
+                         bhsd_view *o, fattn_sink_params *p);
 extern PyMethodDef fattn_dev_methods[];
 
 #endif

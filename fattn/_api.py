@@ -51,7 +51,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
             atomics; slower on the GPU).  Also on when ``torch.use_deterministic_algorithms(True)``.
         sinks: optional float32 ``(H,)``: attention sinks (gpt-oss), a logit per head that joins every row's
             softmax denominator and attends to nothing; differentiable.  out and lse are then the sink-adjusted
-            ones (applied exactly after any kernel; csrc/sinks.h).
+            ones (csrc/sinks.h: v3 applies them in its epilogue, other variants by a pass after the kernel).
 
     Gradients: with torch tensors that require grad, the call goes through the registered op
     ``torch.ops.fattn.attention`` (autograd, torch.compile, torch.export, FakeTensor and meta tensors all see it);
@@ -98,9 +98,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, window=window, softcap=softcap,
-               variant=variant, stream=stream, alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
-    if sinks is not None:
-        _C.sinks(out, lse, sinks, layout=layout_code, stream=stream)
+               variant=variant, stream=stream, alibi_slopes=_args.alibi_arg(alibi_slopes, fw), sinks=sinks)
     return (out, lse) if want_lse else out
 
 

@@ -69,7 +69,5 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
                softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
                k_new=k_new, v_new=v_new, check_indices=bool(check_indices),
-               alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
-    if sinks is not None:
-        _C.sinks(out, lse, sinks, layout=1, stream=stream)
+               alibi_slopes=_args.alibi_arg(alibi_slopes, fw), sinks=sinks)
     return (out, lse) if return_lse else out

@@ -83,9 +83,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, window=window, softcap=softcap, variant=variant,
                stream=stream, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                max_seqlen_q=max_q, max_seqlen_k=max_k, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
-               check_indices=bool(check_indices))
-    if sinks is not None:
-        _C.sinks(out, lse, sinks, stream=stream)
+               check_indices=bool(check_indices), sinks=sinks)
     return (out, lse) if return_lse else out
 
 

@@ -62,10 +62,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None
     lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
     _C.forward(q, k, v, out, lse, causal=causal, scale=scale, layout=layout, window=_window(window_left, window_right),
                softcap=softcap, variant=variant, stream=_stream(q), alibi_slopes=alibi_slopes,
-               check_indices=check_indices,
+               check_indices=check_indices, sinks=None if sinks is None else sinks.detach(),
                **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    if sinks is not None:
-        _C.sinks(out, lse, sinks.detach(), layout=layout, stream=_stream(q))
     return out, lse
 
 
@@ -185,9 +183,8 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: T
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal, scale=scale, layout=1,
                window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
                cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new,
-               check_indices=check_indices, alibi_slopes=alibi_slopes)
-    if sinks is not None:
-        _C.sinks(out, lse, sinks.detach(), layout=1, stream=_stream(q))
+               check_indices=check_indices, alibi_slopes=alibi_slopes,
+               sinks=None if sinks is None else sinks.detach())
     return out, lse
 
 

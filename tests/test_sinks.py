@@ -12,7 +12,7 @@ from fattn.testing import accuracy, reference
 
 def targets():
     return [pytest.param("cpu", None, id="cpu")] + [
-        pytest.param("cuda", v, id=f"cuda-{v or 'default'}", marks=pytest.mark.gpu) for v in (None, "v1", "v2")]
+        pytest.param("cuda", v, id=f"cuda-{v or 'default'}", marks=pytest.mark.gpu) for v in (None, "v1", "v2", "v3")]
 
 
 def dtypes_for(device):
@@ -136,3 +136,27 @@ def test_sinks_no_grad_and_requires_grad_sinks():
     b = fattn.attention(q, q, q, sinks=s)
     b.sum().backward()
     assert torch.allclose(a, b.detach()) and s.grad is not None and s.grad.shape == (2,)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["none", "bottom_right", "window"])
+def test_sinks_v3_epilogue_matches_pass(d, mask, seed, request):
+    """v3 applies the sinks in its epilogue (fattn_plan.sinks_fused): the same out and LSE as v3's plain call with the
+    sinks pass (csrc/sinks.h) run after it, within rounding, fp16 and bf16, GQA, rows that see no key included
+    (bottom-right causal with Sq > Sk)."""
+    require("cuda")
+    kw = {"none": {}, "bottom_right": {"causal": "bottom_right"}, "window": {"window": (64, 0)}}[mask]
+    for dt in (torch.float16, torch.bfloat16):
+        q = randn((2, 4, 301, d), dt, "cuda", seed, 2.0)
+        k, v = (randn((2, 2, 277, d), dt, "cuda", seed + i) for i in (1, 2))
+        sinks = randn((4,), torch.float32, "cuda", seed + 3, 3.0)
+        out, lse = fattn.attention(q, k, v, sinks=sinks, return_lse=True, variant="v3", **kw)
+        want, want_lse = fattn.attention(q, k, v, return_lse=True, variant="v3", **kw)
+        fattn._C.sinks(want, want_lse, sinks, stream=torch.cuda.current_stream().cuda_stream or 1)
+        assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), f"{dt}: LSE's empty rows. {repro(request)}"
+        fin = torch.isfinite(want_lse)
+        assert (lse[fin] - want_lse[fin]).abs().max().item() <= 1e-4, f"{dt}: LSE. {repro(request)}"
+        tol = 2e-3 if dt == torch.float16 else 1.6e-2
+        err = (out.float() - want.float()).abs().max().item()
+        assert err <= tol * max(1.0, want.float().abs().max().item()), f"{dt}: out differs by {err}. {repro(request)}"

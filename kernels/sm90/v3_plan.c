@@ -326,5 +326,6 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     }
     /* per-sequence lengths: tiles from a counter, only those that exist (v3_schedule.h: v3_seq_tile) */
     plan->use_counters = p->cu_seqlens_q || p->seqused_k;
+    plan->sinks_fused = p->sinks != NULL; /* the epilogue applies them (v3_fwd_kernel.cuh) */
     return FATTN_OK;
 }
