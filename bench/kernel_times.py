@@ -3,9 +3,12 @@ how long each takes, and the span from its first kernel's start to its last one'
 between them, none of the host time that events can count when the host path outlasts the L2 flush before it).
 
     python3 bench/kernel_times.py --candidates v2 v2:splits=64 api:v2 torch:cudnn --shapes 1,32,1,128,32768,8
+    python3 bench/kernel_times.py --mode bwd --candidates api:v3 torch:cudnn --shapes 4,16,4096,128 [--no-flush]
 
-The L2 flush is timer.flush_l2's (FATTN_FLUSH=write, the default, or read).  Candidates and shapes as bench/ab.py's
-(forward only), and kv:contiguous / kv:pageN: attention_with_kvcache on the
+The L2 flush is timer.flush_l2's (FATTN_FLUSH=write, the default, or read); --no-flush profiles calls back to back
+instead (the previous call's kernels still running when the next is launched).  Candidates and shapes as
+bench/ab.py's (--mode bwd: api:X, X-det, torch:B, the gradients of a forward done once), and kv:contiguous /
+kv:pageN: attention_with_kvcache on the
 same keys in (B, S, H_kv, D) or in pages of N keys in a shuffled pool (check_indices=False, as the paged grid), and
 read:sum -- torch's sum of K and of V, the read bandwidth a kernel of the same bytes reaches.  Each call follows an L2 flush and a synchronize; the flush
 kernels separate the calls in the trace.  Prints per candidate: the median span, the median sum of kernel times, the
@@ -32,6 +35,26 @@ def cuda_kernels(fn):
         torch.cuda.synchronize()
     return sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e[1])
+
+
+def profile_back_to_back(fn, reps):
+    """[(span_us, [(kernel name, us), ...]) per call] of `reps` calls launched back to back, no flush: each call's
+    kernels are those of one fn() (the profiler is run around a batch; a call's kernels counted by the first call's
+    kernel count)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    per_call = len(cuda_kernels(fn))
+
+    def calls_fn():
+        for _ in range(reps):
+            fn()
+    ks = cuda_kernels(calls_fn)
+    out = []
+    for i in range(0, len(ks) - per_call + 1, per_call):
+        c = ks[i:i + per_call]
+        out.append((max(x[2] for x in c) - min(x[1] for x in c), [(n, b - a) for n, a, b in c]))
+    return out
 
 
 def profile_calls(fn, reps):
@@ -98,30 +121,34 @@ def main():
     ap.add_argument("--causal", choices=("none", "top_left", "bottom_right"), default="none")
     ap.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--mode", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--no-flush", action="store_true", help="calls back to back, no L2 flush between them")
     args = ap.parse_args()
     causal = {"none": False}.get(args.causal, args.causal)
     for s in args.shapes:
         x = [int(t) for t in s.split(",")]
         p = grids.point("shape", *x[:4], Sk=x[4] if len(x) > 4 else None, H_kv=x[5] if len(x) > 5 else None,
-                        causal=causal, dtype=args.dtype, mode="fwd")
+                        causal=causal, dtype=args.dtype, mode=args.mode)
         q, k, v = suite.make_inputs(p)
+        dout = suite.make_inputs(p, 1)[0] if args.mode == "bwd" else None
         kv_bytes = 2 * k.numel() * k.element_size()
-        print(f"== {grids.describe(p)} causal={args.causal}  K+V {kv_bytes / 1e6:.1f} MB  flush={timer.flush_mode()}")
+        flush = "none" if args.no_flush else timer.flush_mode()
+        print(f"== {grids.describe(p)} causal={args.causal} mode={args.mode}  K+V {kv_bytes / 1e6:.1f} MB  "
+              f"flush={flush}")
         for t in args.candidates:
             try:
                 fn = (kv_fn(t, q, k, v) if t.startswith("kv:") else read_fn(k, v) if t == "read:sum"
-                      else ab.make_fn(ab.parse_candidate(t), q, k, v,
-                                                                                causal, None))
+                      else ab.make_fn(ab.parse_candidate(t), q, k, v, causal, None, dout))
                 fn()
             except Exception as e:
                 print(f"  {t}: cannot run ({type(e).__name__}: {str(e).splitlines()[0]})")
                 continue
-            calls = profile_calls(fn, args.reps)
-            ev = timer.percentile(timer.cuda(fn, args.reps, 3), 0.5)
+            calls = profile_back_to_back(fn, args.reps) if args.no_flush else profile_calls(fn, args.reps)
+            ev = timer.percentile((timer.cuda_batch if args.no_flush else timer.cuda)(fn, args.reps, 3), 0.5)
             span = statistics.median(c[0] for c in calls)
             total = statistics.median(sum(d for _, d in c[1]) for c in calls)
             print(f"  {t:22s} span {span:8.1f} us ({kv_bytes / span / 1e6:5.2f} TB/s)  kernels {total:8.1f} us  "
-                  f"events {ev:8.1f} us")
+                  f"{'batch' if args.no_flush else 'events'} {ev:8.1f} us")
             names = {}
             for _, ks in calls:
                 for i, (n, d) in enumerate(ks):
