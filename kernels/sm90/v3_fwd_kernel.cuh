@@ -23,10 +23,11 @@
  * while the tile before it runs; there (FLAT, two consumers) the tiles run back to back: a tile's last P V is
  * issued with the next tile's S_0, and its epilogue runs once both are done.
  * O is written back through a shared-memory tile (its own where it fits, else the consumer's Q slot; swizzled like
- * TMA's loads) by a TMA store, which drops rows past the sequence end; TMA loads fill rows past a sequence's end
- * with zeros, so no load reads past it.  A tile visits only the key blocks its rows see (mask.h: fattn_key_span),
- * and in dense calls a consumer computes only those its own rows see: past them it takes its turns and releases the
- * blocks (causal D=256 S=512 / 1k 1.035 / 1.041x, D=64 4k 1.027x on an H100).
+ * TMA's loads) by a TMA store, which drops rows past the sequence end; attention sinks (p.sinks) join each row's
+ * denominator there (csrc/sinks.h: the rule the sinks pass applies after other kernels).  TMA loads fill rows past a
+ * sequence's end with zeros, so no load reads past it.  A tile visits only the key blocks its rows see (mask.h:
+ * fattn_key_span), and in dense calls a consumer computes only those its own rows see: past them it takes its turns
+ * and releases the blocks (causal D=256 S=512 / 1k 1.035 / 1.041x, D=64 4k 1.027x on an H100).
  * Split tails (three consumers, dense calls; the rule and the grid: v3_plan.c): a head's last query block of at most
  * 64 rows has every consumer on its rows, consumer c taking key blocks c, c + 3, ..., and consumer 0 merging the
  * three partial results (see split_tail_tile) -- else two consumers compute rows that do not exist through the
@@ -71,6 +72,17 @@ template <> struct v3_regs<1, 3> { static constexpr int producer = 24, consumer 
 template <> struct v3_regs<1, 2> { static constexpr int producer = 24, consumer = 232; };
 template <> struct v3_regs<2, 1> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer = 160; };
+
+/* Attention sinks in an epilogue: a row's LSE and O's factor 1 / l, given the sink's logit, all in log2 units,
+ * become csrc/sinks.h's LSE' = log(e^LSE + e^s) and 1 / l * e^(LSE - LSE') (a row that saw no key: LSE' = s, O' = 0)
+ * -- the rule the sinks pass applies after other kernels, here on the special-function unit (three operations). */
+DEV void sink_join2(float sink2, float *lse2, float *inv) {
+    const bool none = *lse2 == -INFINITY;
+    const float hi = fmaxf(*lse2, sink2), lo = fminf(*lse2, sink2);
+    const float joined = none ? sink2 : hi + __log2f(1.f + fast_exp2(lo - hi));
+    *inv = none ? 0.f : *inv * fast_exp2(*lse2 - joined);
+    *lse2 = joined;
+}
 
 /* The lazy row max's slack, log2 units (see the softmax): P stays below 2^8, well inside fp16 and bf16. */
 #define V3_MAX_SLACK 8.f
@@ -382,18 +394,13 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         T *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
         const int64_t r0 = e.wg_row + warp * 16 + g, r1 = r0 + 8;
         float inv[2];
-        const float sink2 = p.sinks ? p.sinks[e.h] * FATTN_LOG2E : 0.f; /* a sink's logit, log2 units */
+        const float sink2 = p.sinks ? p.sinks[e.h] * FATTN_LOG2E : 0.f;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float lr = empty ? 0.f : quad_sum(e.l[r]);
             inv[r] = lr > 0.f ? 1.f / lr : 0.f;
             float lse2 = lr > 0.f ? e.m[r] * c + __log2f(lr) : -INFINITY; /* m: raw units (or log2 units at c = 1) */
-            if (p.sinks) { /* one more term in the denominator (csrc/sinks.h's rule in base 2) */
-                const float hi = fmaxf(lse2, sink2), lo = fminf(lse2, sink2);
-                const float with_sink = lse2 == -INFINITY ? sink2 : hi + log1pf(exp2f(lo - hi)) * FATTN_LOG2E;
-                inv[r] *= exp2f(lse2 - with_sink);
-                lse2 = with_sink;
-            }
+            if (p.sinks) sink_join2(sink2, &lse2, &inv[r]);
             const int64_t row = r ? r1 : r0;
             if (p.lse && t == 0 && row < e.seq_q)
                 p.lse[e.b * p.lse_stride_b + (SEQ ? e.q0 : 0) + e.h * p.lse_stride_h + row] = lse2 * FATTN_LN2;
