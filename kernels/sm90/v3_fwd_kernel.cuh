@@ -394,21 +394,16 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         T *sOw = sO + cw * 64 * 64; /* this warpgroup's 64 rows of panel 0 */
         const int64_t r0 = e.wg_row + warp * 16 + g, r1 = r0 + 8;
         float inv[2];
+        const float sink2 = p.sinks ? p.sinks[e.h] * FATTN_LOG2E : 0.f;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float lr = empty ? 0.f : quad_sum(e.l[r]);
             inv[r] = lr > 0.f ? 1.f / lr : 0.f;
+            float lse2 = lr > 0.f ? e.m[r] * c + __log2f(lr) : -INFINITY; /* m: raw units (or log2 units at c = 1) */
+            if (p.sinks) sink_join2(sink2, &lse2, &inv[r]);
             const int64_t row = r ? r1 : r0;
-            float *lse = p.lse && t == 0 && row < e.seq_q
-                             ? p.lse + e.b * p.lse_stride_b + (SEQ ? e.q0 : 0) + e.h * p.lse_stride_h + row
-                             : nullptr;
-            if (p.sinks) { /* (a branch of its own: calls without sinks run the epilogue they ran before them) */
-                float lse2 = lr > 0.f ? e.m[r] * c + __log2f(lr) : -INFINITY;
-                sink_join2(p.sinks[e.h] * FATTN_LOG2E, &lse2, &inv[r]);
-                if (lse) *lse = lse2 * FATTN_LN2;
-            } else if (lse) {
-                *lse = lse_from(e.m[r] * c, lr); /* m: raw units (or log2 units at c = 1) */
-            }
+            if (p.lse && t == 0 && row < e.seq_q)
+                p.lse[e.b * p.lse_stride_b + (SEQ ? e.q0 : 0) + e.h * p.lse_stride_h + row] = lse2 * FATTN_LN2;
         }
         auto out2 = [&](int i) { /* O's elements i, i + 1, packed */
             const float y = inv[(i >> 1) & 1];
