@@ -127,6 +127,21 @@ def test_sinks_arguments():
     assert abs(out - ref.numpy()).max() < 1e-5
 
 
+def test_sinks_forward_binding():
+    """_C.forward applies the sinks itself (a kernel's epilogue, or the sinks pass after it): lse is required with
+    them, and out / lse come back as attention(..., sinks=) gives them."""
+    q, k, v = (torch.randn(1, 4, 9, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    out = torch.empty_like(q)
+    with pytest.raises(TypeError, match=r"lse: needed with sinks"):
+        fattn._C.forward(q, k, v, out, sinks=sinks)
+    lse = torch.empty(1, 4, 9)
+    fattn._C.forward(q, k, v, out, lse, causal=1, sinks=sinks)
+    want, want_lse = sink_attention(q, k, v, sinks, "top_left")
+    assert (out.double() - want).abs().max().item() < 1e-5
+    assert (lse.double() - want_lse).abs().max().item() < 1e-5
+
+
 def test_sinks_no_grad_and_requires_grad_sinks():
     """Sinks that require grad under torch.no_grad (the lean path) and through autograd alone (q, k, v plain)."""
     q = torch.randn(1, 2, 5, 16)
