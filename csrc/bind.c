@@ -119,7 +119,6 @@ typedef struct {
     fattn_tensor alibi;   /* alibi_slopes */
     fattn_tensor sinks;   /* sinks */
     fattn_sink_params sp; /* the sinks pass over out and lse, for a kernel that does not apply them */
-    int layout;
     attn_params p;
     const char *variant;
     fattn_overrides ov;
@@ -202,7 +201,6 @@ static int call_take(module_state *st, PyObject **a, call *c) {
         return -1;
     o.causal = (int)causal;
     o.layout = (int)layout;
-    c->layout = (int)layout;
     if (fattn_arg_variant(a[A_VARIANT], &c->variant)) return -1;
     /* cu_seqlens, seqused_k / cache_seqlens and block_table: trusted when check_indices is false */
     if (fattn_arg_check_indices(a[A_CHECK_INDICES], &o.trust_indices)) return -1;
@@ -223,7 +221,7 @@ static int call_take(module_state *st, PyObject **a, call *c) {
             return -1;
         }
         bhsd_view rows;
-        if (fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks, c->layout, &rows, &c->sp)) return -1;
+        if (fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks, (int)layout, &rows, &c->sp)) return -1;
         c->p.sinks = c->sp.sinks;
     }
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
