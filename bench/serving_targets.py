@@ -176,7 +176,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
-    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods", help="comma-separated subset")
+    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks", help="comma-separated subset")
     args = ap.parse_args()
     want = set(args.targets.split(","))
     rows = window_rows(args) if "window" in want else []
