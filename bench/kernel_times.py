@@ -125,6 +125,8 @@ def main():
     ap.add_argument("--no-flush", action="store_true", help="calls back to back, no L2 flush between them")
     args = ap.parse_args()
     causal = {"none": False}.get(args.causal, args.causal)
+    if args.mode == "bwd" and any(t.startswith("kv:") or t == "read:sum" for t in args.candidates):
+        ap.error("--mode bwd: kv:* and read:sum time a forward; give api:VARIANT[-det] or torch:BACKEND")
     for s in args.shapes:
         x = [int(t) for t in s.split(",")]
         p = grids.point("shape", *x[:4], Sk=x[4] if len(x) > 4 else None, H_kv=x[5] if len(x) > 5 else None,

@@ -206,6 +206,8 @@ def test_kvcache_errors_paged(name, over, exc, match):
 def test_kvcache_bad_sinks_write_nothing():
     """sinks are checked before the new keys go into the cache."""
     _assert_refused(_call(sinks=torch.zeros(3)), ValueError, r"sinks: expected a 1-D array of H=4 entries")
+    # strided sinks pass Python's checks and are refused by _C.forward's, still before the append
+    _assert_refused(_call(sinks=torch.zeros(8)[::2]), ValueError, r"sinks: must be contiguous")
 
 
 def test_kvcache_refused_variant_writes_nothing():
