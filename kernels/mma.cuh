@@ -1,4 +1,5 @@
-/* mma.cuh -- sm_80+ building blocks in inline PTX: cp.async, ldmatrix, mma.sync m16n8k16, fast exp2.
+/* mma.cuh -- sm_80+ building blocks in inline PTX: cp.async, ldmatrix, mma.sync m16n8k16, fast exp2 (and on it the
+ * sinks' rule for an epilogue).
  *
  * Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4), used by every tensor-core kernel:
  *   A 16x16 (row-major), 4 x b32:  a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
@@ -62,6 +63,17 @@ DEV float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+
+/* Attention sinks in an epilogue: a row's LSE and O's factor 1 / l, given the sink's logit, all in log2 units,
+ * become csrc/sinks.h's LSE' = log(e^LSE + e^s) and 1 / l * e^(LSE - LSE') (a row that saw no key: LSE' = s, O' = 0)
+ * -- the rule the sinks pass applies after other kernels, here on the special-function unit (three operations). */
+DEV void sink_join2(float sink2, float *lse2, float *inv) {
+    const bool none = *lse2 == -INFINITY;
+    const float hi = fmaxf(*lse2, sink2), lo = fminf(*lse2, sink2);
+    const float joined = none ? sink2 : hi + __log2f(1.f + fast_exp2(lo - hi));
+    *inv = none ? 0.f : *inv * fast_exp2(*lse2 - joined);
+    *lse2 = joined;
 }
 
 /* tanh(x) on the special-function unit (tanh.approx.f32, sm_75+: relative error below 2^-10.98, fp16's own

@@ -73,17 +73,6 @@ template <> struct v3_regs<1, 2> { static constexpr int producer = 24, consumer 
 template <> struct v3_regs<2, 1> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer = 160; };
 
-/* Attention sinks in an epilogue: a row's LSE and O's factor 1 / l, given the sink's logit, all in log2 units,
- * become csrc/sinks.h's LSE' = log(e^LSE + e^s) and 1 / l * e^(LSE - LSE') (a row that saw no key: LSE' = s, O' = 0)
- * -- the rule the sinks pass applies after other kernels, here on the special-function unit (three operations). */
-DEV void sink_join2(float sink2, float *lse2, float *inv) {
-    const bool none = *lse2 == -INFINITY;
-    const float hi = fmaxf(*lse2, sink2), lo = fminf(*lse2, sink2);
-    const float joined = none ? sink2 : hi + __log2f(1.f + fast_exp2(lo - hi));
-    *inv = none ? 0.f : *inv * fast_exp2(*lse2 - joined);
-    *lse2 = joined;
-}
-
 /* The lazy row max's slack, log2 units (see the softmax): P stays below 2^8, well inside fp16 and bf16. */
 #define V3_MAX_SLACK 8.f
 
