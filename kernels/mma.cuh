@@ -67,10 +67,11 @@ DEV float fast_exp2(float x) {
 
 /* Attention sinks in an epilogue: a row's LSE and O's factor 1 / l, given the sink's logit, all in log2 units,
  * become csrc/sinks.h's LSE' = log(e^LSE + e^s) and 1 / l * e^(LSE - LSE') (a row that saw no key: LSE' = s, O' = 0)
- * -- the rule the sinks pass applies after other kernels, here on the special-function unit (three operations). */
+ * -- the rule the sinks pass applies after other kernels, here on the special-function unit (three operations).  The
+ * order is chosen by a comparison, as the pass's is, not by fmaxf / fminf, which would drop a NaN sink or LSE. */
 DEV void sink_join2(float sink2, float *lse2, float *inv) {
-    const bool none = *lse2 == -INFINITY;
-    const float hi = fmaxf(*lse2, sink2), lo = fminf(*lse2, sink2);
+    const bool none = *lse2 == -INFINITY, lse_wins = *lse2 > sink2;
+    const float hi = lse_wins ? *lse2 : sink2, lo = lse_wins ? sink2 : *lse2;
     const float joined = none ? sink2 : hi + __log2f(1.f + fast_exp2(lo - hi));
     *inv = none ? 0.f : *inv * fast_exp2(*lse2 - joined);
     *lse2 = joined;

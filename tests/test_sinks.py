@@ -127,6 +127,31 @@ def test_sinks_arguments():
     assert abs(out - ref.numpy()).max() < 1e-5
 
 
+@pytest.mark.parametrize("device,variant", targets())
+def test_sinks_nan_and_minus_inf(device, variant, seed, request):
+    """A NaN sink poisons its head's rows and nothing else: LSE' NaN on every row, O' NaN on every row that sees a key
+    (rows that see none keep O' = 0, the rule for empty rows); a sink of -inf is no sink (the plain call's out and
+    LSE).  v3's epilogue orders the row's LSE and the sink by a comparison, like the pass, so neither drops the NaN."""
+    require(device)
+    for dt in dtypes_for(device):
+        q = randn((2, 4, 113, 64), dt, device, seed, 2.0)
+        k, v = (randn((2, 2, 97, 64), dt, device, seed + i) for i in (1, 2))
+        sinks = torch.tensor([0.5, float("nan"), float("-inf"), 2.0], device=device)
+        out, lse = fattn.attention(q, k, v, causal="bottom_right", sinks=sinks, return_lse=True, variant=variant)
+        plain, plain_lse = fattn.attention(q, k, v, causal="bottom_right", return_lse=True, variant=variant)
+        ref, ref_lse = sink_attention(q, k, v, sinks, "bottom_right")
+        empty = 113 - 97  # bottom-right causal: rows 0 .. 15 see no key
+        assert torch.isnan(lse[:, 1]).all() and torch.isnan(out[:, 1, empty:]).all(), f"{dt}: NaN sink. {repro(request)}"
+        assert torch.count_nonzero(out[:, 1, :empty]).item() == 0, f"{dt}: NaN sink, empty rows. {repro(request)}"
+        assert not torch.isnan(out[:, [0, 2, 3]]).any(), f"{dt}: NaN outside the NaN sink's head. {repro(request)}"
+        assert torch.equal(out[:, 2], plain[:, 2]), f"{dt}: a -inf sink changed out. {repro(request)}"
+        assert torch.equal(lse[:, 2], plain_lse[:, 2]), f"{dt}: a -inf sink changed LSE. {repro(request)}"
+        low, _ = sink_attention(q, k, v, sinks, "bottom_right", dtype=dt)
+        heads = [0, 3]
+        check("out", out[:, heads], ref[:, heads], low[:, heads], dt, 2.0, request)
+        assert (lse[:, heads].double() - ref_lse[:, heads]).abs().max().item() < 1e-3, f"{dt}: LSE. {repro(request)}"
+
+
 def test_sinks_forward_binding():
     """_C.forward applies the sinks itself (a kernel's epilogue, or the sinks pass after it): lse is required with
     them, and out / lse come back as attention(..., sinks=) gives them."""
