@@ -11,7 +11,8 @@
            forward and backward, B=4, H=16, S=4k, D=64 / 128 / 256, causal and not: what the scores' changes cost
   sinks    attention sinks against the plain call (forward, default variant): as the call applies them, and as the
            plain call with the sinks pass after it (_C.sinks: what every call ran before v3 applied them in its
-           epilogue); gpt-oss-like prefill (H=64, H_kv=8, D=64, causal, full and a 128-key window) and D=128
+           epilogue); gpt-oss-like prefill (H=64, H_kv=8, D=64, causal, full and a 128-key window) and D=128;
+           gpt-oss-like decode (attention_with_kvcache, one query, B=1 with 32k keys and B=8 with 8k)
 
     python bench/serving_targets.py --json serving.json
 
@@ -166,6 +167,23 @@ def sinks_rows(args):
             rows.append({"target": "sinks", "impl": name, "shape": [b, h, hk, sq, d], **kw, "p50_us": us,
                          "variant": variant_of(q, k, v, causal=1 if kw.get("causal") else 0,
                                                window=kw.get("window")),
+                         "time_vs_plain": us / p50["plain"]})
+    for b, sk in ((1, 32768), (8, 8192)):
+        h, hk, d = 64, 8, 64
+        q = torch.randn((b, 1, h, d), generator=g, device="cuda").half()
+        kc, vc = (torch.randn((b, sk, hk, d), generator=g, device="cuda").half() for _ in range(2))
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        sinks = torch.randn((h,), generator=g, device="cuda")
+        kw = {"cache_seqlens": lens, "check_indices": False}
+
+        def decode_pass():
+            out, lse = fattn.attention_with_kvcache(q, kc, vc, return_lse=True, **kw)
+            fattn._C.sinks(out, lse, sinks, layout=1, stream=stream)
+        fns = {"plain": lambda: fattn.attention_with_kvcache(q, kc, vc, **kw),
+               "sinks": lambda: fattn.attention_with_kvcache(q, kc, vc, sinks=sinks, **kw), "sinks-pass": decode_pass}
+        p50 = timed(fns, args)
+        for name, us in p50.items():
+            rows.append({"target": "sinks", "impl": name, "decode": [b, h, hk, sk, d], "p50_us": us,
                          "time_vs_plain": us / p50["plain"]})
     return rows
 
