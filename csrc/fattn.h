@@ -81,6 +81,7 @@ typedef struct attn_params {
      * apply them in their epilogue (out and lse leave the kernel sink-adjusted); for any other kernel the forward
      * call runs the sinks pass over out and lse after it. */
     const float *sinks;
+    int sinks_by_row;                 /* 1: row i of head h takes sinks[h * sq + i] (fattn_pack_gqa's rows are heads) */
 } attn_params;
 
 FATTN_HD int64_t fattn_elem_bytes(fattn_dtype t) { return t == FATTN_F32 ? 4 : 2; }
@@ -192,7 +193,14 @@ FATTN_HD int fattn_pack_gqa(const attn_params *p, attn_params *out) {
     out->mask.causal = 0;
     out->mask.bottom_right = 0;
     out->mask.left = out->mask.right = -1;
+    out->sinks_by_row = 1;
     return 1;
+}
+
+/* The sink logit (natural log) of row i of head h, attn_params.sinks set: after fattn_pack_gqa a head's rows are the
+ * query heads of its group. */
+FATTN_HD float fattn_sink_of(const attn_params *p, int64_t h, int64_t i) {
+    return p->sinks[p->sinks_by_row ? h * p->sq + i : h];
 }
 
 /* Row j of a paged cache's sequence: the element offset of its page's row in the pool (head excluded). */

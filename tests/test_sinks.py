@@ -244,3 +244,27 @@ def test_sinks_v3_epilogue_split_tails_and_packed(seed, request):
         want = fattn.attention_varlen(qp, kp, vp, cu, cu, causal="bottom_right", return_lse=True, variant="v3")
         fattn._C.sinks(want[0], want[1], sinks, stream=stream)
         _same(got, want, dt, "packed", request)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [4, 16])
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+@pytest.mark.parametrize("h_kv", [8, 2])
+def test_sinks_v2_split_merge_matches_pass(splits, softcap, h_kv, seed, request):
+    """v2 joins the sinks where it merges its key splits (in the kernel, or v2_combine for the score-modifying
+    kernels): the same out and LSE as the split call without sinks and the sinks pass after it -- decode rows, with
+    GQA packing (the group's query heads as one head's rows: each row its own sink) and without."""
+    require("cuda")
+    stream = torch.cuda.current_stream().cuda_stream or 1
+    for dt in (torch.float16, torch.bfloat16):
+        q = randn((3, 8, 1, 128), dt, "cuda", seed, 2.0)
+        k, v = (randn((3, h_kv, 2000, 128), dt, "cuda", seed + i) for i in (1, 2))
+        sinks = randn((8,), torch.float32, "cuda", seed + 3, 3.0)
+        out, lse = torch.empty_like(q), torch.empty(3, 8, 1, device="cuda")
+        kw = dict(variant="v2", splits=splits, softcap=softcap, stream=stream, causal=2)
+        plan = fattn._C._dev.forward(q, k, v, out, lse, sinks=sinks, **kw)
+        assert plan["variant"] == "v2" and plan["splits"] > 1, f"not a split v2 call: {plan}"
+        want_out, want_lse = torch.empty_like(q), torch.empty(3, 8, 1, device="cuda")
+        fattn._C._dev.forward(q, k, v, want_out, want_lse, **kw)
+        fattn._C.sinks(want_out, want_lse, sinks, stream=stream)
+        _same((out, lse), (want_out, want_lse), dt, f"v2 splits={splits}", request)

@@ -35,13 +35,30 @@ DEV void v2_merge_fold(const v2_split &sp, int64_t nrows, int64_t row, int d, in
     }
 }
 
+/* The merged row's O = acc / l and LSE = m + log l (natural log) -- with a sink s (natural log; NULL: none) joined
+ * into the denominator (csrc/sinks.h's rule, sink_join2): the factor for acc, and the LSE.  A row no split saw:
+ * factor 0, LSE -inf (or s). */
+DEV float v2_merged_row(float m, float l, const float *sink, float *lse) {
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    if (!sink) {
+        *lse = l > 0.f ? m + __logf(l) : -INFINITY;
+        return inv;
+    }
+    float lse2 = l > 0.f ? (m + __logf(l)) * FATTN_LOG2E : -INFINITY;
+    sink_join2(*sink * FATTN_LOG2E, &lse2, &inv);
+    *lse = lse2 * FATTN_LN2;
+    return inv;
+}
+
 /* Rows [i0, i_end) of the splits' partial rows (row i of them at row0 + i, of nrows) merged by the block (WARPS
  * warps, a warp per row, the splits in order: bitwise repeatable whichever split finishes last): O = acc / l into
  * out (row stride o_stride_s), LSE = m + log l into lse (NULL: none); a row no split saw gets O = 0, LSE = -inf.
- * Out of line, with scalar arguments: inlined into v2_fwd, its code made ptxas spill in the kernel's main loop. */
+ * sinks (NULL: none): row i's sink is sinks[i * sink_step] (v2_merged_row).  Out of line, with scalar arguments:
+ * inlined into v2_fwd, its code made ptxas spill in the kernel's main loop. */
 template <typename T, int DP, int WARPS>
 __device__ __noinline__ void v2_merge_rows(const v2_split sp, int splits, int64_t nrows, int64_t row0, int64_t i0,
-                                           int64_t i_end, int d, T *out, int64_t o_stride_s, float *lse) {
+                                           int64_t i_end, int d, T *out, int64_t o_stride_s, float *lse,
+                                           const float *sinks, int sink_step) {
     constexpr int NC = (DP + 31) / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t i = i0 + warp; i < i_end; i += WARPS) {
@@ -49,11 +66,12 @@ __device__ __noinline__ void v2_merge_rows(const v2_split sp, int splits, int64_
 #pragma unroll
         for (int c = 0; c < NC; c++) acc[c] = 0.f;
         v2_merge_fold<NC, V2_MERGE_SPLITS>(sp, nrows, row0 + i, d, lane, 0, 1, splits, m, l, acc);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float lse_i;
+        const float inv = v2_merged_row(m, l, sinks ? sinks + i * sink_step : NULL, &lse_i);
 #pragma unroll
         for (int c = 0; c < NC; c++)
             if (lane + 32 * c < d) from_f32(out + i * o_stride_s + lane + 32 * c, acc[c] * inv);
-        if (lse && lane == 0) lse[i] = l > 0.f ? m + __logf(l) : -INFINITY;
+        if (lse && lane == 0) lse[i] = lse_i;
     }
 }
 
@@ -92,11 +110,13 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) v2_combine(const attn_para
         f[w] = __expf(wm[w] - m_use);
         sum += wl[w] * f[w];
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    float lse;
+    const float sink = all.sinks ? fattn_sink_of(&all, h, i) : 0.f;
+    const float inv = v2_merged_row(mx, sum, all.sinks ? &sink : NULL, &lse);
     T *out = (T *)seq.o + h * all.o_stride_h + i * all.o_stride_s;
     for (int col = tid; col < d; col += COMBINE_WARPS * 32)
         from_f32(out + col, ((part[0][col] * f[0] + part[1][col] * f[1]) + (part[2][col] * f[2] + part[3][col] * f[3])) * inv);
-    if (seq.lse && tid == 0) seq.lse[h * all.lse_stride_h + i] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
+    if (seq.lse && tid == 0) seq.lse[h * all.lse_stride_h + i] = lse;
 }
 #undef COMBINE_CHUNK
 

@@ -369,7 +369,7 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
             const float l = quad_sum(l_i[mt][r]);
             if (i >= seq.sq) continue;
             const float inv = l > 0.f ? 1.f / l : 0.f;
-            if (sp.o_part) { /* a split: partial O in fp32 and its LSE, merged by v2_combine */
+            if (sp.o_part) { /* a split: partial O in fp32 and its LSE, merged (the sinks joined there) */
                 const int64_t row = ((int64_t)blockIdx.y * nbh + bh) * all.sq + i;
 #pragma unroll
                 for (int dt = 0; dt < DT; dt++) {
@@ -400,7 +400,8 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
         __threadfence();
         v2_merge_rows<T, DP, WARPS>(sp, (int)gridDim.y, nbh * all.sq, bh * all.sq, i0, min(i0 + (int64_t)BR, seq.sq),
                                     d, (T *)seq.o + o_off, p.o_stride_s,
-                                    seq.lse ? seq.lse + b * p.lse_stride_b + h * p.lse_stride_h : NULL);
+                                    seq.lse ? seq.lse + b * p.lse_stride_b + h * p.lse_stride_h : NULL,
+                                    p.sinks ? &p.sinks[p.sinks_by_row ? h * p.sq : h] : NULL, p.sinks_by_row);
     }
 }
 

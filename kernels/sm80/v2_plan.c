@@ -237,5 +237,8 @@ fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, co
                          blocks <= FATTN_ARRIVALS;
     plan->workspace_bytes = plan->splits > 1 ? (size_t)plan->splits * (size_t)(p->b * p->h * p->sq) *
                                                    (size_t)(p->d + 1) * sizeof(float) : 0;
+    /* split calls: the merge of the splits joins the sinks (v2_combine.cuh; in the unsplit epilogue their code made
+     * ptxas spill in most configs), else the sinks pass runs after the kernel */
+    plan->sinks_fused = p->sinks != NULL && plan->splits > 1;
     return FATTN_OK;
 }
