@@ -13,6 +13,9 @@
            plain call with the sinks pass after it (_C.sinks: what every call ran before v3 applied them in its
            epilogue); gpt-oss-like prefill (H=64, H_kv=8, D=64, causal, full and a 128-key window) and D=128;
            gpt-oss-like decode (attention_with_kvcache, one query, B=1 with 32k keys and B=8 with 8k)
+  sinks_bwd  the backward with sinks against the plain backward (default variant), the same prefill shapes: dsinks as
+           the call gives it, and as the sinks pass gives it after the plain backward (_C.sinks(..., dout=, dsinks=):
+           what every backward with sinks ran before v2 and v3 took dsinks from their own workspace)
 
     python bench/serving_targets.py --json serving.json
 
@@ -188,13 +191,39 @@ def sinks_rows(args):
     return rows
 
 
+def sinks_bwd_rows(args):
+    g = torch.Generator(device="cuda").manual_seed(4)
+    stream = torch.cuda.current_stream().cuda_stream or 1
+    rows = []
+    for (b, h, hk, sq, d), kw in (((1, 64, 8, 4096, 64), {"causal": True}),
+                                  ((1, 64, 8, 4096, 64), {"causal": True, "window": (128, 0)}),
+                                  ((8, 64, 8, 1024, 64), {"causal": True})):
+        q, dout = (torch.randn((b, h, sq, d), generator=g, device="cuda").half() for _ in range(2))
+        k, v = (torch.randn((b, hk, sq, d), generator=g, device="cuda").half() for _ in range(2))
+        sinks = torch.randn((h,), generator=g, device="cuda")
+        out, lse = fattn.attention(q, k, v, sinks=sinks, return_lse=True, **kw)
+        dsinks = torch.empty_like(sinks)
+
+        def with_pass():
+            fattn.attention_backward(dout, q, k, v, out, lse, **kw)
+            fattn._C.sinks(out, lse, sinks, stream=stream, dout=dout, dsinks=dsinks)
+        fns = {"plain": lambda: fattn.attention_backward(dout, q, k, v, out, lse, **kw),
+               "sinks": lambda: fattn.attention_backward(dout, q, k, v, out, lse, sinks=sinks, **kw),
+               "sinks-pass": with_pass}
+        p50 = timed(fns, args)
+        for name, us in p50.items():
+            rows.append({"target": "sinks_bwd", "impl": name, "shape": [b, h, hk, sq, d], **kw, "p50_us": us,
+                         "time_vs_plain": us / p50["plain"]})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
-    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks", help="comma-separated subset")
+    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks,sinks_bwd", help="comma-separated subset")
     args = ap.parse_args()
     want = set(args.targets.split(","))
     rows = window_rows(args) if "window" in want else []
@@ -210,6 +239,8 @@ def main():
         rows += mods_rows(args)
     if "sinks" in want:
         rows += sinks_rows(args)
+    if "sinks_bwd" in want:
+        rows += sinks_bwd_rows(args)
     for r in rows:
         extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                  if k not in ("target", "impl", "p50_us", "lengths")}

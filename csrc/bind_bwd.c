@@ -2,7 +2,8 @@
  *
  *   _C.backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None,
  *               stream=None, deterministic=False, workspace=None, softcap=0, cu_seqlens_q=None, cu_seqlens_k=None,
- *               max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None, check_indices=True)
+ *               max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None, check_indices=True, sinks=None,
+ *               dsinks=None)
  *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
  *   _C.backward_workspace_bytes(b, h, sq, d) -> the bytes a GPU backward's workspace needs
@@ -12,19 +13,22 @@
  * written.  variant names the forward variant whose backward runs (its table row's bwd); config overrides a GPU
  * backward's config index or the CPU's (br, bc, threads).  workspace: a writable array on the call's device of at
  * least backward_workspace_bytes(b, h, sq, d) bytes (GPU only; None: one cached per device and stream, which cannot
- * be had while the stream is being captured into a CUDA graph). */
+ * be had while the stream is being captured into a CUDA graph).  sinks (float32 (H,)) and dsinks (a writable float32
+ * (H,)) go together: out and lse are then the sink-adjusted ones, and dsinks is written (csrc/sinks.h) -- from the
+ * backward's own D and LSE2 where its planner says so (fattn_plan.sinks_fused: v2, v3), else by the sinks pass. */
 #include "module.h"
 
 #include "cpu_attn.h"
+#include "sinks.h"
 #include "variants.h"
 
 const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS] = {
     "dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "causal", "scale", "layout", "window", "variant", "stream",
     "deterministic", "workspace", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-    "alibi_slopes", "check_indices", "config"};
+    "alibi_slopes", "check_indices", "sinks", "dsinks", "config"};
 enum { B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_DQ, B_DK, B_DV, B_CAUSAL, B_SCALE, B_LAYOUT, B_WINDOW, B_VARIANT,
        B_STREAM, B_DETERMINISTIC, B_WORKSPACE, B_SOFTCAP, B_CU_Q, B_CU_K, B_MAX_Q, B_MAX_K, B_ALIBI,
-       B_CHECK_INDICES, B_CONFIG };
+       B_CHECK_INDICES, B_SINKS, B_DSINKS, B_CONFIG };
 #define NARGS_PUBLIC (FATTN_BACKWARD_ARGS - 1)
 #define NTENSORS 10 /* dout .. dv, workspace */
 
@@ -32,6 +36,8 @@ typedef struct {
     fattn_tensor ts[NTENSORS]; /* q, k, v, out, lse (fattn_build_params' order), dout, dq, dk, dv, workspace */
     fattn_tensor seqs[3];      /* cu_seqlens_q, cu_seqlens_k, (no seqused_k) */
     fattn_tensor alibi;        /* alibi_slopes */
+    fattn_tensor sinks[2];     /* sinks, dsinks */
+    fattn_sink_params sp;      /* the sinks pass's backward, for a backward that does not give dsinks itself */
     attn_bwd_params p;
     const char *variant;
     fattn_overrides ov;
@@ -44,6 +50,26 @@ static void call_release(call *c) {
     for (int i = 0; i < NTENSORS; i++) fattn_tensor_release(&c->ts[i]);
     for (int i = 0; i < 3; i++) fattn_tensor_release(&c->seqs[i]);
     fattn_tensor_release(&c->alibi);
+    for (int i = 0; i < 2; i++) fattn_tensor_release(&c->sinks[i]);
+}
+
+/* sinks and dsinks, together or neither: into c->sp (the pass's view of out, lse, dO) and the params. */
+static int take_sinks(module_state *st, PyObject **a, PyObject *stream_obj, int layout, call *c) {
+    const int n = (a[B_SINKS] && a[B_SINKS] != Py_None) + (a[B_DSINKS] && a[B_DSINKS] != Py_None);
+    if (n == 0) return 0;
+    if (n == 1) {
+        PyErr_SetString(PyExc_TypeError, "dsinks: sinks and dsinks go together (dsinks receives sinks' gradient)");
+        return -1;
+    }
+    bhsd_view o;
+    if (fattn_take_dlpack(&st->names, a[B_SINKS], "sinks", stream_obj, &c->sinks[0]) ||
+        fattn_take_dlpack(&st->names, a[B_DSINKS], "dsinks", stream_obj, &c->sinks[1]) ||
+        fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks[0], layout, &o, &c->sp) ||
+        fattn_take_sink_grads(&c->ts[5], &c->sinks[1], &c->ts[3], layout, &o, &c->sp))
+        return -1;
+    c->p.fwd.sinks = c->sp.sinks;
+    c->p.dsinks = c->sp.dsinks;
+    return 0;
 }
 
 /* The caller's workspace: a writable array on q's device, its bytes counted from its shape and dtype. */
@@ -139,6 +165,7 @@ static int call_take(module_state *st, PyObject **a, call *c) {
         fattn_build_params(c->ts, &o, &fwd, c->stream) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, &fwd, &c->p))
         return -1;
     c->p.deterministic = deterministic;
+    if (take_sinks(st, a, stream_obj, o.layout, c)) return -1;
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
     if (take_workspace(c)) return -1;
     if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
@@ -153,10 +180,10 @@ static PyObject *plan_dict(const fattn_plan *plan, int deterministic) {
     if (!plan->bwd)
         return Py_BuildValue("{sssssis(iii)sisi}", "variant", "cpu", "family", "cpu", "device", 0, "config",
                              plan->cpu.br, plan->cpu.bc, plan->cpu.threads, "workspace", 0, "deterministic", 1);
-    return Py_BuildValue("{sssssisis(II)sIsnsnsi}", "variant", plan->bwd->name, "family", plan->bwd->family, "device",
-                         plan->dev.id, "config", plan->config, "grid", plan->grid_x, plan->grid_y, "threads",
+    return Py_BuildValue("{sssssisis(II)sIsnsnsisi}", "variant", plan->bwd->name, "family", plan->bwd->family,
+                         "device", plan->dev.id, "config", plan->config, "grid", plan->grid_x, plan->grid_y, "threads",
                          plan->threads, "smem", (Py_ssize_t)plan->smem, "workspace", (Py_ssize_t)plan->workspace_bytes,
-                         "deterministic", deterministic);
+                         "deterministic", deterministic, "sinks_fused", plan->sinks_fused);
 }
 
 static int plan_gpu(const module_state *st, const call *c, fattn_plan *plan) {
@@ -174,6 +201,11 @@ static int plan_gpu(const module_state *st, const call *c, fattn_plan *plan) {
                                    &c->ov);
 }
 
+static fattn_status sinks_on_cpu(const fattn_sink_params *sp) {
+    fattn_cpu_sinks_backward(sp);
+    return FATTN_OK;
+}
+
 static PyObject *backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int nnames,
                           int run, int want_plan) {
     module_state *st = fattn_state(module);
@@ -189,14 +221,17 @@ static PyObject *backward(PyObject *module, PyObject *const *args, Py_ssize_t na
     memset(&plan, 0, sizeof plan);
     if (call_take(st, a, &c)) goto done;
     const attn_params *f = &c.p.fwd;
-    if (f->b * f->h * f->sq == 0 && f->b * f->h_kv * f->sk == 0) { /* nothing to compute */
-        result = Py_NewRef(Py_None);
+    fattn_status s = FATTN_OK;
+    if (f->b * f->h * f->sq == 0 && f->b * f->h_kv * f->sk == 0) { /* nothing to compute but dsinks' zeros */
+        if (run && c.p.dsinks) s = c.gpu ? fattn_gpu_sinks(&c.sp, 1, c.device, c.stream) : sinks_on_cpu(&c.sp);
+        result = s ? NULL : Py_NewRef(Py_None);
+        if (s) fattn_raise_status();
         goto done;
     }
-    fattn_status s = FATTN_OK;
     if (c.gpu) {
         if (plan_gpu(st, &c, &plan)) goto done;
         if (run) s = fattn_run_gpu_bwd(&c.p, &plan, c.stream);
+        if (run && !s && c.p.dsinks && !plan.sinks_fused) s = fattn_gpu_sinks(&c.sp, 1, c.device, c.stream);
     } else {
         if (c.variant && strcmp(c.variant, "cpu")) {
             PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
@@ -207,6 +242,7 @@ static PyObject *backward(PyObject *module, PyObject *const *args, Py_ssize_t na
         if (run) {
             Py_BEGIN_ALLOW_THREADS
             s = fattn_cpu_backward(&c.p, &plan.cpu);
+            if (!s && c.p.dsinks) fattn_cpu_sinks_backward(&c.sp);
             Py_END_ALLOW_THREADS
         }
     }

@@ -65,6 +65,18 @@ int fattn_take_sink_rows(const fattn_tensor *out, const fattn_tensor *lse, const
     return 0;
 }
 
+int fattn_take_sink_grads(const fattn_tensor *dout, const fattn_tensor *dsinks, const fattn_tensor *out, int layout,
+                          const bhsd_view *o, fattn_sink_params *p) {
+    bhsd_view g;
+    if (rows_of(dout, layout, &g) || fattn_same_device(dout, out) || head_vector(dsinks, out, o->h, 1)) return -1;
+    REQUIRE(g.b == o->b && g.h == o->h && g.s == o->s && g.d == o->d && g.dtype == o->dtype, PyExc_ValueError,
+            "dout: shape and dtype must be out's");
+    p->dout = g.data;
+    p->do_sb = g.sb; p->do_sh = g.sh; p->do_ss = g.ss;
+    p->dsinks = (float *)((char *)dsinks->t->data + dsinks->t->byte_offset);
+    return 0;
+}
+
 /* The pass on out's device (stream) or the CPU: 0, or -1 with an exception set. */
 static int run_sinks(const fattn_tensor *out, const fattn_sink_params *p, int backward, void *stream) {
     int device = 0;
@@ -100,7 +112,7 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
     memset(ts, 0, sizeof ts);
     PyObject *result = NULL;
     fattn_sink_params p;
-    bhsd_view o, g;
+    bhsd_view o;
     for (int i = 0; i < S_N; i++) {
         if (i == S_LAYOUT || i == S_STREAM || !a[i] || a[i] == Py_None) continue;
         if ((i == S_OUT || i == S_DOUT ? fattn_take : fattn_take_dlpack)(&st->names, a[i], names[i], stream_obj, &ts[i]))
@@ -111,18 +123,7 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_ValueError, "out: the array is read-only");
         goto done;
     }
-    if (backward) {
-        if (rows_of(&ts[S_DOUT], (int)layout, &g) || fattn_same_device(&ts[S_DOUT], &ts[S_OUT]) ||
-            head_vector(&ts[S_DSINKS], &ts[S_OUT], o.h, 1))
-            goto done;
-        if (g.b != o.b || g.h != o.h || g.s != o.s || g.d != o.d || g.dtype != o.dtype) {
-            PyErr_SetString(PyExc_ValueError, "dout: shape and dtype must be out's");
-            goto done;
-        }
-        p.dout = g.data;
-        p.do_sb = g.sb; p.do_sh = g.sh; p.do_ss = g.ss;
-        p.dsinks = (float *)((char *)ts[S_DSINKS].t->data + ts[S_DSINKS].t->byte_offset);
-    }
+    if (backward && fattn_take_sink_grads(&ts[S_DOUT], &ts[S_DSINKS], &ts[S_OUT], (int)layout, &o, &p)) goto done;
     if (run_sinks(&ts[S_OUT], &p, backward, stream)) goto done;
     result = Py_NewRef(Py_None);
 done:

@@ -243,6 +243,9 @@ typedef struct attn_bwd_params {
                                          has had (fattn_bwd_workspace_set) */
     int64_t ws_rows, ws_cols;
     int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
+    float *dsinks;                    /* (h,), with fwd.sinks (NULL: none): written with csrc/sinks.h's dsinks -- from
+                                         the workspace's D and LSE2 where the planner sets fattn_plan.sinks_fused (v2,
+                                         v3), else by the sinks pass after the backward */
 } attn_bwd_params;
 
 /* The backward's params of sequence b alone (fattn_seq_params, with dO and the gradients moved alike and the

@@ -388,7 +388,8 @@ static fattn_status run_bwd_on_device(const attn_bwd_params *p, const fattn_plan
                               "out of memory; pass one (fattn.attention_backward does)", plan->workspace_bytes);
         fattn_bwd_workspace_set(&q, ws);
     }
-    return plan->bwd->launch(&q, plan, stream);
+    st = plan->bwd->launch(&q, plan, stream);
+    return st || !(q.dsinks && plan->sinks_fused) ? st : fattn_launch_bwd_dsinks(&q, stream);
 }
 
 fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {

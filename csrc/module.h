@@ -12,7 +12,7 @@
 #define FATTN_FORWARD_ARGS 27
 extern const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS];
 /* The backward call's (bind_bwd.c). */
-#define FATTN_BACKWARD_ARGS 25
+#define FATTN_BACKWARD_ARGS 27
 extern const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS];
 
 typedef struct {
@@ -59,6 +59,9 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
  * exception set. */
 int fattn_take_sink_rows(const fattn_tensor *out, const fattn_tensor *lse, const fattn_tensor *sinks, int layout,
                          bhsd_view *o, fattn_sink_params *p);
+/* ... and the backward's: dout (out's shape and dtype, its rows o) and dsinks (writable float32 (H,)) into p. */
+int fattn_take_sink_grads(const fattn_tensor *dout, const fattn_tensor *dsinks, const fattn_tensor *out, int layout,
+                          const bhsd_view *o, fattn_sink_params *p);
 extern PyMethodDef fattn_dev_methods[];
 
 #endif

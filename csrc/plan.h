@@ -74,7 +74,9 @@ typedef struct fattn_plan {
                                as rows of their kv head (fattn_pack_gqa; 1: none) */
     size_t workspace_bytes; /* device scratch the launch needs (split-KV partials) */
     void *workspace;        /* filled in by the dispatch step before launching */
-    int sinks_fused;        /* 1: the kernel applies attn_params.sinks itself (no sinks pass after it) */
+    int sinks_fused;        /* forward: the kernel applies attn_params.sinks itself; backward: dsinks come from the
+                               workspace's D and LSE2 (fattn_launch_bwd_dsinks); either way no sinks pass after it,
+                               re-reading out (and dO) */
     int use_counters;       /* 1: the launch counts on the stream's counters when it can have them (FATTN_COUNTERS) */
     unsigned *counters;     /* filled in by the dispatch step: FATTN_COUNTERS words, zero at launch (a kernel that
                                counts on them leaves them so); NULL (under CUDA graph capture, or no memory): the

@@ -39,6 +39,10 @@ void fattn_cpu_sinks_backward(const fattn_sink_params *p);
 fattn_status fattn_gpu_sinks(const fattn_sink_params *p, int backward, int device, void *stream);
 #ifdef FATTN_WITH_CUDA
 fattn_status fattn_launch_sinks(const fattn_sink_params *p, int backward, void *stream);
+/* dsinks of a tensor-core backward (p->dsinks, p->fwd.sinks set), from the D and LSE2 its bwd_prep left in the
+ * workspace (kernels/bwd_common.cuh): 8 bytes a row read instead of the pass's dO and O rows.  After the backward's
+ * kernels, on the same stream. */
+fattn_status fattn_launch_bwd_dsinks(const attn_bwd_params *p, void *stream);
 #endif
 
 /* The forward's rule for one row (the CPU and the GPU share it): LSE' = max + log1p(exp(-|LSE - s|)), and O's factor

@@ -179,12 +179,11 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         stream = current_stream(fw, dev_id)
         workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(*_args.bhs(q.shape, layout_code), q.shape[3]) // 4,), True)
     sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
+    dsinks = EMPTY[fw](q, (sinks.shape[0],), True) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,
                 softcap=softcap, variant=variant, stream=stream, deterministic=bool(deterministic),
-                workspace=workspace, alibi_slopes=_args.alibi_arg(alibi_slopes, fw))
-    if sinks is not None:
-        grads.append(_args.sink_grads(dout, out, lse, sinks, q, fw, layout_code, stream))
-    return tuple(grads)
+                workspace=workspace, alibi_slopes=_args.alibi_arg(alibi_slopes, fw), sinks=sinks, dsinks=dsinks)
+    return tuple(grads) + ((dsinks,) if sinks is not None else ())
 
 
 def _parse_device(device):

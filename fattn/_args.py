@@ -146,13 +146,6 @@ def alibi_arg(alibi_slopes, fw):
     return alibi_slopes.detach() if fw == "torch" else alibi_slopes
 
 
-def sink_grads(dout, out, lse, sinks, q, fw, layout, stream):
-    """dsinks, float32 (H,) of q's framework, from dO, O' and LSE' (csrc/sinks.h)."""
-    dsinks = EMPTY[fw](q, (sinks.shape[0],), True)
-    _C.sinks(out, lse, sinks, layout=layout, stream=stream, dout=dout, dsinks=dsinks)
-    return dsinks
-
-
 def sinks_need_grad(sinks):
     """True when torch sinks require grad (the call must then be the registered op)."""
     return sinks is not None and _frameworks.grad_enabled() and bool(getattr(sinks, "requires_grad", False))

@@ -110,10 +110,10 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         nseq = cu_seqlens_q.shape[0] - 1
         workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(nseq, q.shape[1], max_q, q.shape[2]) // 4,), True)
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
+    dsinks = EMPTY[fw](q, (sinks.shape[0],), True) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
                 variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-                alibi_slopes=_args.alibi_arg(alibi_slopes, fw), check_indices=bool(check_indices))
-    if sinks is not None:
-        grads.append(_args.sink_grads(dout, out, lse, sinks, q, fw, 0, stream))
-    return tuple(grads)
+                alibi_slopes=_args.alibi_arg(alibi_slopes, fw), check_indices=bool(check_indices), sinks=sinks,
+                dsinks=dsinks)
+    return tuple(grads) + ((dsinks,) if sinks is not None else ())

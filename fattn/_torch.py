@@ -90,14 +90,13 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
         workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1]) // 4,), dtype=torch.float32)
     if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
         dout = dout.contiguous()
+    dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,
                 window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
                 deterministic=deterministic or torch.are_deterministic_algorithms_enabled(), workspace=workspace,
-                alibi_slopes=alibi_slopes, check_indices=check_indices, **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    dsinks = q.new_empty((0,), dtype=torch.float32)
-    if sinks is not None:
-        dsinks = torch.empty_like(sinks)
-        _C.sinks(out, lse, sinks.detach(), layout=layout, stream=_stream(q), dout=dout, dsinks=dsinks)
+                alibi_slopes=alibi_slopes, check_indices=check_indices,
+                sinks=None if sinks is None else sinks.detach(), dsinks=None if sinks is None else dsinks,
+                **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     return dq, dk, dv, dsinks
 
 

@@ -268,3 +268,58 @@ def test_sinks_v2_split_merge_matches_pass(splits, softcap, h_kv, seed, request)
         fattn._C._dev.forward(q, k, v, want_out, want_lse, **kw)
         fattn._C.sinks(want_out, want_lse, sinks, stream=stream)
         _same((out, lse), (want_out, want_lse), dt, f"v2 splits={splits}", request)
+
+
+def test_sinks_backward_binding():
+    """_C.backward takes sinks and dsinks together (dsinks written: csrc/sinks.h's gradient, the pass's on the CPU);
+    one without the other is refused, naming them."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v, dout = (torch.randn(1, 4, 9, 16, generator=g) for _ in range(4))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    out, lse = fattn.attention(q, k, v, sinks=sinks, return_lse=True)
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+    with pytest.raises(TypeError, match=r"dsinks: sinks and dsinks go together"):
+        fattn._C.backward(dout, q, k, v, out, lse, *grads, sinks=sinks)
+    dsinks, want = torch.full((4,), float("nan")), torch.empty(4)
+    fattn._C.backward(dout, q, k, v, out, lse, *grads, sinks=sinks, dsinks=dsinks)
+    fattn._C.sinks(out, lse, sinks, dout=dout, dsinks=want)
+    assert torch.equal(dsinks, want)
+    with pytest.raises(ValueError, match=r"dsinks: expected a 1-D array of H=4 entries"):
+        fattn._C.backward(dout, q, k, v, out, lse, *grads, sinks=sinks, dsinks=torch.empty(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["v2", "v3"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_sinks_dsinks_from_workspace(variant, d, seed, request):
+    """The tensor-core backwards give dsinks from the D and LSE2 their prep left in the workspace
+    (fattn_plan.sinks_fused): equal, within float32 summation order, to the sinks pass's dsinks from dO and O' --
+    GQA, bottom-right causal with Sq > Sk (rows that see no key: LSE' = s, D = 0), a packed batch; bitwise
+    repeatable in deterministic mode."""
+    require("cuda")
+    stream = torch.cuda.current_stream().cuda_stream or 1
+    for dt in (torch.float16, torch.bfloat16):
+        q, dout = (randn((2, 4, 301, d), dt, "cuda", seed + i, 2.0) for i in (0, 4))
+        k, v = (randn((2, 2, 277, d), dt, "cuda", seed + i) for i in (1, 2))
+        sinks = randn((4,), torch.float32, "cuda", seed + 3, 3.0)
+        out, lse = fattn.attention(q, k, v, causal="bottom_right", sinks=sinks, return_lse=True)
+        grads = [torch.empty_like(x) for x in (q, k, v)]
+        plan = fattn._C._dev.backward(dout, q, k, v, out, lse, *grads, causal=2, variant=variant, stream=stream,
+                                      sinks=sinks, dsinks=torch.empty_like(sinks))
+        assert plan["variant"] == variant and plan["sinks_fused"] == 1, f"not {variant}'s own dsinks: {plan}"
+        want = torch.empty_like(sinks)
+        fattn._C.sinks(out, lse, sinks, dout=dout, dsinks=want, stream=stream)
+        runs = [fattn.attention_backward(dout, q, k, v, out, lse, causal="bottom_right", sinks=sinks,
+                                         variant=variant, deterministic=True)[3] for _ in range(2)]
+        assert torch.equal(runs[0], runs[1]), f"{dt}: dsinks not repeatable. {repro(request)}"
+        tol = 1e-4 * max(1.0, want.abs().max().item())
+        assert (runs[0] - want).abs().max().item() <= tol, f"{dt}: {runs[0]} vs the pass's {want}. {repro(request)}"
+        cu = torch.tensor([0, 5, 5, 150, 301], dtype=torch.int32, device="cuda")
+        qp, kp, vp, dop = (randn((301, 4, d), dt, "cuda", seed + 10 + i) for i in range(4))
+        po, pl = fattn.attention_varlen(qp, kp, vp, cu, cu, causal="bottom_right", sinks=sinks, return_lse=True)
+        got = fattn.attention_varlen_backward(dop, qp, kp, vp, po, pl, cu, cu, causal="bottom_right", sinks=sinks,
+                                              variant=variant)[3]
+        want = torch.empty_like(sinks)
+        fattn._C.sinks(po, pl, sinks, dout=dop, dsinks=want, stream=stream)
+        tol = 1e-4 * max(1.0, want.abs().max().item())
+        assert (got - want).abs().max().item() <= tol, f"{dt} packed: {got} vs the pass's {want}. {repro(request)}"

@@ -1,5 +1,6 @@
 /* sinks.cu -- attention sinks on the GPU (csrc/sinks.h): the forward's rescale, one warp per row; the backward's
- * dsinks, one block per head summing its rows in a fixed order (bitwise repeatable). */
+ * dsinks, one block per head summing its rows in a fixed order (bitwise repeatable) -- from dO and O (the pass), or
+ * from the D and LSE2 a tensor-core backward left in its workspace. */
 #include "../common.cuh"
 
 #include "../../csrc/sinks.h"
@@ -42,6 +43,40 @@ template <typename T> __global__ void __launch_bounds__(SINK_THREADS) sinks_back
         for (int w = 0; w < SINK_THREADS / 32; w++) sum += part[w];
         p.dsinks[h] = -sum;
     }
+}
+
+/* dsinks from a tensor-core backward's workspace: bwd_prep left each row's D and LSE' log2 e there (rows past Sq: D = 0,
+ * LSE2 = +inf; v3 permutes rows inside 64-row blocks, which a sum over all of them does not see).  One block per
+ * head, its b * ws_rows rows four at a time in a fixed order (bitwise repeatable). */
+__global__ void __launch_bounds__(SINK_THREADS) bwd_dsinks(const attn_bwd_params p) {
+    __shared__ float part[SINK_THREADS / 32];
+    const int64_t h = blockIdx.x, quads = p.ws_rows / 4; /* ws_rows: a multiple of 64 */
+    const float s2 = p.fwd.sinks[h] * FATTN_LOG2E;
+    float acc = 0.f;
+    for (int64_t b = 0; b < p.fwd.b; b++) {
+        const float4 *dd = (const float4 *)(p.dpsum + (b * p.fwd.h + h) * p.ws_rows);
+        const float4 *l2 = (const float4 *)(p.lse2 + (b * p.fwd.h + h) * p.ws_rows);
+#pragma unroll 4
+        for (int64_t r = threadIdx.x; r < quads; r += SINK_THREADS) {
+            const float4 x = dd[r], y = l2[r];
+            acc += exp2f(s2 - y.x) * x.x + exp2f(s2 - y.y) * x.y + exp2f(s2 - y.z) * x.z + exp2f(s2 - y.w) * x.w;
+        }
+    }
+    for (int off = 16; off; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.f;
+        for (int w = 0; w < SINK_THREADS / 32; w++) sum += part[w];
+        p.dsinks[h] = -sum;
+    }
+}
+
+extern "C" fattn_status fattn_launch_bwd_dsinks(const attn_bwd_params *p, void *stream) {
+    if (p->fwd.h == 0) return FATTN_OK;
+    bwd_dsinks<<<dim3((unsigned)p->fwd.h), SINK_THREADS, 0, (cudaStream_t)stream>>>(*p);
+    FATTN_CUDA_CHECK(cudaGetLastError());
+    return FATTN_OK;
 }
 
 extern "C" fattn_status fattn_launch_sinks(const fattn_sink_params *p, int backward, void *stream) {
