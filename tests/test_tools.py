@@ -62,9 +62,11 @@ def test_points_of_dedupes():
     assert [p["Sq"] for p in pts] == [512, 1024] and all(p["device"] == "cpu" for p in pts)
 
 
-@pytest.mark.parametrize("base_ratio,expect", [(1e-3, 0), (1e3, 1)])
+@pytest.mark.parametrize("base_ratio,expect", [(1e-9, 0), (1e9, 1)])
 def test_gate_end_to_end_on_cpu(tmp_path, base_ratio, expect):
-    """A baseline ratio far below any real one must pass, far above must fail: deterministic despite noise."""
+    """A baseline ratio far below any real one must pass, far above must fail: deterministic despite noise.  (On the
+    16-core GPU machine, 3 rounds of a 64-row CPU call swung by a log-spread of 9.3, more than a baseline of 1e3
+    stands above the measured 0.5: 1e9 is beyond any such spread.)"""
     base = {"meta": {"device": "cpu", "date": "x", "gpu": "cpu", "git_sha": None, "timer": "perf_counter"},
             "rows": [dict(row("fattn:cpu", base_ratio, S=64, dtype="fp32"), grid="shape"),
                      dict(row("torch:cpu", None, S=64, dtype="fp32"), grid="shape")]}
