@@ -13,6 +13,9 @@
            plain call with the sinks pass after it (_C.sinks: what every call ran before v3 applied them in its
            epilogue); gpt-oss-like prefill (H=64, H_kv=8, D=64, causal, full and a 128-key window) and D=128;
            gpt-oss-like decode (attention_with_kvcache, one query, B=1 with 32k keys and B=8 with 8k)
+  paged_prefill  chunked prefill over a KV cache (attention_with_kvcache, 512 new queries a sequence against 4k cached
+           keys, B=8, H=32, H_kv=8, D=128, causal): v3 and v2 on pages of 16 / 64 / 256 (pages in random order) and
+           on the contiguous cache (target: paged within 5% of contiguous)
   sinks_bwd  the backward with sinks against the plain backward (default variant), the same prefill shapes: dsinks as
            the call gives it, and as the sinks pass gives it after the plain backward (_C.sinks(..., dout=, dsinks=):
            what every backward with sinks ran before v2 and v3 took dsinks from their own workspace)
@@ -191,6 +194,34 @@ def sinks_rows(args):
     return rows
 
 
+def paged_prefill_rows(args):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    b, h, hk, d, sq, sk = 8, 32, 8, 128, 512, 4096
+    q = torch.randn((b, sq, h, d), generator=g, device="cuda").half()
+    kc, vc = (torch.randn((b, sk, hk, d), generator=g, device="cuda").half() for _ in range(2))
+    lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    fns, caches = {}, {"contiguous": (kc, vc, None)}
+    for ps in (16, 64, 256):
+        n = b * sk // ps
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(ps)).to("cuda")
+        table = perm.reshape(b, sk // ps).to(torch.int32)
+        pool_k, pool_v = (torch.empty((n, ps, hk, d), device="cuda", dtype=torch.half) for _ in range(2))
+        pool_k[perm] = kc.reshape(n, ps, hk, d)  # page perm[i] holds the i-th page of the contiguous keys
+        pool_v[perm] = vc.reshape(n, ps, hk, d)
+        caches[f"paged{ps}"] = (pool_k, pool_v, table)
+    for name, (k, v, table) in caches.items():
+        for var in ("v3", "v2"):
+            fns[f"{var}-{name}"] = lambda k=k, v=v, table=table, var=var: fattn.attention_with_kvcache(
+                q, k, v, cache_seqlens=lens, block_table=table, variant=var, check_indices=False)
+    p50 = timed(fns, args)
+    rows = []
+    for impl, us in p50.items():
+        var = impl.split("-")[0]
+        rows.append({"target": "paged_prefill", "impl": impl, "shape": [b, h, hk, sq, sk, d], "p50_us": us,
+                     "time_vs_contiguous": us / p50[f"{var}-contiguous"], "time_vs_v3_contiguous": us / p50["v3-contiguous"]})
+    return rows
+
+
 def sinks_bwd_rows(args):
     g = torch.Generator(device="cuda").manual_seed(4)
     stream = torch.cuda.current_stream().cuda_stream or 1
@@ -223,7 +254,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
-    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks,sinks_bwd", help="comma-separated subset")
+    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks,sinks_bwd,paged_prefill", help="comma-separated subset")
     args = ap.parse_args()
     want = set(args.targets.split(","))
     rows = window_rows(args) if "window" in want else []
@@ -239,6 +270,8 @@ def main():
         rows += mods_rows(args)
     if "sinks" in want:
         rows += sinks_rows(args)
+    if "paged_prefill" in want:
+        rows += paged_prefill_rows(args)
     if "sinks_bwd" in want:
         rows += sinks_bwd_rows(args)
     for r in rows:

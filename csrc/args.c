@@ -389,6 +389,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     p->block_table = pages.table;
     p->block_table_stride = pages.stride;
     p->page_size = pages.page_size;
+    p->num_pages = pages.num_pages;
     if (has_lse && (varlen ? fattn_take_lse_varlen(&ts[4], &q, total_q, o->read_only, p)
                            : take_lse(&ts[4], &q, o->read_only, p)))
         return -1;

@@ -177,6 +177,7 @@ int fattn_take_pages(const fattn_tensor *t, const fattn_tensor *q_t, int64_t bat
     pages->table = table;
     pages->stride = x->shape[1];
     pages->page_size = k->s;
+    pages->num_pages = k->b;
     k->b = v->b = batch;
     k->s = v->s = x->shape[1] * pages->page_size;
     return 0;

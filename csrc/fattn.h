@@ -69,7 +69,7 @@ typedef struct attn_params {
      * sequence b is row j % page_size of page block_table[b * block_table_stride + j / page_size]; k_stride_b and
      * v_stride_b are the pools' page strides, sk the longest sequence's capacity.  Dense q only (no cu_seqlens). */
     const int32_t *block_table;
-    int64_t block_table_stride, page_size;
+    int64_t block_table_stride, page_size, num_pages;
     /* ALiBi (Press et al.; NULL: none): the score of query i and key j gains -slope |pos(i) - j| after the softcap,
      * pos(i) = i + sk - sq of its sequence (bottom-right, whatever the mask's alignment: flash-attention's rule).
      * Query head h of sequence b has slope alibi_slopes[b * alibi_stride_b + h] (stride 0: one slope per head);

@@ -46,7 +46,7 @@ int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, in
 /* A paged cache's table, as fattn_take_pages found it. */
 typedef struct {
     const int32_t *table;
-    int64_t stride, page_size;
+    int64_t stride, page_size, num_pages;
 } fattn_pages;
 
 /* cu_seqlens_q / cu_seqlens_k read and checked; q/k/v/out views set to the sequence count and longest lengths. */

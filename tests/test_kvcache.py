@@ -14,7 +14,7 @@ DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 def targets():
     """(device, variant): the CPU, the GPU's default, and each GPU variant that takes a cache."""
     return [pytest.param("cpu", None, id="cpu")] + [
-        pytest.param("cuda", v, id=f"cuda-{v or 'default'}", marks=pytest.mark.gpu) for v in (None, "v1", "v2")]
+        pytest.param("cuda", v, id=f"cuda-{v or 'default'}", marks=pytest.mark.gpu) for v in (None, "v1", "v2", "v3")]
 
 
 def dtypes_for(device):
@@ -340,3 +340,38 @@ def test_kvcache_under_torch_compile_and_fake(seed):
     torch.library.opcheck(torch.ops.fattn.attention_with_kvcache.default,
                           (q, kc.clone(), vc.clone(), kn, vn, lens, None, 2, -1, -1, 0.0, None, None, True, None,
                            None))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("page_size", [16, 48, 256])
+def test_kvcache_v3_paged_chunked_prefill(d, page_size, seed, request):
+    """v3 on a paged cache (chunked prefill: 200 new queries and keys a sequence, GQA): planned by v3 (loads of each
+    key block in pieces of a page through the block table; pieces past a sequence's keys name no page); per sequence
+    against the float64 reference, and equal to v3's call on the same keys in a contiguous cache (the same blocks in
+    shared memory)."""
+    require("cuda")
+    lens, s_new, b, h, hk = [0, 300, 1000], 200, 3, 8, 2
+    capacity = 1280
+    for dname in ("fp16", "bf16"):
+        dt = DT[dname]
+        k_cache, v_cache, table = make_cache(b, capacity, hk, d, dt, "cuda", seed, page_size)
+        q, k_new, v_new = (randn((b, s_new, n, d), dt, "cuda", seed + i) for i, n in ((2, h), (3, hk), (4, hk)))
+        cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        plan = fattn._C._dev.plan(q, k_cache, v_cache, torch.empty_like(q), layout=1, causal=2, variant="v3",
+                                  cache_seqlens=cache_seqlens, block_table=table)
+        assert plan["variant"] == "v3", f"v3 did not plan the paged call: {plan}"
+        out, lse = fattn.attention_with_kvcache(q, k_cache, v_cache, k_new=k_new, v_new=v_new,
+                                                cache_seqlens=cache_seqlens, block_table=table, return_lse=True,
+                                                variant="v3")
+        for i, n in enumerate(lens):
+            check_sequence(out, lse, q, k_cache, v_cache, table, i, n + s_new, True, None, 0.0, request)
+        # the same keys in a contiguous cache (what the paged call attended to, its new keys included)
+        kc = torch.stack([keys_of(k_cache, table, i, capacity) for i in range(b)])
+        vc = torch.stack([keys_of(v_cache, table, i, capacity) for i in range(b)])
+        lens_after = torch.tensor([n + s_new for n in lens], dtype=torch.int32, device="cuda")
+        want, want_lse = fattn.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_after, return_lse=True,
+                                                      variant="v3")
+        err = (out.float() - want.float()).abs().max().item()
+        assert err <= 1e-3 * max(1.0, want.float().abs().max().item()), f"{dname}: paged vs contiguous {err}. {repro(request)}"
+        assert (lse - want_lse).abs().max().item() <= 1e-4, f"{dname}: LSE paged vs contiguous. {repro(request)}"

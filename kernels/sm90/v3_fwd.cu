@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../../csrc/variants.h"
+#include "v3_addr.h"
 #include "v3_configs.h"
 #include "v3_fwd_kernel.cuh"
 #include "v3_tma.h"
@@ -75,14 +76,19 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
     const int kv_batch_step = kv_batch == 1 ? 0 : 1, head_group = (int)plan->head_group;
     /* Packed batches: one batch of all the rows (total_q / total_k), sequences found by their first row. */
     const int64_t rows_q = p->cu_seqlens_q ? p->total_q : p->sq, batch_q = p->cu_seqlens_q ? 1 : p->b;
-    const int64_t rows_k = p->cu_seqlens_k ? (p->total_k > 0 ? p->total_k : 1) : sk;
+    /* A paged cache: maps over the pools, (rows of a page, heads, pages), in boxes of v3_page_rows rows; the
+     * producer finds each piece's page in the block table. */
+    const int paged = p->block_table != NULL;
+    const int64_t rows_k = paged ? p->page_size : p->cu_seqlens_k ? (p->total_k > 0 ? p->total_k : 1) : sk;
+    const int64_t kv_outer = paged ? p->num_pages : kv_batch;
+    const int kv_box = paged ? v3_page_rows(p->page_size, c->bc) : c->bc;
     CUtensorMap tq, tk, tv, to;
     if ((st = v3_map(&tq, p->q, p->dtype, p->d, rows_q, p->h, batch_q, p->q_stride_s, p->q_stride_h, p->q_stride_b,
                      64 * c->consumers, "q")) ||
-        (st = v3_map(&tk, p->k, p->dtype, p->d, rows_k, kv_heads, kv_batch, p->k_stride_s, p->k_stride_h,
-                     p->k_stride_b, c->bc, "k")) ||
-        (st = v3_map(&tv, p->v, p->dtype, p->d, rows_k, kv_heads, kv_batch, p->v_stride_s, p->v_stride_h,
-                     p->v_stride_b, c->bc, "v")) ||
+        (st = v3_map(&tk, p->k, p->dtype, p->d, rows_k, kv_heads, kv_outer, p->k_stride_s, p->k_stride_h,
+                     p->k_stride_b, kv_box, "k")) ||
+        (st = v3_map(&tv, p->v, p->dtype, p->d, rows_k, kv_heads, kv_outer, p->v_stride_s, p->v_stride_h,
+                     p->v_stride_b, kv_box, "v")) ||
         (st = v3_map(&to, p->o, p->dtype, p->d, rows_q, p->h, batch_q, p->o_stride_s, p->o_stride_h, p->o_stride_b,
                      64, "out")))
         return st;

@@ -2,13 +2,16 @@
  * that issues every TMA load -- each tile's Q into a slot of QB (free once the tile QB before it has released it),
  * each of its key blocks' K and V into the ring of STAGES slots (each once the consumers have released the slot) --
  * walking the same tiles as the consumers: the static schedule (v3_schedule.h: rounds of the persistent grid, split
- * tails' places) or, for per-sequence calls with a counter, the dynamic one. */
+ * tails' places) or, for per-sequence calls with a counter, the dynamic one.  A paged KV cache (SEQ kernels) has
+ * each key block loaded in pieces of v3_page_rows rows, each from the page its sequence's block table names; pieces
+ * past the sequence's keys name no page (an index past the pool: TMA fills them with zeros). */
 #ifndef FATTN_V3_FWD_PRODUCER_CUH
 #define FATTN_V3_FWD_PRODUCER_CUH
 
 #include <cuda.h> /* CUtensorMap */
 
 #include "hopper.cuh"
+#include "v3_addr.h"
 #include "v3_configs.h"
 #include "v3_schedule.h"
 
@@ -49,6 +52,18 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
             auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty) {
                 if (ring >= STAGES) mbar_wait(empty, parity);
                 mbar_arrive_expect_tx(full, KV_TILE * 2);
+                if (SEQ && p.block_table) {
+                    const int32_t *table = p.block_table + (int64_t)w.b * p.block_table_stride;
+                    const int ps = (int)p.page_size, rows = v3_page_rows(ps, BC);
+                    for (int r = 0; r < BC; r += rows) {
+                        const int key = j * BC + r;
+                        const int page = key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
+#pragma unroll
+                        for (int c = 0; c < PANELS; c++)
+                            tma_load_4d(dst + c * BC * 64 + r * 64, map, full, c * 64, key % ps, hk, page);
+                    }
+                    return;
+                }
 #pragma unroll
                 for (int c = 0; c < PANELS; c++)
                     tma_load_4d(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb);

@@ -74,15 +74,17 @@ static int kv_dim_ok(int64_t ks, int64_t vs, int64_t size) {
 }
 
 /* 1 if TMA can address every tensor of p: 16-byte aligned bases, positive strides a multiple of 16 bytes (a size-1
- * dimension's stride does not matter; K/V may broadcast heads or batch), 32-bit coordinates. */
+ * dimension's stride does not matter; K/V may broadcast heads or batch), 32-bit coordinates.  A paged cache's K / V
+ * are maps over the pools (rows of a page, heads, pages). */
 static int tma_ok(const attn_params *p) {
     /* packed batches: one batch of total_q / total_k rows */
     const int64_t bq = p->cu_seqlens_q ? 1 : p->b, rq = p->cu_seqlens_q ? p->total_q : p->sq;
-    const int64_t rk = p->cu_seqlens_k ? p->total_k : p->sk;
+    const int64_t rk = p->cu_seqlens_k ? p->total_k : p->block_table ? p->page_size : p->sk;
+    const int64_t kvb = p->block_table ? p->num_pages : p->b;
     return aligned16(p->q) && aligned16(p->k) && aligned16(p->v) && aligned16(p->o) && stride_ok(p->q_stride_s, rq) &&
            stride_ok(p->q_stride_h, p->h) && stride_ok(p->q_stride_b, bq) && stride_ok(p->k_stride_s, rk) &&
            stride_ok(p->v_stride_s, rk) && kv_dim_ok(p->k_stride_h, p->v_stride_h, p->h_kv) &&
-           kv_dim_ok(p->k_stride_b, p->v_stride_b, p->b) && stride_ok(p->o_stride_s, rq) &&
+           kv_dim_ok(p->k_stride_b, p->v_stride_b, kvb) && kvb <= 0x7fffffff && stride_ok(p->o_stride_s, rq) &&
            stride_ok(p->o_stride_h, p->h) && stride_ok(p->o_stride_b, bq) && rq <= 0x7fffffff && rk <= 0x7fffffff &&
            p->h <= 0x7fffffff && p->b <= 0x7fffffff;
 }
@@ -287,8 +289,11 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
                            fattn_plan *plan) {
     (void)tuned;
     const char *missing = fattn_missing_feature(p, FATTN_TAKES_SOFTCAP | FATTN_TAKES_ALIBI | FATTN_TAKES_VARLEN |
-                                                       FATTN_TAKES_SEQUSED);
+                                                       FATTN_TAKES_SEQUSED | FATTN_TAKES_PAGED);
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 does not take %s yet", missing);
+    /* a paged cache: its kernels are the per-sequence ones (SEQ), which know each sequence's keys */
+    if (p->block_table && !p->seqused_k)
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 takes a paged KV cache with its sequences' lengths (cache_seqlens)");
     if (!tma_ok(p))
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 needs q, k, v and out 16-byte aligned with every stride a multiple "
                           "of 8 elements (TMA)");
