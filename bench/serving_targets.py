@@ -254,8 +254,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--old", help="time an older tree built by bench/old_tree.sh in this folder (fattn_old) instead")
     ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks,sinks_bwd,paged_prefill", help="comma-separated subset")
     args = ap.parse_args()
+    if args.old:
+        global fattn
+        sys.path.insert(0, args.old)
+        import fattn_old as fattn
     want = set(args.targets.split(","))
     rows = window_rows(args) if "window" in want else []
     if "varlen" in want:
