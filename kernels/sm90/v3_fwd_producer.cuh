@@ -23,20 +23,6 @@ template <typename T> struct v3_fwd_smem {
     uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty, *q_read;
 };
 
-/* The pages of a paged cache's key block j, one per piece of v3_page_rows rows (pieces past the block: unused); a
- * piece past the sequence's sk keys names the pool's size, outside the map (TMA fills it with zeros).  All read
- * before any of the block's loads is issued: one wait for the table, not one in front of each load (each load's asm
- * orders the memory reads after it). */
-template <int BC> DEV void v3_block_pages(const attn_params &p, int b, int j, int64_t sk, int (&pages)[BC / 16]) {
-    const int32_t *table = p.block_table + (int64_t)b * p.block_table_stride;
-    const int ps = (int)p.page_size, rows = v3_page_rows(ps, BC);
-#pragma unroll
-    for (int i = 0; i < BC / 16; i++) {
-        const int key = j * BC + i * rows;
-        pages[i] = i * rows < BC && key < sk ? __ldg(table + key / ps) : (int)p.num_pages;
-    }
-}
-
 template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN>
 DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                         const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group, int split,
@@ -67,17 +53,15 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
                 if (ring >= STAGES) mbar_wait(empty, parity);
                 mbar_arrive_expect_tx(full, KV_TILE * 2);
                 if (SEQ && p.block_table) {
-                    int pages[BC / 16];
-                    v3_block_pages<BC>(p, w.b, j, x.sk, pages);
+                    const int32_t *table = p.block_table + (int64_t)w.b * p.block_table_stride;
                     const int ps = (int)p.page_size, rows = v3_page_rows(ps, BC);
+                    for (int r = 0; r < BC; r += rows) {
+                        const int key = j * BC + r;
+                        const int page = key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
 #pragma unroll
-                    for (int i = 0; i < BC / 16; i++)
-                        if (i * rows < BC) {
-#pragma unroll
-                            for (int c = 0; c < PANELS; c++)
-                                tma_load_4d(dst + c * BC * 64 + i * rows * 64, map, full, c * 64,
-                                            (j * BC + i * rows) % ps, hk, pages[i]);
-                        }
+                        for (int c = 0; c < PANELS; c++)
+                            tma_load_4d(dst + c * BC * 64 + r * 64, map, full, c * 64, key % ps, hk, page);
+                    }
                     return;
                 }
 #pragma unroll
