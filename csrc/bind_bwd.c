@@ -178,8 +178,9 @@ static int call_take(module_state *st, PyObject **a, call *c) {
 
 static PyObject *plan_dict(const fattn_plan *plan, int deterministic) {
     if (!plan->bwd)
-        return Py_BuildValue("{sssssis(iii)sisi}", "variant", "cpu", "family", "cpu", "device", 0, "config",
-                             plan->cpu.br, plan->cpu.bc, plan->cpu.threads, "workspace", 0, "deterministic", 1);
+        return Py_BuildValue("{sssssis(iii)sisisi}", "variant", "cpu", "family", "cpu", "device", 0, "config",
+                             plan->cpu.br, plan->cpu.bc, plan->cpu.threads, "workspace", 0, "deterministic", 1,
+                             "sinks_fused", 0);
     return Py_BuildValue("{sssssisis(II)sIsnsnsisi}", "variant", plan->bwd->name, "family", plan->bwd->family,
                          "device", plan->dev.id, "config", plan->config, "grid", plan->grid_x, plan->grid_y, "threads",
                          plan->threads, "smem", (Py_ssize_t)plan->smem, "workspace", (Py_ssize_t)plan->workspace_bytes,

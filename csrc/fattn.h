@@ -77,9 +77,10 @@ typedef struct attn_params {
     const float *alibi_slopes;
     int64_t alibi_stride_b;
     /* Attention sinks (gpt-oss; NULL: none): float32 (h,) logits, natural-log units, each joining its head's rows'
-     * softmax denominator (csrc/sinks.h).  Read only by kernels whose planner sets fattn_plan.sinks_fused, which
-     * apply them in their epilogue (out and lse leave the kernel sink-adjusted); for any other kernel the forward
-     * call runs the sinks pass over out and lse after it. */
+     * softmax denominator (csrc/sinks.h).  Read by forward kernels whose planner sets fattn_plan.sinks_fused, which
+     * apply them where they scale O (v3's epilogue, v2's split merge; out and lse leave the kernel sink-adjusted) --
+     * for any other kernel the forward call runs the sinks pass over out and lse after it -- and by the backward's
+     * dsinks (attn_bwd_params.dsinks). */
     const float *sinks;
     int sinks_by_row;                 /* 1: row i of head h takes sinks[h * sq + i] (fattn_pack_gqa's rows are heads) */
 } attn_params;

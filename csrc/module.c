@@ -103,7 +103,9 @@ static PyMethodDef module_methods[] = {
      "attention into out (and lse)."},
     {"backward", (PyCFunction)(void (*)(void))fattn_py_backward, METH_FASTCALL | METH_KEYWORDS,
      "backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None, "
-     "stream=None, deterministic=False, workspace=None): dq, dk, dv of the forward call that gave out and lse."},
+     "stream=None, deterministic=False, workspace=None, softcap=0, cu_seqlens_q=None, cu_seqlens_k=None, "
+     "max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None, check_indices=True, sinks=None, dsinks=None): dq, dk, "
+     "dv (and dsinks) of the forward call that gave out and lse."},
     {"sinks", (PyCFunction)(void (*)(void))fattn_py_sinks, METH_FASTCALL | METH_KEYWORDS,
      "sinks(out, lse, sinks, *, layout=0, stream=None, dout=None, dsinks=None): attention sinks applied to a "
      "forward's out and lse in place, or (with dout, dsinks) their gradient."},

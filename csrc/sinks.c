@@ -29,7 +29,7 @@ void fattn_cpu_sinks_backward(const fattn_sink_params *p) {
                 float dd = 0.f;
                 for (int64_t e = 0; e < p->d; e++)
                     dd += load_elem(p->dout, grow + e, p->dtype) * load_elem(p->o, row + e, p->dtype);
-                acc += (double)expf(p->sinks[h] - p->lse[b * p->lse_sb + h * p->lse_sh + i]) * dd;
+                acc += (double)fattn_sink_weight(p->lse[b * p->lse_sb + h * p->lse_sh + i], p->sinks[h]) * dd;
             }
         p->dsinks[h] = (float)-acc;
     }

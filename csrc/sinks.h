@@ -55,6 +55,10 @@ FATTN_HD float fattn_sink_lse(float lse, float sink) {
 FATTN_HD float fattn_sink_factor(float lse, float sink) {
     return lse == -INFINITY ? 0.f : 1.f / (1.f + expf(sink - lse));
 }
+/* The backward's weight of a row's D in dsinks, exp(s - LSE') -- 0 for a row with LSE' = -inf (a sink of -inf on a
+ * row that saw no key: D = 0 there, and exp(-inf + inf) would make it NaN; the tensor-core backwards' LSE2 is +inf
+ * for such rows, kernels/bwd_common.cuh, which gives 0 too). */
+FATTN_HD float fattn_sink_weight(float lse, float sink) { return lse == -INFINITY ? 0.f : expf(sink - lse); }
 
 #ifdef __cplusplus
 }

@@ -51,7 +51,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
             atomics; slower on the GPU).  Also on when ``torch.use_deterministic_algorithms(True)``.
         sinks: optional float32 ``(H,)``: attention sinks (gpt-oss), a logit per head that joins every row's
             softmax denominator and attends to nothing; differentiable.  out and lse are then the sink-adjusted
-            ones (csrc/sinks.h: v3 applies them in its epilogue, other variants by a pass after the kernel).
+            ones (csrc/sinks.h: v3 applies them in its epilogue, v2 where it merges key splits, the rest by a pass
+            after the kernel).
 
     Gradients: with torch tensors that require grad, the call goes through the registered op
     ``torch.ops.fattn.attention`` (autograd, torch.compile, torch.export, FakeTensor and meta tensors all see it);

@@ -150,6 +150,11 @@ def test_sinks_nan_and_minus_inf(device, variant, seed, request):
         heads = [0, 3]
         check("out", out[:, heads], ref[:, heads], low[:, heads], dt, 2.0, request)
         assert (lse[:, heads].double() - ref_lse[:, heads]).abs().max().item() < 1e-3, f"{dt}: LSE. {repro(request)}"
+        # dsinks: NaN for the NaN sink; 0 for the -inf one, its rows that see no key included (LSE' = -inf there)
+        dout = randn(tuple(q.shape), dt, device, seed + 5)
+        ds = fattn.attention_backward(dout, q, k, v, out, lse, causal="bottom_right", sinks=sinks, variant=variant)[3]
+        assert torch.isnan(ds[1]) and ds[2].item() == 0.0 and torch.isfinite(ds[heads]).all(), \
+            f"{dt}: dsinks {ds}. {repro(request)}"
 
 
 def test_sinks_forward_binding():

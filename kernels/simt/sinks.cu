@@ -34,7 +34,7 @@ template <typename T> __global__ void __launch_bounds__(SINK_THREADS) sinks_back
         float dd = 0.f;
         for (int64_t e = lane; e < p.d; e += 32) dd += to_f32(g[e]) * to_f32(o[e]);
         for (int off = 16; off; off >>= 1) dd += __shfl_xor_sync(0xffffffffu, dd, off);
-        acc += expf(p.sinks[h] - p.lse[b * p.lse_sb + h * p.lse_sh + i]) * dd;
+        acc += fattn_sink_weight(p.lse[b * p.lse_sb + h * p.lse_sh + i], p.sinks[h]) * dd;
     }
     if (lane == 0) part[warp] = acc;
     __syncthreads();
@@ -50,7 +50,7 @@ template <typename T> __global__ void __launch_bounds__(SINK_THREADS) sinks_back
  * head, its b * ws_rows rows four at a time in a fixed order (bitwise repeatable). */
 __global__ void __launch_bounds__(SINK_THREADS) bwd_dsinks(const attn_bwd_params p) {
     __shared__ float part[SINK_THREADS / 32];
-    const int64_t h = blockIdx.x, quads = p.ws_rows / 4; /* ws_rows: a multiple of 64 */
+    const int64_t h = blockIdx.x, quads = p.ws_rows / 4; /* ws_rows: a multiple of 128 (fattn_bwd_ws_rows) */
     const float s2 = p.fwd.sinks[h] * FATTN_LOG2E;
     float acc = 0.f;
     for (int64_t b = 0; b < p.fwd.b; b++) {
@@ -81,7 +81,7 @@ extern "C" fattn_status fattn_launch_bwd_dsinks(const attn_bwd_params *p, void *
 
 extern "C" fattn_status fattn_launch_sinks(const fattn_sink_params *p, int backward, void *stream) {
     const int64_t rows = p->b * p->h * p->s;
-    if (rows == 0 && !backward) return FATTN_OK;
+    if (p->h == 0 || (rows == 0 && !backward)) return FATTN_OK; /* (the backward writes dsinks' zeros) */
     cudaStream_t s = (cudaStream_t)stream;
     if (backward) {
         const dim3 grid((unsigned)p->h);

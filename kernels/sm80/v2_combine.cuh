@@ -52,8 +52,8 @@ DEV float v2_merged_row(float m, float l, const float *sink, float *lse) {
 
 /* Rows [i0, i_end) of the splits' partial rows (row i of them at row0 + i, of nrows) merged by the block (WARPS
  * warps, a warp per row, the splits in order: bitwise repeatable whichever split finishes last): O = acc / l into
- * out (row stride o_stride_s), LSE = m + log l into lse (NULL: none); a row no split saw gets O = 0, LSE = -inf.
- * sinks (NULL: none): row i's sink is sinks[i * sink_step] (v2_merged_row).  Out of line, with scalar arguments:
+ * out (row stride o_stride_s), LSE = m + log l into lse (NULL: none); a row no split saw gets O = 0, LSE = -inf
+ * (with a sink s: LSE = s).  sinks (NULL: none): row i's sink is sinks[i * sink_step] (v2_merged_row).  Out of line, with scalar arguments:
  * inlined into v2_fwd, its code made ptxas spill in the kernel's main loop. */
 template <typename T, int DP, int WARPS>
 __device__ __noinline__ void v2_merge_rows(const v2_split sp, int splits, int64_t nrows, int64_t row0, int64_t i0,
@@ -77,7 +77,7 @@ __device__ __noinline__ void v2_merge_rows(const v2_split sp, int splits, int64_
 
 /* Merges the splits of v2_fwd where the plan does not fuse it: a block of 128 threads per query row, warp w taking
  * the splits w, w + 4, ... (v2_merge_fold); the four warps' results are merged in warp order: a fixed order, bitwise
- * repeatable.  LSE = m + log l over the splits; a row no split saw gets O = 0, LSE = -inf. */
+ * repeatable.  LSE = m + log l over the splits; a row no split saw gets O = 0, LSE = -inf (with a sink s: LSE = s). */
 #define COMBINE_WARPS 4 /* the block: 128 threads */
 template <typename T>
 __global__ void __launch_bounds__(COMBINE_WARPS * 32) v2_combine(const attn_params all, const v2_split sp, int splits) {

@@ -1,5 +1,6 @@
-/* v3_addr.h -- what TMA can address, the rule both v3 planners (v3_plan.c, v3_bwd_plan.c) ask of a call's tensors.
- * Plain C, no CUDA. */
+/* v3_addr.h -- what TMA can address: the rule both v3 planners (v3_plan.c, v3_bwd_plan.c) ask of a call's tensors,
+ * and how a paged cache's key blocks are cut into loads (the forward's planner, launcher and producer).  Plain C;
+ * v3_page_rows also on the device. */
 #ifndef FATTN_V3_ADDR_H
 #define FATTN_V3_ADDR_H
 

@@ -98,6 +98,8 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
                     (void *)&ctr};
     /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, whose table index the planner chose */
     const int seq = p->cu_seqlens_q || p->seqused_k;
+    if (paged && !p->seqused_k) /* (the planner refuses it: only SEQ kernels read the block table) */
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v3: a paged cache needs its sequences' lengths");
     if (seq && plan->config != fattn_v3_seq_config(c->dp))
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no kernel for per-sequence lengths", plan->config);
     const void *kernel = (seq ? &v3_seq_kernels[ctr != NULL][v3_bucket(c->dp)] : &v3_kernels[plan->config])

@@ -80,11 +80,11 @@ static int tma_ok(const attn_params *p) {
     /* packed batches: one batch of total_q / total_k rows */
     const int64_t bq = p->cu_seqlens_q ? 1 : p->b, rq = p->cu_seqlens_q ? p->total_q : p->sq;
     const int64_t rk = p->cu_seqlens_k ? p->total_k : p->block_table ? p->page_size : p->sk;
-    const int64_t kvb = p->block_table ? p->num_pages : p->b;
+    const int64_t kvb = p->block_table ? p->num_pages : p->b; /* (a pool of no pages has no map) */
     return aligned16(p->q) && aligned16(p->k) && aligned16(p->v) && aligned16(p->o) && stride_ok(p->q_stride_s, rq) &&
            stride_ok(p->q_stride_h, p->h) && stride_ok(p->q_stride_b, bq) && stride_ok(p->k_stride_s, rk) &&
            stride_ok(p->v_stride_s, rk) && kv_dim_ok(p->k_stride_h, p->v_stride_h, p->h_kv) &&
-           kv_dim_ok(p->k_stride_b, p->v_stride_b, kvb) && kvb <= 0x7fffffff && stride_ok(p->o_stride_s, rq) &&
+           kv_dim_ok(p->k_stride_b, p->v_stride_b, kvb) && (!p->block_table || kvb >= 1) && kvb <= 0x7fffffff && stride_ok(p->o_stride_s, rq) &&
            stride_ok(p->o_stride_h, p->h) && stride_ok(p->o_stride_b, bq) && rq <= 0x7fffffff && rk <= 0x7fffffff &&
            p->h <= 0x7fffffff && p->b <= 0x7fffffff;
 }

@@ -1,0 +1,469 @@
+/* args.c -- the extension's argument layer (args.h). */
+#include "args.h"
+
+#include "variants.h" /* fattn_gpu_read */
+#include "views.h"
+
+#include <math.h>
+#include <stdio.h>
+
+/* ---- keyword arguments ------------------------------------------------------------------------------------- */
+
+int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                     const char *const *names, PyObject *const *interned, int n, int required, PyObject **out) {
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, n, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int i = 0;
+        if (interned)
+            while (i < n && key != interned[i]) i++;
+        if (i == n || !interned)
+            for (i = 0; i < n && PyUnicode_CompareWithASCIIString(key, names[i]) != 0;) i++;
+        if (i == n) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname, key);
+            return -1;
+        }
+        if (out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname, names[i]);
+            return -1;
+        }
+        out[i] = args[nargs + j];
+    }
+    for (int i = 0; i < required; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname, names[i]);
+            return -1;
+        }
+    return 0;
+}
+
+/* ---- the user's words ---------------------------------------------------------------------------------------- */
+
+void fattn_device_str(DLDevice dev, char *buf, size_t n) {
+    switch (dev.device_type) {
+    case kDLCPU: snprintf(buf, n, "cpu"); break;
+    case kDLCUDA: snprintf(buf, n, "cuda:%d", dev.device_id); break;
+    case kDLCUDAHost: snprintf(buf, n, "cuda pinned host memory"); break;
+    case kDLCUDAManaged: snprintf(buf, n, "cuda managed memory"); break;
+    default: snprintf(buf, n, "DLPack device type %d", dev.device_type);
+    }
+}
+
+void fattn_dtype_str(DLDataType dt, char *buf, size_t n) {
+    const char *kind = dt.code == kDLInt ? "int" : dt.code == kDLUInt ? "uint" : dt.code == kDLFloat ? "float"
+                     : dt.code == kDLBfloat ? "bfloat" : dt.code == kDLComplex ? "complex" : NULL;
+    if (dt.code == kDLBool) snprintf(buf, n, "bool");
+    else if (kind) snprintf(buf, n, "%s%u", kind, dt.bits);
+    else snprintf(buf, n, "DLPack type code %u (%u bits)", dt.code, dt.bits);
+    if (dt.lanes != 1) {
+        const size_t used = strlen(buf);
+        snprintf(buf + used, n - used, "x%u", dt.lanes);
+    }
+}
+
+/* ---- scalars ------------------------------------------------------------------------------------------------- */
+
+int fattn_arg_long(PyObject *obj, const char *arg, long lo, long hi, long *v) {
+    if (!obj) return 0;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an int, got %.200s", arg, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    const long x = PyLong_AsLong(obj);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < lo || x > hi) {
+        PyErr_Format(PyExc_ValueError, "%s: %ld is out of range [%ld, %ld]", arg, x, lo, hi);
+        return -1;
+    }
+    *v = x;
+    return 0;
+}
+
+int fattn_arg_scale(PyObject *obj, double *scale) {
+    *scale = NAN;
+    if (!obj || obj == Py_None) return 0;
+    const double s = PyFloat_AsDouble(obj);
+    if (s == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "scale: expected a float or None, got %.200s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    /* the kernels use scale and scale * log2(e) in float32: both must be finite there */
+    if (!isfinite(s) || !isfinite((float)s) || !isfinite((float)(s * 1.4426950408889634))) {
+        PyErr_Format(PyExc_ValueError, "scale: must be finite in float32 (|scale| below about 2.3e38), got %R", obj);
+        return -1;
+    }
+    *scale = s;
+    return 0;
+}
+
+int fattn_arg_window(PyObject *obj, int64_t *left, int64_t *right) {
+    *left = *right = -1;
+    if (!obj || obj == Py_None) return 0;
+    long long l, r;
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 2 || !PyLong_Check(PyTuple_GET_ITEM(obj, 0)) ||
+        !PyLong_Check(PyTuple_GET_ITEM(obj, 1))) {
+        PyErr_Format(PyExc_TypeError, "window: expected a (left, right) tuple of ints, got %.200s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    l = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, 0));
+    r = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, 1));
+    if (PyErr_Occurred()) return -1;
+    if (l < -1 || r < -1) {
+        PyErr_Format(PyExc_ValueError, "window: (%lld, %lld): each side is a key count >= 0, or -1 for unbounded", l, r);
+        return -1;
+    }
+    *left = l;
+    *right = r;
+    return 0;
+}
+
+int fattn_arg_stream(PyObject *obj, void **stream) {
+    *stream = NULL;
+    if (!obj || obj == Py_None) return 0;
+    /* DLPack's 1 and 2 (legacy and per-thread default streams) are also the runtime's cudaStreamLegacy and
+     * cudaStreamPerThread handles, so the value is passed through unchanged. */
+    *stream = PyLong_AsVoidPtr(obj);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* ---- tensors ------------------------------------------------------------------------------------------------- */
+
+int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
+    if (fattn_is_torch(names, obj)) return fattn_tensor_from_torch(names, obj, arg, out);
+    int type = 0, id = 0;
+    if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
+    return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
+}
+
+int fattn_take_dlpack(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
+    int type = 0, id = 0;
+    if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
+    return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
+}
+
+int fattn_dtype_of(const fattn_tensor *t, fattn_dtype *dt) {
+    const DLDataType x = t->t->dtype;
+    if (x.lanes == 1 && x.code == kDLFloat && x.bits == 32) *dt = FATTN_F32;
+    else if (x.lanes == 1 && x.code == kDLFloat && x.bits == 16) *dt = FATTN_F16;
+    else if (x.lanes == 1 && x.code == kDLBfloat && x.bits == 16) *dt = FATTN_BF16;
+    else {
+        char name[64];
+        fattn_dtype_str(x, name, sizeof name);
+        PyErr_Format(PyExc_TypeError, "%s: dtype %s is not supported; use float16, bfloat16 or float32", t->arg, name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Strides in elements, compact row-major when the producer gave none. */
+void fattn_strides_of(const DLTensor *t, int64_t *st) {
+    int64_t acc = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        st[i] = t->strides ? t->strides[i] : acc;
+        acc *= t->shape[i];
+    }
+}
+
+int fattn_view_4d(const fattn_tensor *t, int layout, bhsd_view *v) {
+    const DLTensor *x = t->t;
+    if (x->ndim != 4) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a 4-D array (%s), got %d-D", t->arg, layout ? "B, S, H, D" : "B, H, S, D",
+                     x->ndim);
+        return -1;
+    }
+    if (fattn_dtype_of(t, &v->dtype) < 0) return -1;
+    int64_t st[4];
+    fattn_strides_of(x, st);
+    const int hi = layout ? 2 : 1, si = layout ? 1 : 2;
+    v->b = x->shape[0]; v->h = x->shape[hi]; v->s = x->shape[si]; v->d = x->shape[3];
+    v->sb = st[0]; v->sh = st[hi]; v->ss = st[si];
+    const int empty = v->b == 0 || v->h == 0 || v->s == 0; /* strides of an empty array mean nothing */
+    if (st[3] != 1 && v->d > 1 && !empty) {
+        PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld", t->arg,
+                     (long long)st[3]);
+        return -1;
+    }
+    v->data = (char *)x->data + x->byte_offset;
+    if (!x->data && !empty && v->d) {
+        PyErr_Format(PyExc_ValueError, "%s: the array has no data (a meta or fake tensor?); fattn computes on cpu or "
+                     "cuda arrays", t->arg);
+        return -1;
+    }
+    const size_t esize = v->dtype == FATTN_F32 ? 4 : 2;
+    if ((uintptr_t)v->data % esize) {
+        PyErr_Format(PyExc_ValueError, "%s: data pointer is not aligned to its %zu-byte elements", t->arg, esize);
+        return -1;
+    }
+    return 0;
+}
+
+int fattn_same_device(const fattn_tensor *a, const fattn_tensor *ref) {
+    const DLDevice x = a->t->device, y = ref->t->device;
+    if (x.device_type != y.device_type || x.device_id != y.device_id) {
+        char dx[48], dy[48];
+        fattn_device_str(x, dx, sizeof dx);
+        fattn_device_str(y, dy, sizeof dy);
+        PyErr_Format(PyExc_ValueError, "%s: on %s but %s is on %s; all arrays must be on one device", a->arg, dx,
+                     ref->arg, dy);
+        return -1;
+    }
+    return 0;
+}
+
+const char *fattn_dtype_name(fattn_dtype dt) {
+    return dt == FATTN_F32 ? "float32" : dt == FATTN_F16 ? "float16" : "bfloat16";
+}
+
+int fattn_same_dtype(const bhsd_view *x, const bhsd_view *q, const char *arg) {
+    REQUIRE(x->dtype == q->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s; q, k, v and out must share one "
+            "dtype", arg, fattn_dtype_name(x->dtype), fattn_dtype_name(q->dtype));
+    return 0;
+}
+
+/* A packed (total, H, D) varlen array as a view of batch 0 (s = total rows; the caller sets b and s). */
+int fattn_view_3d(const fattn_tensor *t, bhsd_view *v) {
+    const DLTensor *x = t->t;
+    if (x->ndim != 3) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a 3-D packed array (total, H, D) with cu_seqlens, got %d-D",
+                     t->arg, x->ndim);
+        return -1;
+    }
+    if (fattn_dtype_of(t, &v->dtype) < 0) return -1;
+    int64_t st[3];
+    fattn_strides_of(x, st);
+    v->b = 1; v->s = x->shape[0]; v->h = x->shape[1]; v->d = x->shape[2];
+    v->sb = 0; v->ss = st[0]; v->sh = st[1];
+    const int empty = v->s == 0 || v->h == 0;
+    if (st[2] != 1 && v->d > 1 && !empty) {
+        PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld", t->arg,
+                     (long long)st[2]);
+        return -1;
+    }
+    v->data = (char *)x->data + x->byte_offset;
+    const size_t esize = v->dtype == FATTN_F32 ? 4 : 2;
+    if ((uintptr_t)v->data % esize) {
+        PyErr_Format(PyExc_ValueError, "%s: data pointer is not aligned to its %zu-byte elements", t->arg, esize);
+        return -1;
+    }
+    return 0;
+}
+
+int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, int32_t **host, int64_t *count,
+                      void *stream) {
+    const DLTensor *x = t->t;
+    REQUIRE(x->ndim == 1, PyExc_ValueError, "%s: expected a 1-D int32 array, got %d-D", t->arg, x->ndim);
+    REQUIRE(x->dtype.code == kDLInt && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
+            "%s: dtype must be int32", t->arg);
+    if (fattn_same_device(t, q)) return -1;
+    REQUIRE(n < 0 ? x->shape[0] >= 1 : x->shape[0] == n, PyExc_ValueError,
+            n < 0 ? "%s: needs at least one entry" : "%s: expected %lld entries, got %lld", t->arg, (long long)n,
+            (long long)x->shape[0]);
+    REQUIRE(x->shape[0] <= FATTN_MAX_SEQS, PyExc_ValueError, "%s: more than %d entries", t->arg, FATTN_MAX_SEQS);
+    REQUIRE(!x->strides || x->shape[0] <= 1 || x->strides[0] == 1, PyExc_ValueError, "%s: must be contiguous", t->arg);
+    const int32_t *src = (const int32_t *)((const char *)x->data + x->byte_offset);
+    REQUIRE((uintptr_t)src % 4 == 0, PyExc_ValueError, "%s: data pointer is not 4-byte aligned", t->arg);
+    *count = x->shape[0];
+    if (!host) return 0; /* described, not read */
+    *host = PyMem_Malloc(sizeof(int32_t) * (size_t)(*count > 0 ? *count : 1));
+    if (!*host) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (x->device.device_type == kDLCUDA) {
+        if (fattn_gpu_read(*host, src, sizeof(int32_t) * (size_t)*count, x->device.device_id, stream)) {
+            PyMem_Free(*host);
+            *host = NULL;
+            PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
+            return -1;
+        }
+    } else {
+        memcpy(*host, src, sizeof(int32_t) * (size_t)*count);
+    }
+    return 0;
+}
+
+static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
+    const DLTensor *x = l->t;
+    REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
+    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
+            "lse: dtype must be float32");
+    REQUIRE(x->shape[0] == q->b && x->shape[1] == q->h && x->shape[2] == q->s, PyExc_ValueError,
+            "lse: shape must be (B=%lld, H=%lld, Sq=%lld)", (long long)q->b, (long long)q->h, (long long)q->s);
+    REQUIRE(!l->readonly || read_only, PyExc_ValueError, "lse: the array is read-only");
+    int64_t st[3];
+    fattn_strides_of(x, st);
+    REQUIRE(st[2] == 1 || q->s <= 1 || q->b * q->h == 0, PyExc_ValueError, "lse: the last dimension must be contiguous");
+    p->lse = (float *)((char *)x->data + x->byte_offset);
+    REQUIRE((uintptr_t)p->lse % 4 == 0, PyExc_ValueError, "lse: data pointer is not 4-byte aligned");
+    p->lse_stride_b = st[0];
+    p->lse_stride_h = st[1];
+    return 0;
+}
+
+/* alibi_slopes: float32 (H,) or (B, H) (B: the batch, or the sequences of a packed one), heads contiguous, on q's
+ * device.  Their values are not read on the host (no sync): any real slope is the caller's to give. */
+static int take_alibi(const fattn_tensor *t, const fattn_tensor *q, attn_params *p) {
+    const DLTensor *x = t->t;
+    char dt[32];
+    fattn_dtype_str(x->dtype, dt, sizeof dt);
+    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
+            "alibi_slopes: dtype must be float32, got %s", dt);
+    REQUIRE((x->ndim == 1 && x->shape[0] == p->h) || (x->ndim == 2 && x->shape[0] == p->b && x->shape[1] == p->h),
+            PyExc_ValueError, "alibi_slopes: expected shape (H,) = (%lld,) or (B, H) = (%lld, %lld)", (long long)p->h,
+            (long long)p->b, (long long)p->h);
+    int64_t st[2] = {0, 1};
+    fattn_strides_of(x, st);
+    REQUIRE(st[x->ndim - 1] == 1 || p->h <= 1, PyExc_ValueError, "alibi_slopes: the heads must be contiguous");
+    p->alibi_slopes = (const float *)((const char *)x->data + x->byte_offset);
+    REQUIRE((uintptr_t)p->alibi_slopes % 4 == 0, PyExc_ValueError, "alibi_slopes: data pointer is not 4-byte aligned");
+    p->alibi_stride_b = x->ndim == 2 && p->b > 1 ? st[0] : 0;
+    return fattn_same_device(t, q);
+}
+
+int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p, void *stream) {
+    bhsd_view q, k, v, out;
+    const int varlen = o->cu_seqlens_q && o->cu_seqlens_q->t;
+    if (!varlen && o->cu_seqlens_k && o->cu_seqlens_k->t) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens_q: needed with cu_seqlens_k");
+        return -1;
+    }
+    if (varlen ? fattn_view_3d(&ts[0], &q) || fattn_view_3d(&ts[1], &k) || fattn_view_3d(&ts[2], &v) ||
+                     fattn_view_3d(&ts[3], &out)
+               : fattn_view_4d(&ts[0], o->layout, &q) || fattn_view_4d(&ts[1], o->layout, &k) ||
+                     fattn_view_4d(&ts[2], o->layout, &v) || fattn_view_4d(&ts[3], o->layout, &out))
+        return -1;
+    fattn_pages pages = {NULL, 0, 0};
+    if (o->block_table && o->block_table->t) {
+        REQUIRE(!varlen, PyExc_ValueError, "block_table: not taken with cu_seqlens");
+        REQUIRE(o->layout == 1, PyExc_ValueError, "block_table: a paged cache is (num_pages, page_size, H_kv, D): "
+                "layout bshd");
+        if (fattn_same_device(&ts[1], &ts[0]) || fattn_same_device(&ts[2], &ts[0]) ||
+            fattn_take_pages(o->block_table, &ts[0], q.b, &k, &v, &pages, !o->trust_indices, stream))
+            return -1;
+    }
+    const int64_t total_q = q.s;
+    const int has_lse = ts[4].t != NULL;
+    for (int i = 1; i < 4 + has_lse; i++)
+        if (fattn_same_device(&ts[i], &ts[0])) return -1;
+    if (fattn_same_dtype(&k, &q, "k") || fattn_same_dtype(&v, &q, "v") || fattn_same_dtype(&out, &q, "out")) return -1;
+    REQUIRE(q.d % 8 == 0 && q.d >= 8 && q.d <= FATTN_MAX_HEADDIM, PyExc_ValueError,
+            "q: head dim %lld is not supported; use a multiple of 8 from 8 to %d", (long long)q.d, FATTN_MAX_HEADDIM);
+    REQUIRE(k.d == q.d, PyExc_ValueError, "k: head dim %lld differs from q's %lld", (long long)k.d, (long long)q.d);
+    REQUIRE(v.d == q.d, PyExc_ValueError, "v: head dim %lld differs from q's %lld", (long long)v.d, (long long)q.d);
+    REQUIRE(k.b == q.b, PyExc_ValueError, "k: batch %lld differs from q's %lld", (long long)k.b, (long long)q.b);
+    REQUIRE(v.b == q.b && v.h == k.h && v.s == k.s, PyExc_ValueError,
+            "v: shape (B=%lld, H=%lld, S=%lld) differs from k's (B=%lld, H=%lld, S=%lld)", (long long)v.b,
+            (long long)v.h, (long long)v.s, (long long)k.b, (long long)k.h, (long long)k.s);
+    REQUIRE(k.h >= 1 || q.h == 0, PyExc_ValueError, "k: has 0 heads; k and v need at least one head");
+    REQUIRE(k.h == 0 || q.h % k.h == 0, PyExc_ValueError,
+            "k: %lld heads do not divide q's %lld heads (grouped-query attention needs H %% H_kv == 0)",
+            (long long)k.h, (long long)q.h);
+    REQUIRE(out.b == q.b && out.h == q.h && out.s == q.s && out.d == q.d, PyExc_ValueError,
+            "out: shape differs from q's (B=%lld, H=%lld, Sq=%lld, D=%lld in layout %s)", (long long)q.b,
+            (long long)q.h, (long long)q.s, (long long)q.d, o->layout ? "bshd" : "bhsd");
+    REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
+    if (!(o->softcap >= 0 && isfinite(o->softcap) && isfinite((float)o->softcap))) {
+        char text[64];
+        snprintf(text, sizeof text, "%g", o->softcap);
+        PyErr_Format(PyExc_ValueError, "softcap: must be >= 0 and finite in float32 (0: none), got %s", text);
+        return -1;
+    }
+
+    memset(p, 0, sizeof *p);
+    if (varlen && fattn_take_varlen(o, &ts[0], &q, &k, &v, &out, p, stream)) return -1;
+    p->q = q.data; p->k = k.data; p->v = v.data; p->o = out.data;
+    p->q_stride_b = q.sb; p->q_stride_h = q.sh; p->q_stride_s = q.ss;
+    p->k_stride_b = k.sb; p->k_stride_h = k.sh; p->k_stride_s = k.ss;
+    p->v_stride_b = v.sb; p->v_stride_h = v.sh; p->v_stride_s = v.ss;
+    p->o_stride_b = out.sb; p->o_stride_h = out.sh; p->o_stride_s = out.ss;
+    p->b = q.b; p->h = q.h; p->h_kv = k.h; p->sq = q.s; p->sk = k.s; p->d = q.d;
+    p->h_per_kv = k.h ? q.h / k.h : 1;
+    p->dtype = q.dtype;
+    p->block_table = pages.table;
+    p->block_table_stride = pages.stride;
+    p->page_size = pages.page_size;
+    p->num_pages = pages.num_pages;
+    if (has_lse && (varlen ? fattn_take_lse_varlen(&ts[4], &q, total_q, o->read_only, p)
+                           : take_lse(&ts[4], &q, o->read_only, p)))
+        return -1;
+    if (o->k_new && o->k_new->t) { /* set by the forward's cache arguments, which give o->append with it */
+        if (fattn_take_new_kv(o->k_new, o->v_new, &ts[1], &ts[2], o->seqused_k, p, o->append)) return -1;
+    } else {
+        REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "v_new: needed with k_new");
+    }
+    if (o->seqused_k && o->seqused_k->t &&
+        fattn_take_seqused(o->seqused_k, &ts[0], p, !o->trust_indices, stream))
+        return -1;
+    if (o->alibi_slopes && o->alibi_slopes->t && take_alibi(o->alibi_slopes, &ts[0], p)) return -1;
+    p->softcap = (float)o->softcap;
+    const double scale = isnan(o->scale) ? 1.0 / sqrt((double)q.d) : o->scale;
+    p->scale = (float)scale;
+    p->scale_log2 = (float)(scale * 1.4426950408889634);
+    /* causal is right = 0 around the diagonal of its alignment; a window alone is bottom-right aligned
+     * (flash-attention's convention) */
+    p->mask.causal = o->causal;
+    p->mask.bottom_right = o->causal != FATTN_CAUSAL_TOP_LEFT;
+    p->mask.left = o->window_left;
+    p->mask.right = o->causal ? 0 : o->window_right;
+    return 0;
+}
+
+/* A gradient-side array: same device and dtype as q, the shape of q (or of k: of_k), writable unless `read`.
+ * Packed (varlen) calls compare the packed shapes. */
+static int grad_view(const fattn_tensor *t, const fattn_tensor *q, int layout, const attn_params *p, int of_k, int read,
+                     bhsd_view *v) {
+    if (p->cu_seqlens_q) {
+        const DLTensor *like = (q + of_k)->t; /* q, or k right after it */
+        if (fattn_view_3d(t, v) || fattn_same_device(t, q)) return -1;
+        REQUIRE(v->dtype == p->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s", t->arg,
+                fattn_dtype_name(v->dtype), fattn_dtype_name(p->dtype));
+        REQUIRE(t->t->shape[0] == like->shape[0] && t->t->shape[1] == like->shape[1] && t->t->shape[2] == like->shape[2],
+                PyExc_ValueError, "%s: shape must be %s's (total=%lld, H=%lld, D=%lld)", t->arg, of_k ? "k" : "q",
+                (long long)like->shape[0], (long long)like->shape[1], (long long)like->shape[2]);
+        REQUIRE(read || !t->readonly, PyExc_ValueError, "%s: the array is read-only", t->arg);
+        return 0;
+    }
+    if (fattn_view_4d(t, layout, v) || fattn_same_device(t, q)) return -1;
+    REQUIRE(v->dtype == p->dtype, PyExc_TypeError, "%s: dtype %s differs from q's %s", t->arg, fattn_dtype_name(v->dtype),
+            fattn_dtype_name(p->dtype));
+    const int64_t h = of_k ? p->h_kv : p->h, s = of_k ? p->sk : p->sq;
+    REQUIRE(v->b == p->b && v->h == h && v->s == s && v->d == p->d, PyExc_ValueError,
+            "%s: shape must be %s's (B=%lld, H=%lld, S=%lld, D=%lld in layout %s)", t->arg, of_k ? "k" : "q",
+            (long long)p->b, (long long)h, (long long)s, (long long)p->d, layout ? "bshd" : "bhsd");
+    REQUIRE(read || !t->readonly, PyExc_ValueError, "%s: the array is read-only", t->arg);
+    return 0;
+}
+
+int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
+                           attn_bwd_params *bp) {
+    bhsd_view g, dq, dk, dv;
+    if (p->seqused_k || p->block_table) {
+        PyErr_SetString(PyExc_ValueError, p->block_table ? "block_table: the backward takes no paged cache (a KV cache "
+                        "is inference only)" : "seqused_k: the backward takes no seqused_k (a KV cache is inference "
+                        "only)");
+        return -1;
+    }
+    if (grad_view(&ts[0], q, layout, p, 0, 1, &g) || grad_view(&ts[1], q, layout, p, 0, 0, &dq) ||
+        grad_view(&ts[2], q, layout, p, 1, 0, &dk) || grad_view(&ts[3], q, layout, p, 1, 0, &dv))
+        return -1;
+    memset(bp, 0, sizeof *bp);
+    bp->fwd = *p;
+    bp->dout = g.data; bp->dq = dq.data; bp->dk = dk.data; bp->dv = dv.data;
+    bp->do_stride_b = g.sb; bp->do_stride_h = g.sh; bp->do_stride_s = g.ss;
+    bp->dq_stride_b = dq.sb; bp->dq_stride_h = dq.sh; bp->dq_stride_s = dq.ss;
+    bp->dk_stride_b = dk.sb; bp->dk_stride_h = dk.sh; bp->dk_stride_s = dk.ss;
+    bp->dv_stride_b = dv.sb; bp->dv_stride_h = dv.sh; bp->dv_stride_s = dv.ss;
+    return 0;
+}
+
+int fattn_call_device(const fattn_tensor *q, int *device) {
+    *device = q->t->device.device_id;
+    return q->t->device.device_type == kDLCUDA;
+}

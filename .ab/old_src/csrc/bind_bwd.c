@@ -1,0 +1,282 @@
+/* bind_bwd.c -- the backward call: parse, plan, launch, raise.
+ *
+ *   _C.backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal=0, scale=None, layout=0, window=None, variant=None,
+ *               stream=None, deterministic=False, workspace=None, softcap=0, cu_seqlens_q=None, cu_seqlens_k=None,
+ *               max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None, check_indices=True, sinks=None,
+ *               dsinks=None)
+ *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
+ *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
+ *   _C.backward_workspace_bytes(b, h, sq, d) -> the bytes a GPU backward's workspace needs
+ *
+ * The forward's arguments mean what they mean in forward() (bind.c) and must be those of the call that produced
+ * out and lse; dq, dk, dv (q's, k's and v's shapes and dtype, any strides with a contiguous last dimension) are
+ * written.  variant names the forward variant whose backward runs (its table row's bwd); config overrides a GPU
+ * backward's config index or the CPU's (br, bc, threads).  workspace: a writable array on the call's device of at
+ * least backward_workspace_bytes(b, h, sq, d) bytes (GPU only; None: one cached per device and stream, which cannot
+ * be had while the stream is being captured into a CUDA graph).  sinks (float32 (H,)) and dsinks (a writable float32
+ * (H,)) go together: out and lse are then the sink-adjusted ones, and dsinks is written (csrc/sinks.h) -- from the
+ * backward's own D and LSE2 where its planner says so (fattn_plan.sinks_fused: v2, v3), else by the sinks pass. */
+#include "module.h"
+
+#include "cpu_attn.h"
+#include "sinks.h"
+#include "variants.h"
+
+const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS] = {
+    "dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "causal", "scale", "layout", "window", "variant", "stream",
+    "deterministic", "workspace", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+    "alibi_slopes", "check_indices", "sinks", "dsinks", "config"};
+enum { B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_DQ, B_DK, B_DV, B_CAUSAL, B_SCALE, B_LAYOUT, B_WINDOW, B_VARIANT,
+       B_STREAM, B_DETERMINISTIC, B_WORKSPACE, B_SOFTCAP, B_CU_Q, B_CU_K, B_MAX_Q, B_MAX_K, B_ALIBI,
+       B_CHECK_INDICES, B_SINKS, B_DSINKS, B_CONFIG };
+#define NARGS_PUBLIC (FATTN_BACKWARD_ARGS - 1)
+#define NTENSORS 10 /* dout .. dv, workspace */
+
+typedef struct {
+    fattn_tensor ts[NTENSORS]; /* q, k, v, out, lse (fattn_build_params' order), dout, dq, dk, dv, workspace */
+    fattn_tensor seqs[3];      /* cu_seqlens_q, cu_seqlens_k, (no seqused_k) */
+    fattn_tensor alibi;        /* alibi_slopes */
+    fattn_tensor sinks[2];     /* sinks, dsinks */
+    fattn_sink_params sp;      /* the sinks pass's backward, for a backward that does not give dsinks itself */
+    attn_bwd_params p;
+    const char *variant;
+    fattn_overrides ov;
+    void *stream;
+    int gpu, device;
+    size_t ws_bytes; /* the workspace given (0: none) */
+} call;
+
+static void call_release(call *c) {
+    for (int i = 0; i < NTENSORS; i++) fattn_tensor_release(&c->ts[i]);
+    for (int i = 0; i < 3; i++) fattn_tensor_release(&c->seqs[i]);
+    fattn_tensor_release(&c->alibi);
+    for (int i = 0; i < 2; i++) fattn_tensor_release(&c->sinks[i]);
+}
+
+/* sinks and dsinks, together or neither: into c->sp (the pass's view of out, lse, dO) and the params. */
+static int take_sinks(module_state *st, PyObject **a, PyObject *stream_obj, int layout, call *c) {
+    const int n = (a[B_SINKS] && a[B_SINKS] != Py_None) + (a[B_DSINKS] && a[B_DSINKS] != Py_None);
+    if (n == 0) return 0;
+    if (n == 1) {
+        PyErr_SetString(PyExc_TypeError, "dsinks: sinks and dsinks go together (dsinks receives sinks' gradient)");
+        return -1;
+    }
+    bhsd_view o;
+    if (fattn_take_dlpack(&st->names, a[B_SINKS], "sinks", stream_obj, &c->sinks[0]) ||
+        fattn_take_dlpack(&st->names, a[B_DSINKS], "dsinks", stream_obj, &c->sinks[1]) ||
+        fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks[0], layout, &o, &c->sp) ||
+        fattn_take_sink_grads(&c->ts[5], &c->sinks[1], &c->ts[3], layout, &o, &c->sp))
+        return -1;
+    c->p.fwd.sinks = c->sp.sinks;
+    c->p.dsinks = c->sp.dsinks;
+    return 0;
+}
+
+/* The caller's workspace: a writable array on q's device, its bytes counted from its shape and dtype. */
+static int take_workspace(call *c) {
+    const fattn_tensor *w = &c->ts[9];
+    const DLTensor *x = w->t;
+    if (!x) return 0;
+    if (x->device.device_type != c->ts[0].t->device.device_type || x->device.device_id != c->ts[0].t->device.device_id) {
+        char dw[48], dq[48];
+        fattn_device_str(x->device, dw, sizeof dw);
+        fattn_device_str(c->ts[0].t->device, dq, sizeof dq);
+        PyErr_Format(PyExc_ValueError, "workspace: on %s but q is on %s", dw, dq);
+        return -1;
+    }
+    int64_t n = 1, expect = 1;
+    for (int i = x->ndim - 1; i >= 0; i--) {
+        if (x->strides && x->shape[i] > 1 && x->strides[i] != expect) {
+            PyErr_SetString(PyExc_ValueError, "workspace: must be contiguous");
+            return -1;
+        }
+        expect *= x->shape[i];
+        n *= x->shape[i];
+    }
+    if (w->readonly) {
+        PyErr_SetString(PyExc_ValueError, "workspace: the array is read-only");
+        return -1;
+    }
+    c->ws_bytes = (size_t)n * ((x->dtype.bits * x->dtype.lanes + 7) / 8);
+    const size_t need = (size_t)fattn_bwd_workspace_bytes(c->p.fwd.b, c->p.fwd.h, c->p.fwd.sq, c->p.fwd.d);
+    if (c->gpu && c->ws_bytes < need) {
+        PyErr_Format(PyExc_ValueError, "workspace: %zu bytes, need %zu (backward_workspace_bytes)", c->ws_bytes, need);
+        return -1;
+    }
+    char *base = (char *)x->data + x->byte_offset;
+    if ((uintptr_t)base % 16) {
+        PyErr_SetString(PyExc_ValueError, "workspace: data pointer is not 16-byte aligned");
+        return -1;
+    }
+    fattn_bwd_workspace_set(&c->p, (float *)base);
+    return 0;
+}
+
+/* The workspace, of any dtype: a torch tensor the lean path describes (float32 -- as fattn's torch integration
+ * allocates it --, float16, bfloat16) goes that way, anything else through DLPack.  (Through torch's
+ * __dlpack__(stream) it cost more host time than the rest of the call's arguments together.) */
+static int take_any(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
+    if (fattn_is_torch(names, obj)) {
+        PyObject *dtype = PyObject_GetAttr(obj, names->s_dtype);
+        if (!dtype) return -1;
+        int known = 0;
+        for (int i = 0; i < 3; i++) known |= dtype == names->torch_dtypes[i];
+        Py_DECREF(dtype);
+        if (known) return fattn_tensor_from_torch(names, obj, arg, out);
+    }
+    return fattn_take_dlpack(names, obj, arg, stream, out);
+}
+
+static int call_take(module_state *st, PyObject **a, call *c) {
+    memset(c, 0, sizeof *c);
+    /* a[] index of each entry of c->ts */
+    static const int order[NTENSORS] = {B_Q, B_K, B_V, B_OUT, B_LSE, B_DOUT, B_DQ, B_DK, B_DV, B_WORKSPACE};
+    long causal = 0, layout = 0;
+    fattn_call_opts o = {0, 0, -1, -1, 0.0, 1, 0.0, NULL, NULL, NULL, -1, -1};
+    int deterministic = 0;
+    if (fattn_arg_long(a[B_CAUSAL], "causal", 0, 2, &causal) || fattn_arg_long(a[B_LAYOUT], "layout", 0, 1, &layout) ||
+        fattn_arg_scale(a[B_SCALE], &o.scale) || fattn_arg_window(a[B_WINDOW], &o.window_left, &o.window_right) ||
+        fattn_arg_stream(a[B_STREAM], &c->stream) || fattn_parse_overrides(a[B_CONFIG], NULL, NULL, &c->ov) ||
+        fattn_arg_variant(a[B_VARIANT], &c->variant) || fattn_arg_softcap(a[B_SOFTCAP], &o.softcap))
+        return -1;
+    if (a[B_DETERMINISTIC] && (deterministic = PyObject_IsTrue(a[B_DETERMINISTIC])) < 0) return -1;
+    if (fattn_arg_check_indices(a[B_CHECK_INDICES], &o.trust_indices)) return -1; /* cu_seqlens, as forward() */
+    o.causal = (int)causal;
+    o.layout = (int)layout;
+    if (!a[B_LSE] || a[B_LSE] == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "lse: the backward needs the forward's LSE (attention(..., return_lse=True))");
+        return -1;
+    }
+    PyObject *stream_obj = a[B_STREAM] ? a[B_STREAM] : Py_None;
+    for (int i = 0; i < NTENSORS; i++) { /* the workspace may have any dtype */
+        PyObject *x = a[order[i]];
+        if (x && x != Py_None &&
+            (order[i] == B_WORKSPACE ? take_any : fattn_take)(&st->names, x, fattn_backward_arg_names[order[i]],
+                                                                    stream_obj, &c->ts[i]))
+            return -1;
+    }
+    if (a[B_ALIBI] && a[B_ALIBI] != Py_None &&
+        fattn_take_dlpack(&st->names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
+        return -1;
+    o.alibi_slopes = &c->alibi;
+    PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};
+    attn_params fwd;
+    if (fattn_take_varlen_args(&st->names, seq_objs, a[B_MAX_Q], a[B_MAX_K], stream_obj, c->seqs, &o) ||
+        fattn_build_params(c->ts, &o, &fwd, c->stream) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, &fwd, &c->p))
+        return -1;
+    c->p.deterministic = deterministic;
+    if (take_sinks(st, a, stream_obj, o.layout, c)) return -1;
+    c->gpu = fattn_call_device(&c->ts[0], &c->device);
+    if (take_workspace(c)) return -1;
+    if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
+        PyErr_SetString(PyExc_TypeError, c->gpu ? "config: a GPU variant takes a config index"
+                                                : "config: the CPU backend takes a (br, bc, threads) tuple");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *plan_dict(const fattn_plan *plan, int deterministic) {
+    if (!plan->bwd)
+        return Py_BuildValue("{sssssis(iii)sisi}", "variant", "cpu", "family", "cpu", "device", 0, "config",
+                             plan->cpu.br, plan->cpu.bc, plan->cpu.threads, "workspace", 0, "deterministic", 1);
+    return Py_BuildValue("{sssssisis(II)sIsnsnsisi}", "variant", plan->bwd->name, "family", plan->bwd->family,
+                         "device", plan->dev.id, "config", plan->config, "grid", plan->grid_x, plan->grid_y, "threads",
+                         plan->threads, "smem", (Py_ssize_t)plan->smem, "workspace", (Py_ssize_t)plan->workspace_bytes,
+                         "deterministic", deterministic, "sinks_fused", plan->sinks_fused);
+}
+
+static int plan_gpu(const module_state *st, const call *c, fattn_plan *plan) {
+    if (!fattn_gpu_compiled()) {
+        fattn_not_built();
+        return -1;
+    }
+    fattn_device dev;
+    if (fattn_gpu_device(c->device, &dev, NULL, 0)) {
+        fattn_raise_status();
+        return -1;
+    }
+    if (c->variant && fattn_check_variant(c->variant, c->p.fwd.dtype)) return -1;
+    return fattn_raise_plan_status(fattn_plan_gpu_bwd(&c->p, &dev, &st->tuned, c->variant, &c->ov, plan), c->variant,
+                                   &c->ov);
+}
+
+static fattn_status sinks_on_cpu(const fattn_sink_params *sp) {
+    fattn_cpu_sinks_backward(sp);
+    return FATTN_OK;
+}
+
+static PyObject *backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int nnames,
+                          int run, int want_plan) {
+    module_state *st = fattn_state(module);
+    PyObject *a[FATTN_BACKWARD_ARGS];
+    if (fattn_parse_args(run ? "backward" : "plan_backward", args, nargs, kwnames, fattn_backward_arg_names,
+                         st->backward_args, nnames, 9, a) ||
+        fattn_find_torch(&st->names))
+        return NULL;
+    for (int i = nnames; i < FATTN_BACKWARD_ARGS; i++) a[i] = NULL;
+    call c;
+    PyObject *result = NULL;
+    fattn_plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (call_take(st, a, &c)) goto done;
+    const attn_params *f = &c.p.fwd;
+    fattn_status s = FATTN_OK;
+    if (f->b * f->h * f->sq == 0 && f->b * f->h_kv * f->sk == 0) { /* nothing to compute but dsinks' zeros */
+        if (run && c.p.dsinks) s = c.gpu ? fattn_gpu_sinks(&c.sp, 1, c.device, c.stream) : sinks_on_cpu(&c.sp);
+        result = s ? NULL : Py_NewRef(Py_None);
+        if (s) fattn_raise_status();
+        goto done;
+    }
+    if (c.gpu) {
+        if (plan_gpu(st, &c, &plan)) goto done;
+        if (run) s = fattn_run_gpu_bwd(&c.p, &plan, c.stream);
+        if (run && !s && c.p.dsinks && !plan.sinks_fused) s = fattn_gpu_sinks(&c.sp, 1, c.device, c.stream);
+    } else {
+        if (c.variant && strcmp(c.variant, "cpu")) {
+            PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
+                         c.variant);
+            goto done;
+        }
+        fattn_cpu_plan_bwd(&c.p, &c.ov, &plan);
+        if (run) {
+            Py_BEGIN_ALLOW_THREADS
+            s = fattn_cpu_backward(&c.p, &plan.cpu);
+            if (!s && c.p.dsinks) fattn_cpu_sinks_backward(&c.sp);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    if (s) {
+        fattn_raise_status();
+        goto done;
+    }
+    result = want_plan ? plan_dict(&plan, c.p.deterministic) : Py_NewRef(Py_None);
+done:
+    call_release(&c);
+    return result;
+}
+
+PyObject *fattn_py_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return backward(module, args, nargs, kwnames, NARGS_PUBLIC, 1, 0);
+}
+
+PyObject *fattn_dev_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return backward(module, args, nargs, kwnames, FATTN_BACKWARD_ARGS, 1, 1);
+}
+
+PyObject *fattn_dev_plan_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return backward(module, args, nargs, kwnames, FATTN_BACKWARD_ARGS, 0, 1);
+}
+
+PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    static const char *names[4] = {"b", "h", "sq", "d"};
+    long v[4];
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "backward_workspace_bytes(b, h, sq, d)");
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++)
+        if (fattn_arg_long(args[i], names[i], 0, 1L << 40, &v[i])) return NULL;
+    return PyLong_FromLongLong(fattn_bwd_workspace_bytes(v[0], v[1], v[2], v[3]));
+}

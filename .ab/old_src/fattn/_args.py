@@ -1,0 +1,151 @@
+"""Arguments as the public functions take them, turned into what fattn._C takes -- one place for each rule -- and
+the choice between fattn's lean torch path and the registered torch op."""
+from . import _C, _frameworks
+from ._frameworks import EMPTY, framework_of
+
+CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
+LAYOUT = {"bhsd": 0, "bshd": 1}
+
+
+def causal_code(causal):
+    try:
+        return CAUSAL[causal]
+    except (KeyError, TypeError):
+        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+
+
+def layout_code(layout):
+    try:
+        return LAYOUT[layout]
+    except (KeyError, TypeError):
+        raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}") from None
+
+
+def variant_name(variant):
+    if variant is not None and not isinstance(variant, str):
+        raise TypeError(f"variant: expected a str or None, got {type(variant).__name__}")
+    return variant
+
+
+def real(x, name):
+    """A number given as any real scalar (int, NumPy scalar, 0-d array or tensor) as a float."""
+    if isinstance(x, float):
+        return x
+    if isinstance(x, bool) or getattr(x, "ndim", 0) != 0 or not hasattr(x, "__float__"):
+        raise TypeError(f"{name}: expected a real number or None, got {type(x).__name__}")
+    return float(x)
+
+
+def scale_value(scale):
+    return None if scale is None else real(scale, "scale")
+
+
+def softcap_value(softcap):
+    """0.0 (none) or a softcap c > 0 (checked for range in C)."""
+    if softcap is None or (softcap == 0.0 and type(softcap) is float):
+        return 0.0
+    c = real(softcap, "softcap")
+    if not 0.0 <= c < float("inf"):
+        raise ValueError(f"softcap: must be >= 0 and finite (0: none), got {softcap!r}")
+    return c
+
+
+def window_pair(window):
+    """None (no window) or a (left, right) pair of ints >= -1, from what the caller gave."""
+    if window is None or (type(window) is tuple and window == (-1, -1)):  # the default: no checks (the lean path)
+        return None
+    try:
+        left, right = window
+        ok = all(not isinstance(x, bool) and float(x).is_integer() for x in window)
+        left, right = int(left), int(right)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise TypeError(f"window: expected a (left, right) pair of ints, got {window!r}")
+    if left < -1 or right < -1:
+        raise ValueError(f"window: ({left}, {right}): each side is a key count >= 0, or -1 for unbounded")
+    return None if left == -1 and right == -1 else (left, right)
+
+
+def bhs(shape, layout_code):
+    """(B, H, S) of a 4-D q / out shape in the layout's order."""
+    return (shape[0], shape[1], shape[2]) if layout_code == 0 else (shape[0], shape[2], shape[1])
+
+
+def call_options(causal, scale, window, softcap, variant):
+    """(causal code, scale, window, softcap, variant) as fattn._C takes them, each checked naming its argument."""
+    return causal_code(causal), scale_value(scale), window_pair(window), softcap_value(softcap), variant_name(variant)
+
+
+def refuse_jax(**arrays):
+    for name, arr in arrays.items():
+        if arr is not None and framework_of(arr) == "jax":
+            raise TypeError(f"{name}: JAX arrays are immutable, so fattn cannot write into one; pass a writable "
+                            "torch / CuPy / NumPy array")
+
+
+def torch_registered():
+    """Registers torch with fattn on the first torch tensor (a real import, also under torch.compile)."""
+    if not _frameworks.torch_ready:
+        from . import _torch  # noqa: F401
+
+
+def traced_or_fake(q):
+    """True under torch.compile or jit.trace tracing, and for fake or meta tensors: the call must be the registered
+    op."""
+    return (_frameworks.is_compiling() or type(q) is not _frameworks.torch_tensor or q.is_meta
+            or _frameworks.is_tracing())
+
+
+def needs_torch_op(q, k, v):
+    """True when a torch call must go through the registered op: traced_or_fake, or gradients to record.  Plain
+    tensors take the lean path."""
+    return traced_or_fake(q) or (_frameworks.grad_enabled() and (
+        q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))
+
+
+def device_of(fw, q):
+    """(DLPack device type, device id) of q: torch's get_device() for torch tensors, else DLPack's."""
+    if fw == "torch":
+        dev = q.get_device()
+        return (_frameworks.CUDA, dev) if dev >= 0 else (_frameworks.CPU, 0)
+    return _C.dlpack_device(q)
+
+
+def same_device(q, **others):
+    for name, t in others.items():
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
+
+
+def sinks_arg(sinks, q, fw, heads):
+    """None, or sinks as fattn._C takes them, checked before anything runs (a refused call writes nothing, a KV cache
+    included): an array of q's framework and device, float32 (H,); a torch tensor detached (DLPack refuses one
+    that requires grad; gradients go through the registered op).  C checks them again where it reads them."""
+    if sinks is None:
+        return None
+    if framework_of(sinks) != fw:
+        raise TypeError(f"sinks: expected an array of q's framework ({fw}), got {type(sinks).__name__}")
+    shape = tuple(sinks.shape)
+    if shape != (heads,):
+        raise ValueError(f"sinks: expected a 1-D array of H={heads} entries, got shape {shape}")
+    if not str(sinks.dtype).endswith("float32"):
+        raise TypeError(f"sinks: dtype must be float32, got {sinks.dtype}")
+    if device_of(fw, sinks) != device_of(fw, q):
+        raise ValueError("sinks: not on q's device; all arrays must be on one device")
+    return sinks.detach() if fw == "torch" else sinks
+
+
+def alibi_arg(alibi_slopes, fw):
+    """None, or ALiBi's slopes as fattn._C takes them: an array of q's framework (its shape (H,) or (B, H), float32
+    and device are checked in C, naming alibi_slopes); a torch tensor detached (the slopes get no gradient)."""
+    if alibi_slopes is None:
+        return None
+    if framework_of(alibi_slopes) != fw:
+        raise TypeError(f"alibi_slopes: expected an array of q's framework ({fw}), got {type(alibi_slopes).__name__}")
+    return alibi_slopes.detach() if fw == "torch" else alibi_slopes
+
+
+def sinks_need_grad(sinks):
+    """True when torch sinks require grad (the call must then be the registered op)."""
+    return sinks is not None and _frameworks.grad_enabled() and bool(getattr(sinks, "requires_grad", False))

@@ -1,0 +1,86 @@
+"""Per-framework glue: allocate outputs with the caller's own framework and find its current CUDA stream.
+
+Each framework is recognised by the module its array type comes from; nothing here imports a framework that the
+caller did not already use.
+"""
+import sys
+
+# DLPack device types
+CPU, CUDA = 1, 2
+
+
+def framework_of(x):
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("torch", "numpy", "cupy"):
+        return mod
+    if mod in ("jax", "jaxlib"):
+        return "jax"
+    return "other"
+
+
+def _torch_empty(like, shape, float32):
+    # new_empty inherits dtype and device: one call, no torch.device object built per call
+    return like.new_empty(shape, dtype=sys.modules["torch"].float32) if float32 else like.new_empty(shape)
+
+
+def _numpy_empty(like, shape, float32):
+    np = sys.modules["numpy"]
+    return np.empty(shape, dtype=np.float32 if float32 else like.dtype)
+
+
+def _cupy_empty(like, shape, float32):
+    cp = sys.modules["cupy"]
+    with like.device:
+        return cp.empty(shape, dtype=cp.float32 if float32 else like.dtype)
+
+
+def _jax_empty(like, shape, float32):
+    raise TypeError(
+        "fattn: JAX arrays are immutable, so fattn cannot write its output into one; convert with "
+        "torch.from_dlpack / cupy.from_dlpack / numpy.from_dlpack, or pass a writable array as out="
+    )
+
+
+def _other_empty(like, shape, float32):
+    raise TypeError(
+        f"fattn: cannot allocate an output like {type(like).__module__}.{type(like).__name__}; pass out= "
+        "(and lse= with return_lse) as writable DLPack arrays"
+    )
+
+
+EMPTY = {"torch": _torch_empty, "numpy": _numpy_empty, "cupy": _cupy_empty, "jax": _jax_empty, "other": _other_empty}
+
+
+_torch_raw_stream = None
+torch_ready = False  # register_torch has run (a bool: torch.compile guards on it)
+torch_tensor = None  # torch.Tensor once registered
+is_tracing = None    # torch.jit's "is a trace being recorded", once registered
+is_compiling = None  # torch.compiler.is_compiling, once registered
+grad_enabled = None  # torch.is_grad_enabled, once registered
+
+
+def register_torch(C):
+    """Tell the C extension about torch's tensor type and dtypes (the lean path), once, on first torch use, and keep
+    the few torch functions the call path asks each time (without attribute lookups through torch's modules)."""
+    global _torch_raw_stream, torch_tensor, is_tracing, is_compiling, grad_enabled, torch_ready
+    torch = sys.modules["torch"]
+    is_compiling = torch.compiler.is_compiling
+    grad_enabled = torch.is_grad_enabled
+    C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16)
+    torch_tensor = torch.Tensor
+    is_tracing = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, without building a Stream object
+    _torch_raw_stream = raw or (lambda idx: torch.cuda.current_stream(idx).cuda_stream)
+    torch_ready = True
+
+
+def current_stream(fw, device_id):
+    """The caller's current CUDA stream handle for device `device_id`, as DLPack's stream argument wants it."""
+    handle = 0
+    if fw == "torch":
+        handle = _torch_raw_stream(device_id)
+    elif fw == "cupy":
+        with sys.modules["cupy"].cuda.Device(device_id):
+            handle = sys.modules["cupy"].cuda.get_current_stream().ptr
+    # DLPack reserves 0; the legacy default stream is 1 (also the CUDA runtime's cudaStreamLegacy handle).
+    return handle or 1

@@ -1,0 +1,119 @@
+"""fattn's API for packed variable-length batches (flash-attention's conventions, what vLLM, SGLang and packed
+training call): attention_varlen() and attention_varlen_backward()."""
+from . import _C, _args, _tuned
+from ._frameworks import CUDA, EMPTY, current_stream, framework_of
+
+
+def _longest(cu_seqlens, given, name):
+    """max_seqlen as given, or the longest sequence of cu_seqlens (read from the array: a small device-to-host copy
+    on a GPU)."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 0:
+            raise TypeError(f"{name}: expected an int >= 0 or None, got {given!r}")
+        return given
+    return _C.longest_sequence(cu_seqlens)
+
+
+def _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k):
+    if not check_indices and (max_seqlen_q is None or max_seqlen_k is None):
+        raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are then "
+                         "not read")
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+                     causal=False, scale=None, window=(-1, -1), softcap=0.0, out=None, return_lse=False, variant=None,
+                     deterministic=False, sinks=None, alibi_slopes=None, check_indices=True):
+    r"""Attention over a batch of packed sequences of different lengths (no padding).
+
+    Args:
+        q: ``(total_q, H, D)``, the batch's queries one sequence after another; k, v: ``(total_k, H_kv, D)``.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` prefix sums: sequence b's queries are rows
+            ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q (and its keys rows of k, v likewise).  Checked when called
+            (non-decreasing, within the arrays): on a GPU that reads them back (a small synchronous copy).
+        max_seqlen_q, max_seqlen_k: the longest sequences (computed from cu_seqlens when None).
+        seqused_k: optional int32 ``(batch,)``: sequence b uses only its first ``seqused_k[b]`` keys (vLLM's).
+        causal, scale, window, softcap, variant, deterministic, sinks: as for :func:`fattn.attention`, per sequence
+            (causal and windows bottom-right aligned within each sequence).
+        alibi_slopes: optional float32 ``(H,)`` or ``(batch, H)`` (one row per sequence): ALiBi as for
+            :func:`fattn.attention`, positions counted within each sequence.
+        out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
+        check_indices: ``True`` (default): cu_seqlens (and seqused_k) are read back and checked before anything runs
+            -- on a GPU a small synchronous copy.  ``False`` with max_seqlen_q and max_seqlen_k given: their values
+            are trusted (no host sync, in the backward of a call that records gradients too; an offset outside the
+            arrays is then undefined behaviour, as in flash-attention).
+
+    Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
+    GPU both run v3 on Hopper (v2 elsewhere; at head dim 64 a backward with a softcap or ALiBi runs v2's).
+    """
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
+    fw = framework_of(q)
+    if len(getattr(q, "shape", ())) != 3:
+        raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
+    _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k)
+    max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
+    max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
+    if fw == "torch":
+        _args.torch_registered()
+        if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
+            if seqused_k is not None:
+                raise ValueError("seqused_k: not taken with gradients or under torch.compile (a KV cache is "
+                                 "inference only)")
+            from . import _torch
+
+            alibi_slopes = _args.alibi_arg(alibi_slopes, fw)
+            _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              alibi_slopes=alibi_slopes)
+            left, right = window or (-1, -1)
+            o, lse = _torch.attention_call(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
+                                           cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks,
+                                           alibi_slopes, bool(check_indices))
+            if out is not None:
+                out.copy_(o)
+                o = out
+            return (o, lse) if return_lse else o
+    dev_type, dev_id = _args.device_of(fw, q)
+    _args.refuse_jax(out=out)
+    if out is None:
+        out = EMPTY[fw](q, tuple(q.shape), False)
+    lse = EMPTY[fw](q, (q.shape[1], q.shape[0]), True) if return_lse or sinks is not None else None
+    if (dev_type, dev_id) not in _tuned.LOADED:
+        _tuned.ensure(dev_type, dev_id)
+    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
+    _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, window=window, softcap=softcap, variant=variant,
+               stream=stream, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+               max_seqlen_q=max_q, max_seqlen_k=max_k, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
+               check_indices=bool(check_indices), sinks=sinks)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
+                              max_seqlen_k=None, causal=False, scale=None, window=(-1, -1), softcap=0.0, dq=None,
+                              dk=None, dv=None, deterministic=False, variant=None, sinks=None, alibi_slopes=None,
+                              check_indices=True):
+    """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen` (packed like q, k, v) from dout, given its out and lse
+    (``return_lse=True``); the other arguments must be the forward's.  With sinks, ``(dq, dk, dv, dsinks)``.
+    check_indices=False (max_seqlen_q / max_seqlen_k given): cu_seqlens are trusted, no host sync."""
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
+    fw = framework_of(q)
+    _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k)
+    max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
+    max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
+    if fw == "torch":
+        _args.torch_registered()
+    dev_type, dev_id = _args.device_of(fw, q)
+    _args.refuse_jax(dq=dq, dk=dk, dv=dv)
+    grads = [g if g is not None else EMPTY[fw](x, tuple(x.shape), False) for g, x in ((dq, q), (dk, k), (dv, v))]
+    workspace, stream = None, None
+    if dev_type == CUDA:
+        stream = current_stream(fw, dev_id)
+        nseq = cu_seqlens_q.shape[0] - 1
+        workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(nseq, q.shape[1], max_q, q.shape[2]) // 4,), True)
+    sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
+    dsinks = EMPTY[fw](q, (sinks.shape[0],), True) if sinks is not None else None
+    _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
+                variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                alibi_slopes=_args.alibi_arg(alibi_slopes, fw), check_indices=bool(check_indices), sinks=sinks,
+                dsinks=dsinks)
+    return tuple(grads) + ((dsinks,) if sinks is not None else ())

@@ -1,0 +1,205 @@
+"""fattn as torch custom operators, so that autograd, torch.compile, torch.export and FakeTensor see it.
+
+    torch.ops.fattn.attention(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q,
+                              cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant, deterministic, sinks,
+                              alibi_slopes, check_indices) -> (out, lse)
+    torch.ops.fattn.attention_backward(dout, q, k, v, out, lse, <the same arguments>) -> (dq, dk, dv, dsinks)
+    torch.ops.fattn.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, ...)
+                                                                    -> (out, lse), k_cache / v_cache mutated
+
+One pair serves dense calls ((B, H, S, D) or (B, S, H, D), lse (B, H, Sq)) and packed variable-length ones
+(cu_seqlens given: (total, H, D), lse (H, total_q)).  With sinks (float32 (H,), differentiable) out and lse are the
+sink-adjusted ones (csrc/sinks.h); without, dsinks is an empty tensor.  alibi_slopes (float32 (H,) or (B, H)) are
+constants: no gradient.  check_indices=False (packed batches, max_seqlen given) reads no index back in either op:
+no host sync per layer.  The forward's autograd formula saves q, k, v, out, lse (sinks, alibi_slopes) and calls the
+backward op; lse is not differentiable.  Eager calls (nothing traced) take the same forward and backward through
+_EagerAttention, a plain autograd.Function, without the op's per-call overhead (attention_call picks).  Both ops
+have fake (meta) implementations that only give shapes.
+Imported, and torch's types registered with the C side (the lean call path), by fattn.attention the first time a
+torch tensor arrives; `import fattn` never imports torch.
+"""
+import torch
+
+from . import _C, _args, _frameworks
+from ._frameworks import current_stream
+
+_frameworks.register_torch(_C)
+
+_LIB = "fattn"
+Tensor = torch.Tensor
+
+
+def _stream(t):
+    return current_stream("torch", t.get_device()) if t.is_cuda else None
+
+
+# The op's arguments after q, k, v: twelve parameters (causal .. deterministic), then sinks, alibi_slopes and
+# check_indices -- _SINKS is sinks' place among them.
+_SINKS = 12
+
+
+def _window(left, right):
+    return None if left < 0 and right < 0 else (left, right)
+
+
+def _lse_shape(q, layout, varlen):
+    return (q.shape[1], q.shape[0]) if varlen else _args.bhs(q.shape, layout)
+
+
+def _seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    if cu_seqlens_q is None:
+        return {}
+    return {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "max_seqlen_q": max_seqlen_q,
+            "max_seqlen_k": max_seqlen_k}
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None, layout: int, window_left: int,
+               window_right: int, softcap: float, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+               max_seqlen_q: int, max_seqlen_k: int, variant: str | None, deterministic: bool,
+               sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
+               check_indices: bool = True) -> tuple[Tensor, Tensor]:
+    out = torch.empty_like(q)
+    lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
+    _C.forward(q, k, v, out, lse, causal=causal, scale=scale, layout=layout, window=_window(window_left, window_right),
+               softcap=softcap, variant=variant, stream=_stream(q), alibi_slopes=alibi_slopes,
+               check_indices=check_indices, sinks=None if sinks is None else sinks.detach(),
+               **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    return out, lse
+
+
+attention = torch.library.custom_op(f"{_LIB}::attention", mutates_args=())(_attention)
+
+
+@attention.register_fake
+def _(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+      max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
+    return torch.empty_like(q), q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
+
+
+def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: int,
+                       scale: float | None, layout: int, window_left: int, window_right: int, softcap: float,
+                       cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+                       variant: str | None, deterministic: bool,
+                       sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
+                       check_indices: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    workspace = None
+    if q.is_cuda:
+        b, h, sq = (cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q) if cu_seqlens_q is not None \
+            else _args.bhs(q.shape, layout)
+        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1]) // 4,), dtype=torch.float32)
+    if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
+        dout = dout.contiguous()
+    dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
+    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,
+                window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
+                deterministic=deterministic or torch.are_deterministic_algorithms_enabled(), workspace=workspace,
+                alibi_slopes=alibi_slopes, check_indices=check_indices,
+                sinks=None if sinks is None else sinks.detach(), dsinks=None if sinks is None else dsinks,
+                **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    return dq, dk, dv, dsinks
+
+
+attention_backward = torch.library.custom_op(f"{_LIB}::attention_backward", mutates_args=())(_attention_backward)
+
+
+@attention_backward.register_fake
+def _(dout, q, k, v, out, lse, *args):
+    sinks = args[_SINKS] if len(args) > _SINKS else None
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(sinks) if sinks is not None else q.new_empty((0,), dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *params = inputs
+    out, lse = output
+    sinks = params[_SINKS] if len(params) > _SINKS else None
+    alibi_slopes = params[_SINKS + 1] if len(params) > _SINKS + 1 else None
+    ctx.check_indices = params[_SINKS + 2] if len(params) > _SINKS + 2 else True
+    ctx.save_for_backward(q, k, v, out, lse, sinks, alibi_slopes)
+    ctx.params = params[:_SINKS]
+    ctx.n_inputs = len(inputs)
+    ctx.mark_non_differentiable(lse)
+
+
+def _grads(ctx, dout, backward):
+    q, k, v, out, lse, sinks, alibi_slopes = ctx.saved_tensors
+    if dout is None:
+        return (None,) * ctx.n_inputs
+    dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, *ctx.params, sinks, alibi_slopes, ctx.check_indices)
+    grads = (dq, dk, dv) + (None,) * len(ctx.params) + (dsinks if sinks is not None else None, None, None)
+    return grads[:ctx.n_inputs]
+
+
+def _backward(ctx, dout, dlse):
+    return _grads(ctx, dout, torch.ops.fattn.attention_backward)
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Eager autograd of the same forward and backward, without the registered op: torch.library's per-call handling
+    of the op's eighteen arguments (fill_defaults in its autograd wrapper) cost about 200 us of host time per call,
+    25x the call itself on a small shape; what is traced (torch.compile, export, fake tensors) still goes through
+    the op."""
+
+    # apply(q, k, v, sinks, rest): the op's other fourteen arguments in one tuple -- autograd's apply walks every
+    # argument it is given (unwrap_dead_wrappers, the requires_grad checks): apply alone took 12.4 us with eighteen
+    # arguments and 7.8 with four on the 2-core machine
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, rest):
+        inputs = (q, k, v, *rest[:_SINKS], sinks, *rest[_SINKS:])  # the op's order (_attention)
+        out, lse = _attention(*inputs)
+        _setup_context(ctx, inputs, (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        # create_graph=True (grad mode on here): the op, whose own backward is the clear double-backward error
+        g = _grads(ctx, dout, torch.ops.fattn.attention_backward if torch.is_grad_enabled() else _attention_backward)
+        return g[0], g[1], g[2], g[3 + _SINKS], None  # dq, dk, dv, dsinks (None without sinks), nothing for rest
+
+
+def attention_call(q, k, v, *params):
+    """torch.ops.fattn.attention(q, k, v, *params) -- all eighteen of the op's arguments -- with its autograd:
+    eagerly through _EagerAttention, traced or on fake tensors through the op."""
+    if _args.traced_or_fake(q):
+        return attention(q, k, v, *params)
+    return _EagerAttention.apply(q, k, v, params[_SINKS], params[:_SINKS] + params[_SINKS + 1:])
+
+
+@torch.library.custom_op(f"{_LIB}::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Tensor | None, v_new: Tensor | None,
+                           cache_seqlens: Tensor | None, block_table: Tensor | None, causal: int, window_left: int,
+                           window_right: int, softcap: float, scale: float | None, variant: str | None,
+                           check_indices: bool, sinks: Tensor | None,
+                           alibi_slopes: Tensor | None) -> tuple[Tensor, Tensor]:
+    """fattn.attention_with_kvcache as an op that writes k_new / v_new into the caches (declared mutated, so
+    torch.compile and functionalization order it): returns (out, lse)."""
+    out = torch.empty_like(q)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    _C.forward(q, k_cache, v_cache, out, lse, causal=causal, scale=scale, layout=1,
+               window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
+               cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new,
+               check_indices=check_indices, alibi_slopes=alibi_slopes,
+               sinks=None if sinks is None else sinks.detach())
+    return out, lse
+
+
+@attention_with_kvcache.register_fake
+def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right, softcap,
+      scale, variant, check_indices, sinks, alibi_slopes):
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def _no_double_backward(ctx, *grads):
+    raise NotImplementedError("fattn: double backward (a gradient of fattn's gradients, create_graph=True) is not "
+                              "supported")
+
+
+def _setup_nothing(ctx, inputs, output):
+    pass
+
+
+attention_backward.register_autograd(_no_double_backward, setup_context=_setup_nothing)

@@ -1,0 +1,288 @@
+r"""Context parallelism: one attention over a sequence split across the ranks of a torch.distributed group.
+
+    import torch.distributed as dist, fattn.distributed as fd
+    dist.init_process_group("nccl")                      # or "gloo" for CPU tensors
+    q, k, v = (fd.shard(x, causal=True) for x in (q_full, k_full, v_full))   # (B, S/N, H, D) each
+    out = fd.attention(q, k, v, causal=True)             # this rank's shard of the output; autograd works
+    out_full = fd.unshard(out, causal=True)
+
+Every rank holds a shard of q, k and v along the sequence; ``attention`` returns this rank's shard of the output,
+and its backward (torch autograd) this rank's shards of dq, dk and dv.  All ranks of the group must make the same
+calls in the same order (forward and backward are collective).  ``import fattn`` never imports this module (nor
+torch); import it explicitly.
+
+Layout of the shards (:func:`shard` makes it, :func:`unshard` undoes it).  With N ranks:
+
+- non-causal: the sequence is cut into N equal chunks; rank r holds chunk r.
+- causal: the sequence is cut into 2N equal chunks and rank r holds chunks r and 2N-1-r, concatenated (the
+  "zigzag").  Under a causal mask chunk a sees a+1 chunks of keys, so the pair (r, 2N-1-r) always sees 2N+1 chunks:
+  every rank does the same work.  For N = 2 (chunks 0..3): rank 0 holds [0, 3], rank 1 holds [1, 2].
+
+Strategies:
+
+- ``"ring"``: the K/V shards travel around the ring (rank r sends to r+1 and receives from r-1, batched P2P);
+  the transfer for the next step is posted before the attention on the shard in hand, so the two overlap.  After
+  N-1 transfers every rank has seen every K/V shard.  Each step gives a partial output ``o_i`` and its log-sum-exp
+  ``lse_i`` over the keys it saw; the partials merge exactly, in float32::
+
+      lse = log(sum_i exp(lse_i))          out = sum_i exp(lse_i - lse) * o_i
+
+  folded in step by step as they arrive (``lse' = logaddexp(lse, lse_i)``, ``out' = exp(lse - lse') out +
+  exp(lse_i - lse') o_i``; a row that sees no key has lse -inf and output 0, and stays so: never NaN; the output
+  is rounded to q's dtype once, at the end).  In the causal zigzag, at step t
+  rank r holds the K/V chunks {s, 2N-1-s} of rank s = (r - t) mod N, and each step is one kernel call:
+  s == r: the local shard against itself under the causal mask (its positions increase along the shard);
+  s < r: both query chunks see key chunk s in full, neither sees 2N-1-s (later than both): all queries against
+  the first half of the keys, unmasked;  s > r: query chunk r sees neither key chunk, query chunk 2N-1-r sees both
+  in full: the second half of the queries against all keys, unmasked.
+  Backward (FlashAttention-2's, with the final out and lse): each step gives that K/V shard's exact share of dq and
+  its dk, dv for these queries; dq adds up locally, and a float32 dK/dV accumulator travels with its K/V shard,
+  gathering every rank's share, and arrives home after N transfers.
+
+- ``"allgather"``: all-gather the K/V shards once, then attend the local queries to the whole K/V in one call
+  (non-causal) or two (causal: each local query chunk a against the keys of chunks 0..a, masked bottom-right);
+  backward: K/V gathered again (not kept from the forward), the same calls' gradients, dK/dV reduce-scattered
+  back to their owners (float32).  It moves the same
+  bytes as the ring but does not overlap them with compute; it pays off when K/V are small next to Q (grouped-query
+  attention) and it makes fewer, larger kernel calls.
+
+- ``"auto"``: :func:`choose_strategy`: ``"allgather"`` on groups of up to four ranks (measured faster there) or
+  when K/V have at most a quarter of q's heads (``H_kv * 4 <= H``: K/V are at most a quarter of Q's size), else
+  ``"ring"``.
+
+No step materialises the S x S scores or the whole sequence's Q; allgather holds the whole sequence's K/V.
+
+This module is the API, the checks and the communicator; the strategies themselves are fattn/_cp_strategies.py.
+"""
+import torch
+import torch.distributed as dist
+
+from . import _args
+from ._cp_strategies import BACKWARD, FORWARD, SEQ_DIM, _global_order
+
+HEAD_DIM = {"bshd": 2, "bhsd": 1}
+STRATEGIES = ("auto", "ring", "allgather")
+CAUSAL = {False: False, None: False, True: True, "top_left": True, "bottom_right": True}  # Sq == Sk: both alike
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public API
+
+
+def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", strategy="auto", check=True,
+              softcap=0.0):
+    r"""Attention of this rank's query shard to the whole distributed sequence; returns this rank's output shard.
+
+    Args:
+        q, k, v: this rank's shards, ``(B, S_local, H, D)`` for layout ``"bshd"`` or ``(B, H, S_local, D)`` for
+            ``"bhsd"``; k and v may have H_kv heads dividing H (grouped-query attention).  float16, bfloat16 or
+            float32, on the device of the group's backend (CUDA for NCCL, CPU for gloo).  The global sequence is
+            the shards in :func:`shard`'s layout (contiguous chunks; the zigzag when causal), all of equal length.
+        group: the process group (default: the world).
+        causal: ``False`` or ``True`` (``"top_left"`` and ``"bottom_right"`` mean the same here: q and k cover the
+            same positions).  Causal needs an even S_local (two zigzag chunks per rank).
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        softcap: ``c > 0`` caps the scores at ``c * tanh(s / c)`` (as :func:`fattn.attention`); the merge by LSE
+            and the backward are exact for it too.
+        layout: ``"bshd"`` (default) or ``"bhsd"``.
+        strategy: ``"ring"``, ``"allgather"`` or ``"auto"`` (:func:`choose_strategy`: allgather on up to four
+            ranks or when ``H_kv * 4 <= H``, else ring); see the module's docstring.
+        check: all-gather the shards' shapes first and raise the same ValueError on every rank if they differ (one
+            small collective; on a GPU it waits for the device).  With False, unequal shards are undefined behaviour.
+
+    Differentiable through torch autograd: the backward is distributed as well, so every rank must run it.
+
+    Raises:
+        ValueError naming the argument: no initialised process group (``group``), this process not in the group,
+        bad layout / strategy / causal, q/k/v shapes that do not agree (a layout mix-up), an odd S_local when
+        causal, or shards of unequal shapes across the ranks.
+    """
+    comm = _Comm(group)
+    causal = _causal_flag(causal)
+    softcap = _args.softcap_value(softcap)
+    _check_choice("layout", layout, tuple(SEQ_DIM))
+    _check_choice("strategy", strategy, STRATEGIES)
+    problem = _local_problem(q, k, v, causal, layout)
+    if check:
+        _agree_across_ranks(comm, q, k, problem)
+    elif problem:
+        raise ValueError(problem)
+    if strategy == "auto":
+        strategy = choose_strategy(q.shape[HEAD_DIM[layout]], k.shape[HEAD_DIM[layout]], comm.size)
+    return _Attention.apply(q, k, v, comm, causal, scale, layout, strategy, softcap)
+
+
+def choose_strategy(heads, kv_heads, world_size):
+    """What ``strategy="auto"`` runs: ``"allgather"`` on up to four ranks, or with small K/V (``kv_heads * 4 <=
+    heads``); else ``"ring"``.  Measured (evidence/cp/; causal, B=1, H=16, D=128, bf16, H_kv 16 and 4):
+    on 2 H200s at 128k-512k tokens allgather's fwd+bwd efficiency was 0.94-1.00 against the ring's 0.94-1.00, its
+    forward 0.83-1.00 against 0.77-1.06; on 4 H200s at 256k-1M allgather led at every point, fwd+bwd 0.93-1.00
+    against 0.92-0.95 and forward 0.95-1.04 against 0.82-0.93.  The ring's forward loses more than its transfers
+    take (the persistent forward kernel shares SMs with NCCL's; see evidence/cp/README.md).  Beyond four ranks,
+    unmeasured, the ring keeps its memory advantage: it holds two K/V shards where allgather holds them all."""
+    return "allgather" if world_size <= 4 or kv_heads * 4 <= heads else "ring"
+
+
+def shard(x, group=None, dim=1, causal=False):
+    """This rank's shard of the full sequence ``x`` (the same on every rank) along ``dim``, in the layout
+    :func:`attention` expects: non-causal, chunk r of N; causal, chunks r and 2N-1-r of 2N, concatenated (the
+    zigzag).  Returns a new contiguous tensor (differentiable).  The length along dim must divide by N (by 2N when
+    causal)."""
+    comm = _Comm(group)
+    n, r = comm.size, comm.rank
+    pieces = 2 * n if causal else n
+    length = x.shape[dim]
+    if length % pieces:
+        raise ValueError(f"x: length {length} along dim {dim} does not divide into {pieces} equal chunks "
+                         f"({n} ranks{', two chunks each when causal' if causal else ''})")
+    c = length // pieces
+    if not causal:
+        return x.narrow(dim, r * c, c).clone(memory_format=torch.contiguous_format)
+    return torch.cat((x.narrow(dim, r * c, c), x.narrow(dim, (2 * n - 1 - r) * c, c)), dim=dim)
+
+
+def unshard(x_local, group=None, dim=1, causal=False):
+    """The full sequence from every rank's shard ``x_local`` (all of equal shape), in order: all-gathers and undoes
+    :func:`shard`'s layout.  Every rank gets the whole; not differentiable (for evaluation and tests)."""
+    comm = _Comm(group)
+    if causal and x_local.shape[dim] % 2:
+        raise ValueError(f"x_local: length {x_local.shape[dim]} along dim {dim} is odd; a causal shard holds two "
+                         "equal zigzag chunks")
+    return _global_order(comm.all_gather(x_local.detach()), causal, dim)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Communication
+
+
+class _Comm:
+    """The group, its size, this process's rank in it and its ring neighbours' global ranks, with the few
+    collectives the strategies use."""
+
+    def __init__(self, group):
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("group: torch.distributed is not initialised; call torch.distributed."
+                             "init_process_group() first")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError("group: this process is not a member of the given process group")
+        self.size = dist.get_world_size(group)
+        self.next = self._global((self.rank + 1) % self.size)
+        self.prev = self._global((self.rank - 1) % self.size)
+
+    def _global(self, group_rank):
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    def shift(self, tensor, tag):
+        """Post: send `tensor` to the next rank, receive the previous rank's into a new buffer.  Returns the
+        transfer; .wait() gives the received tensor."""
+        recv = torch.empty_like(tensor)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
+                                        dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)])
+        return _Transfer(works, recv)
+
+    def all_gather(self, tensor):
+        """(N, *tensor.shape): every rank's tensor, stacked in rank order."""
+        out = tensor.new_empty((self.size * tensor.numel(),))  # flat: every backend takes the concatenated form
+        _all_gather_single(out, tensor.reshape(-1), group=self.group)
+        return out.view((self.size,) + tuple(tensor.shape))
+
+    def reduce_scatter(self, stacked):
+        """stacked (N, ...): the sum over ranks of stacked[r] lands on rank r."""
+        out = stacked.new_empty((stacked.numel() // self.size,))
+        _reduce_scatter_single(out, stacked.reshape(-1), group=self.group)
+        return out.view(stacked.shape[1:])
+
+
+class _Transfer:
+    def __init__(self, works, recv):
+        self.works, self.recv = works, recv
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        return self.recv
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks
+
+
+def _causal_flag(causal):
+    try:
+        return CAUSAL[causal]
+    except (KeyError, TypeError):
+        raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def _local_problem(q, k, v, causal, layout):
+    """The message of what is wrong with this rank's q, k, v (None if nothing)."""
+    names = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            return f"{name}: expected a 4-D torch tensor {names} for layout {layout!r}"
+    if tuple(k.shape) != tuple(v.shape):
+        return f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}"
+    s, h = SEQ_DIM[layout], HEAD_DIM[layout]
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or k.shape[s] != q.shape[s] or q.shape[h] % k.shape[h]:
+        return (f"k: shape {tuple(k.shape)} does not fit q's {tuple(q.shape)} in layout {layout!r} {names}: "
+                "same batch, sequence shard length and head dim, and kv heads dividing q's heads (are q, k, v all "
+                "in one layout?)")
+    if causal and q.shape[s] % 2:
+        return (f"q: local sequence length {q.shape[s]} is odd; causal context parallelism holds two equal zigzag "
+                "chunks per rank")
+    return None
+
+
+def _shape4(t):
+    return list(t.shape) if isinstance(t, torch.Tensor) and t.dim() == 4 else [-1] * 4
+
+
+def _agree_across_ranks(comm, q, k, problem):
+    """Raise the same ValueError on every rank if any rank's shard is bad or the shards' shapes differ."""
+    mine = torch.tensor(_shape4(q) + _shape4(k) + [int(problem is not None)], dtype=torch.int64,
+                        device=q.device if isinstance(q, torch.Tensor) else "cpu")
+    rows = comm.all_gather(mine).tolist()
+    if problem:
+        raise ValueError(problem)
+    bad = [r for r, row in enumerate(rows) if row[-1]]
+    if bad:
+        raise ValueError(f"q: the shards of rank(s) {bad} are invalid (see the error raised there)")
+    if any(row != rows[0] for row in rows):
+        shapes = "; ".join(f"rank {r}: q {tuple(row[:4])}, k {tuple(row[4:8])}" for r, row in enumerate(rows))
+        raise ValueError(f"q: shards must have equal shapes on every rank (equal sequence lengths); got {shapes}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Autograd
+
+
+
+class _Attention(torch.autograd.Function):
+    """Distributed forward and backward; saves this rank's q, k, v, output and LSE."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, comm, causal, scale, layout, strategy, softcap):
+        with torch.no_grad():
+            out, lse = FORWARD[strategy](q, k, v, comm, causal, scale, layout, softcap=softcap)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (comm, causal, scale, layout, strategy, softcap)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        comm, causal, scale, layout, strategy, softcap = ctx.args
+        with torch.no_grad():
+            dq, dk, dv = BACKWARD[strategy](dout.contiguous(), q, k, v, out, lse, comm, causal, scale, layout,
+                                            softcap=softcap)
+        return dq, dk, dv, None, None, None, None, None, None

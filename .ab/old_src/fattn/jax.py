@@ -1,0 +1,90 @@
+"""fattn for JAX: ``fattn.jax.attention(q, k, v, ...)``, differentiable through ``jax.custom_vjp`` with fattn's own
+forward and backward kernels.
+
+    import fattn.jax
+    out = fattn.jax.attention(q, k, v, causal=True)                    # q, k, v: jax.Array (B, H, S, D)
+    dq, dk, dv = jax.grad(lambda q, k, v: fattn.jax.attention(q, k, v).sum(), argnums=(0, 1, 2))(q, k, v)
+
+The kernels read JAX's buffers in place through DLPack (as NumPy arrays on the CPU, CuPy arrays on a GPU) and write
+fresh buffers that become the results: nothing is ever written into a JAX array.  Runs eagerly, outside jax.jit and
+jax.vmap for now (a call under a trace raises; jit support goes through XLA's FFI, a later step).
+"""
+import functools
+import sys
+
+import jax
+import numpy as np
+
+from . import _api, _args
+
+__all__ = ["attention"]
+
+
+def _host(x, name):
+    """A NumPy (CPU) or CuPy (GPU) view of a concrete jax.Array, read in place."""
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(f"{name}: fattn.jax.attention runs eagerly, outside jax.jit / jax.vmap for now (got a traced "
+                        "value); call it outside the transformation")
+    if not isinstance(x, jax.Array):
+        raise TypeError(f"{name}: expected a jax.Array, got {type(x).__name__}")
+    x.block_until_ready()  # fattn runs on its own stream: the producer must be done
+    platform = next(iter(x.devices())).platform
+    if platform == "cpu":
+        return np.from_dlpack(x)
+    if platform == "gpu":
+        try:
+            import cupy
+        except ImportError:
+            raise RuntimeError("fattn.jax on a GPU reads JAX's buffers through CuPy; install cupy") from None
+        return cupy.from_dlpack(x)
+    raise ValueError(f"{name}: fattn runs on cpu or cuda devices, not {platform}")
+
+
+def _jax(x, like):
+    """A fattn result (NumPy or CuPy, freshly allocated) as a jax.Array on the device of the input `like`."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        sys.modules["cupy"].cuda.get_current_stream().synchronize()
+        return jax.device_put(jax.dlpack.from_dlpack(x), next(iter(like.devices())))
+    return jax.device_put(x, next(iter(like.devices())))
+
+
+def _forward(q, k, v, alibi, opts):
+    qh, kh, vh = _host(q, "q"), _host(k, "k"), _host(v, "v")
+    al = None if alibi is None else _host(alibi, "alibi_slopes")
+    out, lse = _api.attention(qh, kh, vh, return_lse=True, alibi_slopes=al, **dict(opts))
+    return out, lse
+
+
+# opts: the keyword arguments that are not arrays (causal, scale, layout, window, softcap) as a hashable tuple of
+# pairs; alibi_slopes is an array argument whose cotangent is zero (the slopes are constants).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, alibi, opts):
+    return _jax(_forward(q, k, v, alibi, opts)[0], q)
+
+
+def _attention_fwd(q, k, v, alibi, opts):
+    out, lse = _forward(q, k, v, alibi, opts)
+    out_j, lse_j = _jax(out, q), _jax(lse, q)
+    return out_j, (q, k, v, alibi, out_j, lse_j)
+
+
+def _attention_bwd(opts, saved, g):
+    q, k, v, alibi, out, lse = saved
+    al = None if alibi is None else _host(alibi, "alibi_slopes")
+    grads = _api.attention_backward(_host(g, "dout"), _host(q, "q"), _host(k, "k"), _host(v, "v"), _host(out, "out"),
+                                    _host(lse, "lse"), alibi_slopes=al, **dict(opts))
+    dalibi = None if alibi is None else jax.numpy.zeros_like(alibi)
+    return tuple(_jax(g, x) for g, x in zip(grads, (q, k, v))) + (dalibi,)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """Scaled dot-product attention of jax.Arrays, differentiable in q, k, v (jax.grad / jax.vjp).  Arguments as for
+    :func:`fattn.attention` (alibi_slopes a float32 jax.Array, whose gradient is zero: the slopes are constants);
+    float16, bfloat16 or float32 on the CPU, float16 or bfloat16 on a GPU."""
+    _, scale, window, softcap, _ = _args.call_options(causal, scale, window, softcap, None)
+    _args.layout_code(layout)
+    opts = (("causal", causal), ("scale", scale), ("layout", layout), ("window", window), ("softcap", softcap))
+    return _attention(q, k, v, alibi_slopes, opts)
