@@ -6,7 +6,9 @@
 #   bash bench/gpu_suite.sh "$OUT" "fa3_bwd fa3_fwdbwd"     # --mode bwd / fwdbwd on fa3 (fa3_bf16_bwd in bf16)
 #   bash bench/gpu_suite.sh "$OUT" cp                       # context parallelism over every GPU (torchrun, NCCL)
 #   bash bench/gpu_suite.sh "$OUT" serving                  # bench/serving_targets.py (FATTN_SERVING_TARGETS=a,b)
-#   FATTN_AB_OLD=.ab/old bash bench/gpu_suite.sh "$OUT" none    # this tree against an older one (bench/ab.py)
+#   FATTN_AB_OLD=.ab/old bash bench/gpu_suite.sh "$OUT" none    # this tree against an older one (bench/ab.py;
+#       .ab/ is git-ignored: the older sources, e.g. `git archive SHA csrc kernels fattn setup.py pyproject.toml
+#       README.md | tar -x -C .ab/old`, reach the GPU machine through the device tool's carry=[".ab"])
 #   FATTN_AB_OLD=.ab/old FATTN_AB_GRIDS=fa3_bwd ...             # the same for v3's backward, both modes
 #   FATTN_SANITIZE=1 bash bench/gpu_suite.sh "$OUT" none    # also compute-sanitizer (FATTN_SANITIZE_TOOLS, default memcheck racecheck)
 #   FATTN_SMOKE=v3 FATTN_PYTEST_ARGS="-k v3" bash bench/gpu_suite.sh "$OUT" fa3   # bench/smoke.py first, some tests
