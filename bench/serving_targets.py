@@ -151,14 +151,17 @@ def mods_rows(args):
     return rows
 
 
+# gpt-oss-like prefill with sinks: (B, H, H_kv, S, D) and the mask -- full causal and its 128-key window layers
+GPT_OSS_PREFILL = [((1, 64, 8, 4096, 64), {"causal": True}),
+                   ((1, 64, 8, 4096, 64), {"causal": True, "window": (128, 0)}),
+                   ((8, 64, 8, 1024, 64), {"causal": True})]
+
+
 def sinks_rows(args):
     g = torch.Generator(device="cuda").manual_seed(3)
     stream = torch.cuda.current_stream().cuda_stream or 1
     rows = []
-    for (b, h, hk, sq, d), kw in (((1, 64, 8, 4096, 64), {"causal": True}),
-                                  ((1, 64, 8, 4096, 64), {"causal": True, "window": (128, 0)}),
-                                  ((8, 64, 8, 1024, 64), {"causal": True}),
-                                  ((32, 16, 16, 512, 128), {})):
+    for (b, h, hk, sq, d), kw in GPT_OSS_PREFILL + [((32, 16, 16, 512, 128), {})]:
         q = torch.randn((b, h, sq, d), generator=g, device="cuda").half()
         k, v = (torch.randn((b, hk, sq, d), generator=g, device="cuda").half() for _ in range(2))
         sinks = torch.randn((h,), generator=g, device="cuda")
@@ -218,7 +221,8 @@ def paged_prefill_rows(args):
     for impl, us in p50.items():
         var = impl.split("-")[0]
         rows.append({"target": "paged_prefill", "impl": impl, "shape": [b, h, hk, sq, sk, d], "p50_us": us,
-                     "time_vs_contiguous": us / p50[f"{var}-contiguous"], "time_vs_v3_contiguous": us / p50["v3-contiguous"]})
+                     "time_vs_contiguous": us / p50[f"{var}-contiguous"],
+                     "time_vs_v3_contiguous": us / p50["v3-contiguous"]})
     return rows
 
 
@@ -226,9 +230,7 @@ def sinks_bwd_rows(args):
     g = torch.Generator(device="cuda").manual_seed(4)
     stream = torch.cuda.current_stream().cuda_stream or 1
     rows = []
-    for (b, h, hk, sq, d), kw in (((1, 64, 8, 4096, 64), {"causal": True}),
-                                  ((1, 64, 8, 4096, 64), {"causal": True, "window": (128, 0)}),
-                                  ((8, 64, 8, 1024, 64), {"causal": True})):
+    for (b, h, hk, sq, d), kw in GPT_OSS_PREFILL:
         q, dout = (torch.randn((b, h, sq, d), generator=g, device="cuda").half() for _ in range(2))
         k, v = (torch.randn((b, hk, sq, d), generator=g, device="cuda").half() for _ in range(2))
         sinks = torch.randn((h,), generator=g, device="cuda")
@@ -255,7 +257,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     ap.add_argument("--old", help="time an older tree built by bench/old_tree.sh in this folder (fattn_old) instead")
-    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks,sinks_bwd,paged_prefill", help="comma-separated subset")
+    ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks,sinks_bwd,paged_prefill",
+                    help="comma-separated subset")
     args = ap.parse_args()
     if args.old:
         global fattn
