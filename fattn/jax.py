@@ -48,43 +48,51 @@ def _jax(x, like):
     return jax.device_put(x, next(iter(like.devices())))
 
 
-def _forward(q, k, v, alibi, opts):
+def _optional(x, name):
+    return None if x is None else _host(x, name)
+
+
+def _forward(q, k, v, alibi, sinks, opts):
     qh, kh, vh = _host(q, "q"), _host(k, "k"), _host(v, "v")
-    al = None if alibi is None else _host(alibi, "alibi_slopes")
-    out, lse = _api.attention(qh, kh, vh, return_lse=True, alibi_slopes=al, **dict(opts))
+    out, lse = _api.attention(qh, kh, vh, return_lse=True, alibi_slopes=_optional(alibi, "alibi_slopes"),
+                              sinks=_optional(sinks, "sinks"), **dict(opts))
     return out, lse
 
 
 # opts: the keyword arguments that are not arrays (causal, scale, layout, window, softcap) as a hashable tuple of
-# pairs; alibi_slopes is an array argument whose cotangent is zero (the slopes are constants).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, alibi, opts):
-    return _jax(_forward(q, k, v, alibi, opts)[0], q)
+# pairs; alibi_slopes is an array argument whose cotangent is zero (the slopes are constants); sinks' cotangent is
+# dsinks (csrc/sinks.h), from the same backward call.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(q, k, v, alibi, sinks, opts):
+    return _jax(_forward(q, k, v, alibi, sinks, opts)[0], q)
 
 
-def _attention_fwd(q, k, v, alibi, opts):
-    out, lse = _forward(q, k, v, alibi, opts)
+def _attention_fwd(q, k, v, alibi, sinks, opts):
+    out, lse = _forward(q, k, v, alibi, sinks, opts)
     out_j, lse_j = _jax(out, q), _jax(lse, q)
-    return out_j, (q, k, v, alibi, out_j, lse_j)
+    return out_j, (q, k, v, alibi, sinks, out_j, lse_j)
 
 
 def _attention_bwd(opts, saved, g):
-    q, k, v, alibi, out, lse = saved
-    al = None if alibi is None else _host(alibi, "alibi_slopes")
+    q, k, v, alibi, sinks, out, lse = saved
     grads = _api.attention_backward(_host(g, "dout"), _host(q, "q"), _host(k, "k"), _host(v, "v"), _host(out, "out"),
-                                    _host(lse, "lse"), alibi_slopes=al, **dict(opts))
+                                    _host(lse, "lse"), alibi_slopes=_optional(alibi, "alibi_slopes"),
+                                    sinks=_optional(sinks, "sinks"), **dict(opts))
     dalibi = None if alibi is None else jax.numpy.zeros_like(alibi)
-    return tuple(_jax(g, x) for g, x in zip(grads, (q, k, v))) + (dalibi,)
+    dsinks = None if sinks is None else _jax(grads[3], sinks)
+    return tuple(_jax(g, x) for g, x in zip(grads[:3], (q, k, v))) + (dalibi, dsinks)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), softcap=0.0, alibi_slopes=None):
-    """Scaled dot-product attention of jax.Arrays, differentiable in q, k, v (jax.grad / jax.vjp).  Arguments as for
-    :func:`fattn.attention` (alibi_slopes a float32 jax.Array, whose gradient is zero: the slopes are constants);
-    float16, bfloat16 or float32 on the CPU, float16 or bfloat16 on a GPU."""
+def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -1), softcap=0.0, alibi_slopes=None,
+              sinks=None):
+    """Scaled dot-product attention of jax.Arrays, differentiable in q, k, v and sinks (jax.grad / jax.vjp).
+    Arguments as for :func:`fattn.attention` (alibi_slopes a float32 jax.Array, whose gradient is zero: the slopes
+    are constants; sinks a float32 (H,) jax.Array of attention-sink logits); float16, bfloat16 or float32 on the
+    CPU, float16 or bfloat16 on a GPU."""
     _, scale, window, softcap, _ = _args.call_options(causal, scale, window, softcap, None)
     _args.layout_code(layout)
     opts = (("causal", causal), ("scale", scale), ("layout", layout), ("window", window), ("softcap", softcap))
-    return _attention(q, k, v, alibi_slopes, opts)
+    return _attention(q, k, v, alibi_slopes, sinks, opts)

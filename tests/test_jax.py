@@ -93,3 +93,45 @@ def test_jax_window_softcap_alibi(window, softcap, alibi):
         assert np.abs(np.asarray(g) - r).max() < 1e-4 * max(1.0, np.abs(r).max())
     if alibi:
         assert not np.asarray(grads[3]).any()
+
+
+def _sink_reference(q, k, v, sinks, causal):
+    """Attention with sinks in plain jax.numpy (float32): the sink one more score column whose value row is zero;
+    GQA by repeating kv heads; causal bottom-right."""
+    h, hk = q.shape[1], k.shape[1]
+    k, v = jnp.repeat(k, h // hk, axis=1), jnp.repeat(v, h // hk, axis=1)
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    sq, sk = q.shape[2], k.shape[2]
+    if causal:
+        keep = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+        s = jnp.where(keep, s, -jnp.inf)
+    col = jnp.broadcast_to(sinks[None, :, None, None], s.shape[:3] + (1,))
+    p = jax.nn.softmax(jnp.concatenate([s, col], -1), axis=-1)
+    return jnp.einsum("bhqk,bhkd->bhqd", p[..., :-1], v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_jax_sinks_forward_and_grad(causal):
+    """sinks reach the kernels forward and backward (CPU), against the same attention written in jax.numpy, dsinks
+    included; rows that see no key (Sq > Sk, bottom-right) get O' = 0."""
+    devs = jax_devices("cpu")
+    rng = np.random.default_rng(2)
+    q, k, v, w = (jax.device_put(jnp.asarray(rng.standard_normal(s), jnp.float32), devs[0])
+                  for s in ((2, 4, 37, 32), (2, 2, 29, 32), (2, 2, 29, 32), (2, 4, 37, 32)))
+    sinks = jax.device_put(jnp.asarray(rng.standard_normal(4) * 2, jnp.float32), devs[0])
+    mode = "bottom_right" if causal else False
+
+    def loss(fn):
+        return lambda q, k, v, s: (fn(q, k, v, s) * w).sum()
+
+    mine = lambda q, k, v, s: fattn.jax.attention(q, k, v, causal=mode, sinks=s)  # noqa: E731
+    ref = lambda q, k, v, s: _sink_reference(q, k, v, s, causal)  # noqa: E731
+    out, want = mine(q, k, v, sinks), ref(q, k, v, sinks)
+    if causal:  # rows 0 .. 7 see no key: the reference's softmax puts all weight on the sink, O = 0
+        assert not np.asarray(out[:, :, :8]).any()
+    assert np.abs(np.asarray(out) - np.asarray(want)).max() < 1e-5
+    got = jax.grad(loss(mine), argnums=(0, 1, 2, 3))(q, k, v, sinks)
+    exp = jax.grad(loss(ref), argnums=(0, 1, 2, 3))(q, k, v, sinks)
+    for name, g, r in zip(("dq", "dk", "dv", "dsinks"), got, exp):
+        r = np.asarray(r)
+        assert g.shape == r.shape and np.abs(np.asarray(g) - r).max() < 1e-4 * max(1.0, np.abs(r).max()), name
