@@ -198,11 +198,13 @@ FATTN_HD int fattn_pack_gqa(const attn_params *p, attn_params *out) {
     return 1;
 }
 
-/* The sink logit (natural log) of row i of head h, attn_params.sinks set: after fattn_pack_gqa a head's rows are the
- * query heads of its group. */
-FATTN_HD float fattn_sink_of(const attn_params *p, int64_t h, int64_t i) {
-    return p->sinks[p->sinks_by_row ? h * p->sq + i : h];
+/* Where in attn_params.sinks the sink logit (natural log) of row i of head h is: after fattn_pack_gqa a head's rows
+ * are the query heads of its group, each with its own (row i of head h at h * sq + i, the rows' step 1), else entry
+ * h for every row (step 0). */
+FATTN_HD int64_t fattn_sink_index(const attn_params *p, int64_t h, int64_t i) {
+    return p->sinks_by_row ? h * p->sq + i : h;
 }
+FATTN_HD float fattn_sink_of(const attn_params *p, int64_t h, int64_t i) { return p->sinks[fattn_sink_index(p, h, i)]; }
 
 /* Row j of a paged cache's sequence: the element offset of its page's row in the pool (head excluded). */
 FATTN_HD int64_t fattn_page_offset(const int32_t *table, int64_t page_size, int64_t j, int64_t stride_b,

@@ -389,7 +389,8 @@ static fattn_status run_bwd_on_device(const attn_bwd_params *p, const fattn_plan
         fattn_bwd_workspace_set(&q, ws);
     }
     st = plan->bwd->launch(&q, plan, stream);
-    return st || !(q.dsinks && plan->sinks_fused) ? st : fattn_launch_bwd_dsinks(&q, stream);
+    if (!st && q.dsinks && plan->sinks_fused) st = fattn_launch_bwd_dsinks(&q, stream);
+    return st;
 }
 
 fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {

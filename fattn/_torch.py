@@ -91,11 +91,11 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
         dout = dout.contiguous()
     dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
+    sink_kw = {} if sinks is None else {"sinks": sinks.detach(), "dsinks": dsinks}
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,
                 window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
                 deterministic=deterministic or torch.are_deterministic_algorithms_enabled(), workspace=workspace,
-                alibi_slopes=alibi_slopes, check_indices=check_indices,
-                sinks=None if sinks is None else sinks.detach(), dsinks=None if sinks is None else dsinks,
+                alibi_slopes=alibi_slopes, check_indices=check_indices, **sink_kw,
                 **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     return dq, dk, dv, dsinks
 

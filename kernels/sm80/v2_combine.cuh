@@ -53,8 +53,8 @@ DEV float v2_merged_row(float m, float l, const float *sink, float *lse) {
 /* Rows [i0, i_end) of the splits' partial rows (row i of them at row0 + i, of nrows) merged by the block (WARPS
  * warps, a warp per row, the splits in order: bitwise repeatable whichever split finishes last): O = acc / l into
  * out (row stride o_stride_s), LSE = m + log l into lse (NULL: none); a row no split saw gets O = 0, LSE = -inf
- * (with a sink s: LSE = s).  sinks (NULL: none): row i's sink is sinks[i * sink_step] (v2_merged_row).  Out of line, with scalar arguments:
- * inlined into v2_fwd, its code made ptxas spill in the kernel's main loop. */
+ * (with a sink s: LSE = s).  sinks (NULL: none): row i's sink is sinks[i * sink_step] (v2_merged_row).  Out of
+ * line, with scalar arguments: inlined into v2_fwd, its code made ptxas spill in the kernel's main loop. */
 template <typename T, int DP, int WARPS>
 __device__ __noinline__ void v2_merge_rows(const v2_split sp, int splits, int64_t nrows, int64_t row0, int64_t i0,
                                            int64_t i_end, int d, T *out, int64_t o_stride_s, float *lse,

@@ -401,7 +401,7 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
         v2_merge_rows<T, DP, WARPS>(sp, (int)gridDim.y, nbh * all.sq, bh * all.sq, i0, min(i0 + (int64_t)BR, seq.sq),
                                     d, (T *)seq.o + o_off, p.o_stride_s,
                                     seq.lse ? seq.lse + b * p.lse_stride_b + h * p.lse_stride_h : NULL,
-                                    p.sinks ? &p.sinks[p.sinks_by_row ? h * p.sq : h] : NULL, p.sinks_by_row);
+                                    p.sinks ? p.sinks + fattn_sink_index(&p, h, 0) : NULL, p.sinks_by_row);
     }
 }
 

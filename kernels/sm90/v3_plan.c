@@ -84,7 +84,8 @@ static int tma_ok(const attn_params *p) {
     return aligned16(p->q) && aligned16(p->k) && aligned16(p->v) && aligned16(p->o) && stride_ok(p->q_stride_s, rq) &&
            stride_ok(p->q_stride_h, p->h) && stride_ok(p->q_stride_b, bq) && stride_ok(p->k_stride_s, rk) &&
            stride_ok(p->v_stride_s, rk) && kv_dim_ok(p->k_stride_h, p->v_stride_h, p->h_kv) &&
-           kv_dim_ok(p->k_stride_b, p->v_stride_b, kvb) && (!p->block_table || kvb >= 1) && kvb <= 0x7fffffff && stride_ok(p->o_stride_s, rq) &&
+           kv_dim_ok(p->k_stride_b, p->v_stride_b, kvb) && (!p->block_table || kvb >= 1) && kvb <= 0x7fffffff &&
+           stride_ok(p->o_stride_s, rq) &&
            stride_ok(p->o_stride_h, p->h) && stride_ok(p->o_stride_b, bq) && rq <= 0x7fffffff && rk <= 0x7fffffff &&
            p->h <= 0x7fffffff && p->b <= 0x7fffffff;
 }
@@ -293,7 +294,8 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     if (missing) return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 does not take %s yet", missing);
     /* a paged cache: its kernels are the per-sequence ones (SEQ), which know each sequence's keys */
     if (p->block_table && !p->seqused_k)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 takes a paged KV cache with its sequences' lengths (cache_seqlens)");
+        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED,
+                          "v3 takes a paged KV cache with its sequences' lengths (cache_seqlens)");
     if (!tma_ok(p))
         return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 needs q, k, v and out 16-byte aligned with every stride a multiple "
                           "of 8 elements (TMA)");
