@@ -204,7 +204,7 @@ def paged_prefill_rows(args):
     kc, vc = (torch.randn((b, sk, hk, d), generator=g, device="cuda").half() for _ in range(2))
     lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
     fns, caches = {}, {"contiguous": (kc, vc, None)}
-    for ps in (16, 64, 256):
+    for ps in (16, 32, 64, 256):
         n = b * sk // ps
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(ps)).to("cuda")
         table = perm.reshape(b, sk // ps).to(torch.int32)

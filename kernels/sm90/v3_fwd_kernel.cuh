@@ -2,7 +2,7 @@
  *
  * Adds over v2: wgmma instead of mma.sync, TMA instead of cp.async, and warp specialisation.
  * A block is one producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups of 64 query rows each:
- *   the producer: one thread issues every TMA load (Q per tile; K_j, V_j for each key block of Bc keys into a ring
+ *   the producer: one warp issues every TMA load (Q per tile; K_j, V_j for each key block of Bc keys into a ring
  *     of STAGES shared-memory slots, each slot with a "full" mbarrier the TMA completes and an "empty" mbarrier the
  *     consumers arrive on), and gives its registers away (setmaxnreg.dec) -- v3_fwd_producer.cuh;
  *   the consumers (setmaxnreg.inc), per key block:
@@ -153,9 +153,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     if (wg == 0) { /* ---- producer (v3_fwd_producer.cuh) ---- */
         setmaxnreg_dec<regs::producer>();
-        if (warp == 0 && lane == 0)
+        if (warp == 0)
             v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step, head_group, split,
-                                                             tile_ctr);
+                                                             tile_ctr, lane);
         return;
     }
 

@@ -1,10 +1,13 @@
-/* v3_fwd_producer.cuh -- the producer of v3's forward (v3_fwd_kernel.cuh): the one thread of the producer warpgroup
- * that issues every TMA load -- each tile's Q into a slot of QB (free once the tile QB before it has released it),
- * each of its key blocks' K and V into the ring of STAGES slots (each once the consumers have released the slot) --
- * walking the same tiles as the consumers: the static schedule (v3_schedule.h: rounds of the persistent grid, split
- * tails' places) or, for per-sequence calls with a counter, the dynamic one.  A paged KV cache (SEQ kernels) has
- * each key block loaded in pieces of v3_page_rows rows, each from the page its sequence's block table names; pieces
- * past the sequence's keys name no page (an index past the pool: TMA fills them with zeros). */
+/* v3_fwd_producer.cuh -- the producer of v3's forward (v3_fwd_kernel.cuh): one warp of the producer warpgroup,
+ * whose first lane issues every TMA load -- each tile's Q into a slot of QB (free once the tile QB before it has
+ * released it), each of its key blocks' K and V into the ring of STAGES slots (each once the consumers have released
+ * the slot) -- walking the same tiles as the consumers: the static schedule (v3_schedule.h: rounds of the persistent
+ * grid, split tails' places) or, for per-sequence calls with a counter, the dynamic one.  A paged KV cache (SEQ
+ * kernels) has each key block loaded in pieces of v3_page_rows rows, each from the page its sequence's block table
+ * names: lane r loads piece r of K and of V, its page read from the table a key block ahead (all the block's pages
+ * in one warp-wide read, their latency behind the block before); pieces past the sequence's keys name no page (an
+ * index past the pool: TMA fills them with zeros).  Every lane walks the schedule alike; the first takes the
+ * dynamic schedule's numbers and writes its entries. */
 #ifndef FATTN_V3_FWD_PRODUCER_CUH
 #define FATTN_V3_FWD_PRODUCER_CUH
 
@@ -26,14 +29,18 @@ template <typename T> struct v3_fwd_smem {
 template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN>
 DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                         const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group, int split,
-                        unsigned *tile_ctr) {
+                        unsigned *tile_ctr, int lane) {
     constexpr int BR = 64 * CWG, QB = V3_QB(DP, BC, STAGES, CWG), PANELS = DP / 64;
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr bool dynamic = DYN;
+    const bool leader = lane == 0, paged = SEQ && p.block_table;
+    static_assert(BC / 16 <= 32, "a paged key block's pieces, one per lane");
     const int64_t ntiles = v3_ntiles(&p, BR);
-    tma_prefetch_map(tm_q);
-    tma_prefetch_map(tm_k);
-    tma_prefetch_map(tm_v);
+    if (leader) {
+        tma_prefetch_map(tm_q);
+        tma_prefetch_map(tm_k);
+        tma_prefetch_map(tm_v);
+    }
     int ring = 0; /* K/V ring position */
     /* Tile w's Q into slot qr % QB (free once tile qr - QB's consumers released it) and its key blocks into the
      * ring; packed batches are one batch of rows, sequence b's starting at row q0 / k0 (x) */
@@ -41,35 +48,48 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
         const int hk = (int)(w.h / p.h_per_kv), qb = SEQ && p.cu_seqlens_q ? 0 : w.b;
         const int kb = SEQ && p.cu_seqlens_k ? 0 : w.b * kv_batch_step, k0 = (int)x.k0;
         const int qs = qr % QB;
-        mbar_arrive_expect_tx(&sm.q_full[qs], Q_TILE * 2);
+        if (leader) {
+            mbar_arrive_expect_tx(&sm.q_full[qs], Q_TILE * 2);
 #pragma unroll
-        for (int c = 0; c < PANELS; c++)
-            tma_load_4d(sm.q + qs * Q_TILE + c * BR * 64, tm_q, &sm.q_full[qs], c * 64, (int)(x.q0 + w.i0), w.h, qb);
+            for (int c = 0; c < PANELS; c++)
+                tma_load_4d(sm.q + qs * Q_TILE + c * BR * 64, tm_q, &sm.q_full[qs], c * 64, (int)(x.q0 + w.i0), w.h,
+                            qb);
+        }
+        /* paged: this lane's piece of key block j -- its first row in the block, its page (none past the keys) */
+        const int ps = (int)p.page_size, rows = paged ? v3_page_rows(ps, BC) : BC, r = lane * rows;
+        const int32_t *table = paged ? p.block_table + (int64_t)w.b * p.block_table_stride : nullptr;
+        auto page_of = [&](int j) {
+            const int key = j * BC + r;
+            return paged && r < BC && key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
+        };
+        int page = page_of(w.n_min);
         for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
             const int s = ring % STAGES;
             const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
-            /* key block j of K (or V) into slot s once the consumers have released it */
+            const int page_next = paged && j + 1 < w.n_min + w.nblocks ? page_of(j + 1) : 0;
+            /* key block j of K (or V) into slot s once the consumers have released it.  Paged, the lanes' loads
+             * may land before the first lane's expect_tx: the count goes below zero a while, and the phase cannot
+             * complete before that arrival. */
             auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty) {
                 if (ring >= STAGES) mbar_wait(empty, parity);
-                mbar_arrive_expect_tx(full, KV_TILE * 2);
-                if (SEQ && p.block_table) {
-                    const int32_t *table = p.block_table + (int64_t)w.b * p.block_table_stride;
-                    const int ps = (int)p.page_size, rows = v3_page_rows(ps, BC);
-                    for (int r = 0; r < BC; r += rows) {
-                        const int key = j * BC + r;
-                        const int page = key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
+                if (leader) mbar_arrive_expect_tx(full, KV_TILE * 2);
+                if (paged) {
+                    if (r < BC) {
 #pragma unroll
                         for (int c = 0; c < PANELS; c++)
-                            tma_load_4d(dst + c * BC * 64 + r * 64, map, full, c * 64, key % ps, hk, page);
+                            tma_load_4d(dst + c * BC * 64 + r * 64, map, full, c * 64, (j * BC + r) % ps, hk, page);
                     }
                     return;
                 }
+                if (leader) {
 #pragma unroll
-                for (int c = 0; c < PANELS; c++)
-                    tma_load_4d(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb);
+                    for (int c = 0; c < PANELS; c++)
+                        tma_load_4d(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb);
+                }
             };
             load(sm.k + s * KV_TILE, tm_k, &sm.k_full[s], &sm.k_empty[s]);
             load(sm.v + s * KV_TILE, tm_v, &sm.v_full[s], &sm.v_empty[s]);
+            page = page_next;
         }
     };
     if (!dynamic) {
@@ -93,16 +113,19 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
      * ago, or the first), so few values live across a tile's loads: with 24 registers the rest spill, and a
      * spilled tile number would wait for its atomic at once. */
     v3_seq_cursor seqs = {0, 0};
-    unsigned t = sm.q_tile[QB].w ? atomicAdd(tile_ctr, 1u) + gridDim.x : 0u; /* the second tile's number */
+    unsigned t = 0u; /* the next tile's number (the first lane's: it takes them) */
+    if (leader && sm.q_tile[QB].w) t = atomicAdd(tile_ctr, 1u) + gridDim.x; /* the second tile's number */
     for (int qr = 0;; qr++) {
+        __syncwarp(); /* the first lane's entries are written */
         const int4 cur = sm.q_tile[qr == 0 ? QB : (qr - 1) % QB];
         if (!cur.w) break;
         v3_tile wn; /* the next tile, its number read a tile ago */
-        const bool more_n = v3_seq_tile(&p, BR, (int)t, &seqs, &wn);
-        if (more_n) t = atomicAdd(tile_ctr, 1u) + gridDim.x;
+        const bool more_n = v3_seq_tile(&p, BR, (int)__shfl_sync(~0u, t, 0), &seqs, &wn);
+        if (more_n && leader) t = atomicAdd(tile_ctr, 1u) + gridDim.x;
         const int qs = qr % QB;
         if (qr >= QB) mbar_wait(&sm.q_read[qs], (qr / QB - 1) & 1); /* the slot's last entry has been read */
-        sm.q_tile[qs] = more_n ? make_int4((int)wn.i0, wn.b, wn.h, 1) : make_int4(0, 0, 0, 0);
+        __syncwarp(); /* every lane has read cur */
+        if (leader) sm.q_tile[qs] = more_n ? make_int4((int)wn.i0, wn.b, wn.h, 1) : make_int4(0, 0, 0, 0);
         v3_tile w;
         w.i0 = cur.x;
         w.b = cur.y;
@@ -112,7 +135,7 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
         if (qr >= QB) mbar_wait(&sm.q_empty[qs], (qr / QB - 1) & 1); /* ... and its Q */
         load_tile(w, x, qr); /* its arrival on q_full releases the entry */
     }
-    { /* the last block to take its final number sets the counter back to zero for the next launch */
+    if (leader) { /* the last block to take its final number sets the counter back to zero for the next launch */
         __threadfence();
         if (atomicAdd(tile_ctr + 1, 1u) == gridDim.x - 1) {
             __threadfence();
@@ -120,7 +143,6 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
             tile_ctr[1] = 0u;
         }
     }
-
 }
 
 #endif
