@@ -12,6 +12,9 @@ scalar variants); and each variant's backward (FATTN_SANITIZE_BACKWARD=0 skips i
 A last call per head dim has more query tiles (2 x 80 heads x 300 rows) and key blocks than an H100 has
 multiprocessors, so v3's persistent forward walks several tiles per block, and the backward runs several waves (at
 D=128 with zero-ahead: its dK/dV kernel zeroes the later (batch, kv head) groups' dQ sums, kernels/sm90/v3_bwd.cu).
+v2 and v3 also run per-sequence calls: a packed batch (lengths 0, 17, 300, 1; v3's dynamic schedule) and chunked
+prefill over a KV cache, contiguous and paged (pages of 16, 48, 64, 128 in shuffled order; 100 new queries and keys
+appended to sequences of 0, 70 and 260 cached keys).
 Exits non-zero if any result is NaN where it must not be (the sanitizer's own report is what this is for)."""
 import os
 import sys
@@ -33,6 +36,36 @@ def sweep_backward(q, k, o, lse, causal, window, variant):
         fattn._C.backward(o, q, k, k, o, lse, *g, causal=CAUSAL[causal], window=window, variant=variant,
                           stream=stream, deterministic=det)
         bad += int(any(torch.isnan(x).any().item() for x in g))
+    return bad
+
+
+def sweep_sequences(variant, d, dt):
+    """Per-sequence calls of one head dim: a packed batch, then chunked prefill over contiguous and paged caches;
+    1 if a result has a NaN."""
+    lens = [0, 17, 300, 1]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lens), 4, d, device="cuda", dtype=dt)
+    k = torch.randn(sum(lens), 2, d, device="cuda", dtype=dt)
+    bad = 0
+    for causal in (False, True):
+        o = fattn.attention_varlen(q, k, k, cu, cu, causal=causal, variant=variant)
+        bad += int(torch.isnan(o).any().item())
+    cached, s_new, cap = [0, 70, 260], 100, 384
+    b = len(cached)
+    qn = torch.randn(b, s_new, 4, d, device="cuda", dtype=dt)
+    kn = torch.randn(b, s_new, 2, d, device="cuda", dtype=dt)
+    for page in (None, 16, 48, 64, 128):
+        table = None
+        if page is None:
+            kc, vc = (torch.randn(b, cap, 2, d, device="cuda", dtype=dt) for _ in range(2))
+        else:
+            per = cap // page
+            kc, vc = (torch.randn(b * per + 1, page, 2, d, device="cuda", dtype=dt) for _ in range(2))
+            table = torch.randperm(b * per, device="cuda").reshape(b, per).to(torch.int32)
+        lens_c = torch.tensor(cached, dtype=torch.int32, device="cuda")
+        o = fattn.attention_with_kvcache(qn, kc, vc, k_new=kn, v_new=kn, cache_seqlens=lens_c, block_table=table,
+                                         variant=variant)
+        bad += int(torch.isnan(o).any().item())
     return bad
 
 
@@ -70,6 +103,9 @@ def main():
                     bad += int(torch.isnan(o).any().item())
                     if backward:
                         bad += sweep_backward(q, q, o, lse, causal, None, variant)
+            if variant in ("v2", "v3"):
+                for d in dims:
+                    bad += sweep_sequences(variant, d, dt)
         print(f"{variant}: swept", flush=True)
     torch.cuda.synchronize()
     print("sweep done, NaN results:", bad)

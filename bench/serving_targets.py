@@ -21,6 +21,10 @@
            what every backward with sinks ran before v2 and v3 took dsinks from their own workspace)
 
     python bench/serving_targets.py --json serving.json
+    python bench/serving_targets.py --targets paged_prefill,varlen --with-old /tmp/old   # + an older tree, interleaved
+
+--with-old DIR (a tree built by bench/old_tree.sh): the varlen, ragged and paged_prefill targets also time that
+tree's calls, named old:..., in the same interleaved rounds as this tree's.
 
 Each pair is timed interleaved (CUDA events, L2 flushed, p50 of each round's median); rows name the variant that ran.
 """
@@ -39,6 +43,23 @@ from fattn.testing import timer  # noqa: E402
 def timed(fns, args):
     med = timer.interleaved(fns, args.rounds, lambda fn: timer.cuda(fn, args.reps, args.warmup))
     return {name: timer.percentile(xs, 0.5) for name, xs in med.items()}
+
+
+OLD = None  # --with-old: the older tree's package (fattn_old)
+
+
+def with_old(fns):
+    """fns, and where --with-old is given each one again as a call into the older tree, named old:NAME (a builder
+    of the call from the package: name -> lambda api: ...)."""
+    out = {name: mk(fattn) for name, mk in fns.items()}
+    if OLD is not None:
+        out.update({"old:" + name: mk(OLD) for name, mk in fns.items()})
+    return out
+
+
+def old_of(impl):
+    """"old:" for the older tree's rows, else "" (their peers' names)."""
+    return "old:" if impl.startswith("old:") else ""
 
 
 def variant_of(q, k, v, **kw):
@@ -73,11 +94,13 @@ def packed_rows(args, lengths, name):
     rows = []
     for causal in (False, True):
         mode = "bottom_right" if causal else False
-        fns = {"dense": lambda: fattn.attention(*dense, causal=mode, layout="bshd"),
-               "varlen": lambda: fattn.attention_varlen(*packed, cu, cu, max_seqlen_q=smax, max_seqlen_k=smax,
-                                                        causal=mode),
-               "varlen-trusted": lambda: fattn.attention_varlen(*packed, cu, cu, max_seqlen_q=smax, max_seqlen_k=smax,
-                                                                causal=mode, check_indices=False)}
+        fns = with_old({
+            "dense": lambda api: lambda: api.attention(*dense, causal=mode, layout="bshd"),
+            "varlen": lambda api: lambda: api.attention_varlen(*packed, cu, cu, max_seqlen_q=smax, max_seqlen_k=smax,
+                                                               causal=mode),
+            "varlen-trusted": lambda api: lambda: api.attention_varlen(*packed, cu, cu, max_seqlen_q=smax,
+                                                                       max_seqlen_k=smax, causal=mode,
+                                                                       check_indices=False)})
         p50 = timed(fns, args)
         real = sum(lengths) if not causal else sum(n * (n + 1) / 2 for n in lengths)
         padded = b * smax if not causal else b * smax * (smax + 1) / 2
@@ -87,7 +110,7 @@ def packed_rows(args, lengths, name):
         for impl, us in p50.items():
             rows.append({"target": name, "impl": impl, "causal": causal, "lengths": lengths, "p50_us": us,
                          "variant": (dplan if impl == "dense" else vplan)["variant"],
-                         "speed_vs_dense": p50["dense"] / us, "real_over_padded_work": real / padded})
+                         "speed_vs_dense": p50[old_of(impl) + "dense"] / us, "real_over_padded_work": real / padded})
     return rows
 
 
@@ -203,7 +226,7 @@ def paged_prefill_rows(args):
     q = torch.randn((b, sq, h, d), generator=g, device="cuda").half()
     kc, vc = (torch.randn((b, sk, hk, d), generator=g, device="cuda").half() for _ in range(2))
     lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
-    fns, caches = {}, {"contiguous": (kc, vc, None)}
+    mks, caches = {}, {"contiguous": (kc, vc, None)}
     for ps in (16, 32, 64, 256):
         n = b * sk // ps
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(ps)).to("cuda")
@@ -214,15 +237,15 @@ def paged_prefill_rows(args):
         caches[f"paged{ps}"] = (pool_k, pool_v, table)
     for name, (k, v, table) in caches.items():
         for var in ("v3", "v2"):
-            fns[f"{var}-{name}"] = lambda k=k, v=v, table=table, var=var: fattn.attention_with_kvcache(
+            mks[f"{var}-{name}"] = lambda api, k=k, v=v, table=table, var=var: lambda: api.attention_with_kvcache(
                 q, k, v, cache_seqlens=lens, block_table=table, variant=var, check_indices=False)
-    p50 = timed(fns, args)
+    p50 = timed(with_old(mks), args)
     rows = []
     for impl, us in p50.items():
         var = impl.split("-")[0]
         rows.append({"target": "paged_prefill", "impl": impl, "shape": [b, h, hk, sq, sk, d], "p50_us": us,
                      "time_vs_contiguous": us / p50[f"{var}-contiguous"],
-                     "time_vs_v3_contiguous": us / p50["v3-contiguous"]})
+                     "time_vs_v3_contiguous": us / p50[old_of(impl) + "v3-contiguous"]})
     return rows
 
 
@@ -257,6 +280,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     ap.add_argument("--old", help="time an older tree built by bench/old_tree.sh in this folder (fattn_old) instead")
+    ap.add_argument("--with-old", help="also time an older tree built by bench/old_tree.sh in this folder, "
+                    "interleaved (varlen, ragged, paged_prefill)")
     ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks,sinks_bwd,paged_prefill",
                     help="comma-separated subset")
     args = ap.parse_args()
@@ -264,6 +289,10 @@ def main():
         global fattn
         sys.path.insert(0, args.old)
         import fattn_old as fattn
+    elif args.with_old:
+        global OLD
+        sys.path.insert(0, args.with_old)
+        import fattn_old as OLD
     want = set(args.targets.split(","))
     rows = window_rows(args) if "window" in want else []
     if "varlen" in want:
