@@ -34,9 +34,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     Inference only: not differentiable.  Under torch.compile (and for fake / meta tensors) the call is the op
     ``torch.ops.fattn.attention_with_kvcache``, which declares its writes into k_cache and v_cache.  On the GPU
     v2 (tensor cores) runs these calls, paged or not, with split keys for small batches (a softcap and ALiBi
-    included); on Hopper v3 runs the calls with more than 64 queries (chunked prefill), paged caches included
-    when cache_seqlens is given and a key block spans at most two pages (pages of 64 or a multiple of 128 at head
-    dims to 128, of 32 or a multiple of 64 at 256; TMA loads of each page's rows through the block table).
+    included); on Hopper v3 runs the calls with more than 64 queries (chunked prefill), paged caches of every page
+    size included when cache_seqlens is given (TMA loads of each page's rows through the block table).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     if causal is True:

@@ -21,10 +21,5 @@ static inline int aligned16(const void *ptr) { return (uintptr_t)ptr % 16 == 0; 
 FATTN_HD int v3_page_rows(int64_t page_size, int bc) {
     return page_size % bc == 0 ? bc : bc % page_size == 0 ? (int)page_size : 16;
 }
-/* v3 takes a paged cache whose key blocks come in at most this many pieces; smaller pages go to v2.  The producer
- * thread's work grows with the pieces: chunked prefill on an H100 (B=8, H=32 / 8, D=128, 512 queries on 4k keys,
- * evidence/serving/h100_v3_paged_de2d2c0.md): v3 at 1.10x / 1.34x / 3.58x its contiguous call's time with pages of
- * 256 / 64 / 16 (1, 2, 8 pieces), v2 at 1.07-1.33x of its own, 1.8x v3's. */
-#define V3_PAGED_MAX_PIECES 8
 
 #endif

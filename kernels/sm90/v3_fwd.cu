@@ -19,27 +19,34 @@ typedef struct {
     size_t smem;
 } v3_entry;
 
-#define V3_PAIR(DP, BC, STAGES, CWG, PP, MD, SQ, DY)                                                             \
-    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD, SQ, DY>,                                         \
-     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD, SQ, DY>}
+#define V3_PAIR(DP, BC, STAGES, CWG, PP, MD, SQ, DY, PG)                                                         \
+    {(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, MD, SQ, DY, PG>,                                     \
+     (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, MD, SQ, DY, PG>}
 /* V3_TABLE's kernels, with MODS for the defaults; the SEQ kernels of V3_SEQ_CONFIGS (with MODS), by bucket, with
- * the static schedule and with the dynamic one */
+ * the static schedule and with the dynamic one, each for contiguous and for paged K/V */
 #define V3_ENTRY_MODS(DP, BC, STAGES, CWG, PP)                                                                  \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true, false, false)}, \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false, false, false),                                              \
+      V3_PAIR(DP, BC, STAGES, CWG, PP, true, false, false, false)},                                              \
      V3_SMEM(DP, BC, STAGES, CWG)},
 #define V3_ENTRY(DP, BC, STAGES, CWG, PP)                                                                       \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
-#define V3_ENTRY_SEQ(DP, BC, STAGES, CWG, PP)                                                                   \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true, false), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true, false)}, \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, false, false, false), {NULL, NULL}}, V3_SMEM(DP, BC, STAGES, CWG)},
+#define V3_SEQ_ROW(DY, PG, DP, BC, STAGES, CWG, PP)                                                              \
+    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true, DY, PG), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true, DY, PG)}, \
      V3_SMEM(DP, BC, STAGES, CWG)},
-#define V3_ENTRY_DYN(DP, BC, STAGES, CWG, PP)                                                                   \
-    {{V3_PAIR(DP, BC, STAGES, CWG, PP, false, true, true), V3_PAIR(DP, BC, STAGES, CWG, PP, true, true, true)},   \
-     V3_SMEM(DP, BC, STAGES, CWG)},
+#define V3_SEQ_STATIC(...) V3_SEQ_ROW(false, false, __VA_ARGS__)
+#define V3_SEQ_DYN(...) V3_SEQ_ROW(true, false, __VA_ARGS__)
+#define V3_SEQ_PAGED_STATIC(...) V3_SEQ_ROW(false, true, __VA_ARGS__)
+#define V3_SEQ_PAGED_DYN(...) V3_SEQ_ROW(true, true, __VA_ARGS__)
 static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_DEFAULT_CONFIGS(V3_ENTRY_MODS) V3_SWEEP_CONFIGS(V3_ENTRY)};
-/* by bucket: [0] the static schedule, [1] the dynamic one */
-static const v3_entry v3_seq_kernels[2][V3_NDEFAULTS] = {{V3_SEQ_CONFIGS(V3_ENTRY_SEQ)}, {V3_SEQ_CONFIGS(V3_ENTRY_DYN)}};
-#undef V3_ENTRY_DYN
-#undef V3_ENTRY_SEQ
+/* by [paged][schedule: 0 static, 1 dynamic][bucket] */
+static const v3_entry v3_seq_kernels[2][2][V3_NDEFAULTS] = {
+    {{V3_SEQ_CONFIGS(V3_SEQ_STATIC)}, {V3_SEQ_CONFIGS(V3_SEQ_DYN)}},
+    {{V3_SEQ_CONFIGS(V3_SEQ_PAGED_STATIC)}, {V3_SEQ_CONFIGS(V3_SEQ_PAGED_DYN)}}};
+#undef V3_SEQ_PAGED_DYN
+#undef V3_SEQ_PAGED_STATIC
+#undef V3_SEQ_DYN
+#undef V3_SEQ_STATIC
+#undef V3_SEQ_ROW
 #undef V3_ENTRY
 #undef V3_ENTRY_MODS
 #undef V3_PAIR
@@ -47,9 +54,10 @@ static const v3_entry v3_seq_kernels[2][V3_NDEFAULTS] = {{V3_SEQ_CONFIGS(V3_ENTR
 /* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set). */
 extern "C" fattn_status fattn_prepare_v3(int device) {
     (void)device;
-    for (int i = 0; i < V3_NCONFIGS + 2 * V3_NDEFAULTS; i++) {
-        const int j = i - V3_NCONFIGS; /* the SEQ kernels: static, then dynamic */
-        const v3_entry *e = j < 0 ? &v3_kernels[i] : &v3_seq_kernels[j / V3_NDEFAULTS][j % V3_NDEFAULTS];
+    for (int i = 0; i < V3_NCONFIGS + 4 * V3_NDEFAULTS; i++) {
+        const int j = i - V3_NCONFIGS; /* the SEQ kernels, in v3_seq_kernels' order */
+        const v3_entry *e = j < 0 ? &v3_kernels[i] : &v3_seq_kernels[j / (2 * V3_NDEFAULTS)][j / V3_NDEFAULTS % 2]
+                                                                    [j % V3_NDEFAULTS];
         for (int k = 0; k < 4; k++)
             if (e->kern[k >> 1][k & 1])
                 FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[k >> 1][k & 1],
@@ -102,7 +110,7 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3: a paged cache needs its sequences' lengths");
     if (seq && plan->config != fattn_v3_seq_config(c->dp))
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no kernel for per-sequence lengths", plan->config);
-    const void *kernel = (seq ? &v3_seq_kernels[ctr != NULL][v3_bucket(c->dp)] : &v3_kernels[plan->config])
+    const void *kernel = (seq ? &v3_seq_kernels[paged][ctr != NULL][v3_bucket(c->dp)] : &v3_kernels[plan->config])
                              ->kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
     if (!kernel) return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no softcap / ALiBi kernel", plan->config);
     FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem,

@@ -2,7 +2,7 @@
  *
  * Adds over v2: wgmma instead of mma.sync, TMA instead of cp.async, and warp specialisation.
  * A block is one producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups of 64 query rows each:
- *   the producer: one warp issues every TMA load (Q per tile; K_j, V_j for each key block of Bc keys into a ring
+ *   the producer: one thread (a warp for a paged cache) issues every TMA load (Q per tile; K_j, V_j for each key block of Bc keys into a ring
  *     of STAGES shared-memory slots, each slot with a "full" mbarrier the TMA completes and an "empty" mbarrier the
  *     consumers arrive on), and gives its registers away (setmaxnreg.dec) -- v3_fwd_producer.cuh;
  *   the consumers (setmaxnreg.inc), per key block:
@@ -42,6 +42,9 @@
  * from a counter, only those that exist (v3_schedule.h: v3_seq_tile), the producer naming each tile's successor
  * beside its Q; run wherever the dispatch has a counter (not under CUDA graph capture).  H100, against the static
  * schedule: ragged batches 1.06-1.62x, equal lengths 0.98-1.03x (evidence/serving/h100_v3_dyn_schedule_*.md).
+ * PAGED (the SEQ kernels again, either schedule): K and V from a paged cache through the block table, loaded by
+ * the producer's first warp (v3_fwd_producer.cuh); kernels of their own, since that warp cost the contiguous
+ * calls 1.5-6% where they shared the kernel (evidence/serving/h100_v3_paged_warp_*.md).
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls
@@ -87,7 +90,7 @@ template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer 
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
  * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
-template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ, bool DYN>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ, bool DYN, bool PAGED>
 __global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG))
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
@@ -124,7 +127,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     uint64_t *q_read = v_empty + STAGES; /* DYN: every consumer warp has read q_tile[i] */
     const v3_fwd_smem<T> sm = {sQ, sK, sV, q_tile, q_full, q_empty, k_full, v_full, k_empty, v_empty, q_read};
     /* DYN (SEQ only): the dynamic schedule (v3_schedule.h: v3_seq_tile), tiles from tile_ctr (zero at launch) */
-    static_assert(SEQ || !DYN, "the dynamic schedule is for per-sequence calls");
+    static_assert(SEQ || !(DYN || PAGED), "the dynamic schedule and paged caches are for per-sequence calls");
     constexpr bool dynamic = DYN;
     const int64_t ntiles = v3_ntiles(&p, BR);
 
@@ -153,9 +156,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     if (wg == 0) { /* ---- producer (v3_fwd_producer.cuh) ---- */
         setmaxnreg_dec<regs::producer>();
-        if (warp == 0)
-            v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step, head_group, split,
-                                                             tile_ctr, lane);
+        if (warp == 0 && (PAGED || lane == 0)) /* paged: the whole warp */
+            v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, PAGED>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step,
+                                                                    head_group, split, tile_ctr, lane);
         return;
     }
 

@@ -304,10 +304,10 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     fattn_status st = v3_choose(p, ov, plan->dev.sm_count, &idx);
     if (st) return st;
     const v3_config *c = &v3_table[idx];
-    if (p->block_table && c->bc / v3_page_rows(p->page_size, c->bc) > V3_PAGED_MAX_PIECES)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 takes paged caches whose key blocks of %d keys come in at most "
-                          "%d pieces (pages of %d, or a multiple of %d), not pages of %lld", c->bc, V3_PAGED_MAX_PIECES,
-                          c->bc / V3_PAGED_MAX_PIECES, c->bc, (long long)p->page_size);
+    /* (a paged cache: any page size, a multiple of 16 as the arguments' check demands -- its pieces, at most 8 a key
+     * block, one per lane of the producer's warp: v3_fwd_producer.cuh) */
+    if (p->block_table && p->page_size % 16)
+        return FATTN_FAIL(FATTN_ERR_INVALID, "v3: pages of %lld rows, not a multiple of 16", (long long)p->page_size);
     const int br = 64 * c->consumers;
     int split = 0;
     if ((st = v3_split_tails(p, c, ov->splits, &split))) return st;
