@@ -3,7 +3,7 @@ appended in place, against the float64 reference on each sequence's keys gathere
 outside the written slots; argument errors, and nothing written when a call is refused.  `pytest -k kvcache`."""
 import pytest
 
-from conftest import randn, repro, require, torch
+from conftest import randn, replay_captured, repro, require, torch
 
 import fattn
 from fattn.testing import accuracy
@@ -375,3 +375,10 @@ def test_kvcache_v3_paged_chunked_prefill(d, page_size, seed, request):
         err = (out.float() - want.float()).abs().max().item()
         assert err <= 1e-3 * max(1.0, want.float().abs().max().item()), f"{dname}: paged vs contiguous {err}. {repro(request)}"
         assert (lse - want_lse).abs().max().item() <= 1e-4, f"{dname}: LSE paged vs contiguous. {repro(request)}"
+        # the static schedule's paged kernel: the call captured in a CUDA graph (no counter there), equal to it eager
+        def paged(out=None):
+            return fattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens_after, block_table=table,
+                                                variant="v3", check_indices=False, out=out)
+        eager, got = paged(), torch.empty_like(q)
+        replay_captured(lambda: paged(got), got)
+        assert torch.equal(got, eager), f"{dname}: the captured paged call differs. {repro(request)}"
