@@ -21,5 +21,7 @@ static inline int aligned16(const void *ptr) { return (uintptr_t)ptr % 16 == 0; 
 FATTN_HD int v3_page_rows(int64_t page_size, int bc) {
     return page_size % bc == 0 ? bc : bc % page_size == 0 ? (int)page_size : 16;
 }
+/* ... and this many pieces a key block (bc / 16 at most): one lane of v3's producer warp each. */
+FATTN_HD int v3_page_pieces(int64_t page_size, int bc) { return bc / v3_page_rows(page_size, bc); }
 
 #endif

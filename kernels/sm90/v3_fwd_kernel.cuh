@@ -156,7 +156,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     if (wg == 0) { /* ---- producer (v3_fwd_producer.cuh) ---- */
         setmaxnreg_dec<regs::producer>();
-        if (warp == 0 && (PAGED || lane == 0)) /* paged: the whole warp */
+        if (warp == 0 && lane < (PAGED ? v3_page_pieces(p.page_size, BC) : 1)) /* paged: a lane per piece */
             v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, PAGED>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step,
                                                                     head_group, split, tile_ctr, lane);
         return;

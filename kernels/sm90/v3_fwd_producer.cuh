@@ -1,16 +1,16 @@
 /* v3_fwd_producer.cuh -- the producer of v3's forward (v3_fwd_kernel.cuh): one thread of the producer warpgroup
- * (PAGED: its first warp, whose first lane is that thread) issues every TMA load -- each tile's Q into a slot of QB
- * (free once the tile QB before it has released it), each of its key blocks' K and V into the ring of STAGES slots
- * (each once the consumers have released the slot) -- walking the same tiles as the consumers: the static schedule
- * (v3_schedule.h: rounds of the persistent grid, split tails' places) or, for per-sequence calls with a counter, the
- * dynamic one.
+ * (PAGED: the first lanes of its first warp, one per piece of a key block, that thread the first) issues every TMA
+ * load -- each tile's Q into a slot of QB (free once the tile QB before it has released it), each of its key
+ * blocks' K and V into the ring of STAGES slots (each once the consumers have released the slot) -- walking the
+ * same tiles as the consumers: the static schedule (v3_schedule.h: rounds of the persistent grid, split tails'
+ * places) or, for per-sequence calls with a counter, the dynamic one.
  * A paged KV cache (PAGED kernels) has each key block loaded in pieces of v3_page_rows rows, each from the page its
  * sequence's block table names: lane r loads piece r of K and of V, its page read from the table a key block ahead
- * (all the block's pages in one warp-wide read, their latency behind the block before); pieces past the sequence's
- * keys name no page (an index past the pool: TMA fills them with zeros).  Every lane walks the schedule alike; the
- * first takes the dynamic schedule's numbers and writes its entries.  With one thread reading each piece's page
- * just before its load, pages of 64 / 16 ran at 1.33x / 2.34x the contiguous call's time (H100, chunked prefill);
- * with the warp at 1.13x / 1.33x (evidence/serving/h100_v3_paged_warp_*.md). */
+ * (the block's pages in one read across the lanes, their latency behind the block before); pieces past the
+ * sequence's keys name no page (an index past the pool: TMA fills them with zeros).  The lanes walk the schedule
+ * alike; the first takes the dynamic schedule's numbers and writes its entries.  With one thread reading each
+ * piece's page just before its load, pages of 64 / 16 ran at 1.33x / 2.34x the contiguous call's time (H100,
+ * chunked prefill); with a lane per piece at 1.13x / 1.33x (evidence/serving/h100_v3_paged_warp_*.md). */
 #ifndef FATTN_V3_FWD_PRODUCER_CUH
 #define FATTN_V3_FWD_PRODUCER_CUH
 
@@ -38,7 +38,9 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
     constexpr bool dynamic = DYN;
     constexpr bool paged = PAGED;
     const bool leader = !PAGED || lane == 0; /* the thread that issues all but the paged K/V loads */
-    static_assert(BC / 16 <= 32, "a paged key block's pieces, one per lane");
+    static_assert(BC / 16 < 32, "a paged key block's pieces, one per lane");
+    /* the lanes here: one per piece (v3_fwd_kernel.cuh) */
+    const unsigned lanes = PAGED ? (1u << v3_page_pieces(p.page_size, BC)) - 1u : 1u;
     const int64_t ntiles = v3_ntiles(&p, BR);
     if (leader) {
         tma_prefetch_map(tm_q);
@@ -64,7 +66,7 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
         const int32_t *table = paged ? p.block_table + (int64_t)w.b * p.block_table_stride : nullptr;
         auto page_of = [&](int j) {
             const int key = j * BC + r;
-            return paged && r < BC && key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
+            return paged && key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
         };
         int page = page_of(w.n_min);
         for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
@@ -78,11 +80,9 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
                 if (ring >= STAGES) mbar_wait(empty, parity);
                 if (leader) mbar_arrive_expect_tx(full, KV_TILE * 2);
                 if (paged) {
-                    if (r < BC) {
 #pragma unroll
-                        for (int c = 0; c < PANELS; c++)
-                            tma_load_4d(dst + c * BC * 64 + r * 64, map, full, c * 64, (j * BC + r) % ps, hk, page);
-                    }
+                    for (int c = 0; c < PANELS; c++)
+                        tma_load_4d(dst + c * BC * 64 + r * 64, map, full, c * 64, (j * BC + r) % ps, hk, page);
                     return;
                 }
                 if (leader) {
@@ -120,15 +120,15 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
     unsigned t = 0u; /* the next tile's number (the first lane's: it takes them) */
     if (leader && sm.q_tile[QB].w) t = atomicAdd(tile_ctr, 1u) + gridDim.x; /* the second tile's number */
     for (int qr = 0;; qr++) {
-        if (PAGED) __syncwarp(); /* the first lane's entries are written */
+        if (PAGED) __syncwarp(lanes); /* the first lane's entries are written */
         const int4 cur = sm.q_tile[qr == 0 ? QB : (qr - 1) % QB];
         if (!cur.w) break;
         v3_tile wn; /* the next tile, its number read a tile ago */
-        const bool more_n = v3_seq_tile(&p, BR, PAGED ? (int)__shfl_sync(~0u, t, 0) : (int)t, &seqs, &wn);
+        const bool more_n = v3_seq_tile(&p, BR, PAGED ? (int)__shfl_sync(lanes, t, 0) : (int)t, &seqs, &wn);
         if (more_n && leader) t = atomicAdd(tile_ctr, 1u) + gridDim.x;
         const int qs = qr % QB;
         if (qr >= QB) mbar_wait(&sm.q_read[qs], (qr / QB - 1) & 1); /* the slot's last entry has been read */
-        if (PAGED) __syncwarp(); /* every lane has read cur */
+        if (PAGED) __syncwarp(lanes); /* every lane has read cur */
         if (leader) sm.q_tile[qs] = more_n ? make_int4((int)wn.i0, wn.b, wn.h, 1) : make_int4(0, 0, 0, 0);
         v3_tile w;
         w.i0 = cur.x;
