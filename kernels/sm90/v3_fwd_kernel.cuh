@@ -2,9 +2,10 @@
  *
  * Adds over v2: wgmma instead of mma.sync, TMA instead of cp.async, and warp specialisation.
  * A block is one producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups of 64 query rows each:
- *   the producer: one thread (a warp for a paged cache) issues every TMA load (Q per tile; K_j, V_j for each key block of Bc keys into a ring
- *     of STAGES shared-memory slots, each slot with a "full" mbarrier the TMA completes and an "empty" mbarrier the
- *     consumers arrive on), and gives its registers away (setmaxnreg.dec) -- v3_fwd_producer.cuh;
+ *   the producer: one thread (for a paged cache a lane per page piece) issues every TMA load (Q per tile; K_j, V_j
+ *     for each key block of Bc keys into a ring of STAGES shared-memory slots, each slot with a "full" mbarrier the
+ *     TMA completes and an "empty" mbarrier the consumers arrive on), and gives its registers away
+ *     (setmaxnreg.dec) -- v3_fwd_producer.cuh;
  *   the consumers (setmaxnreg.inc), per key block:
  *     S = Q K_j^T      wgmma m64nBck16, both operands in 128-byte-swizzled shared memory
  *     MODS             (kernels of their own, the defaults' configs): S in log2 units, the softcap c2 tanh(S2 / c2)
@@ -43,8 +44,9 @@
  * beside its Q; run wherever the dispatch has a counter (not under CUDA graph capture).  H100, against the static
  * schedule: ragged batches 1.06-1.62x, equal lengths 0.98-1.03x (evidence/serving/h100_v3_dyn_schedule_*.md).
  * PAGED (the SEQ kernels again, either schedule): K and V from a paged cache through the block table, loaded by
- * the producer's first warp (v3_fwd_producer.cuh); kernels of their own, since that warp cost the contiguous
- * calls 1.5-6% where they shared the kernel (evidence/serving/h100_v3_paged_warp_*.md).
+ * a lane of the producer's first warp per piece of a key block (v3_fwd_producer.cuh); kernels of their own, since
+ * the warp cost the contiguous calls 1.5-6% where they shared the kernel
+ * (evidence/serving/h100_v3_paged_warp_3b0354c.md).
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
  * Needs q, k, v, out 16-byte aligned with every stride a multiple of 8 elements (TMA's rule; K/V may broadcast
  * over heads or batch with stride 0) and a positive scale; other calls run v2, and by default decode-like calls

@@ -10,7 +10,8 @@
  * sequence's keys name no page (an index past the pool: TMA fills them with zeros).  The lanes walk the schedule
  * alike; the first takes the dynamic schedule's numbers and writes its entries.  With one thread reading each
  * piece's page just before its load, pages of 64 / 16 ran at 1.33x / 2.34x the contiguous call's time (H100,
- * chunked prefill); with a lane per piece at 1.13x / 1.33x (evidence/serving/h100_v3_paged_warp_*.md). */
+ * chunked prefill); with a lane per piece at 1.08-1.09x / 1.28-1.34x
+ * (evidence/serving/h100_v3_paged_warp_3b0354c.md). */
 #ifndef FATTN_V3_FWD_PRODUCER_CUH
 #define FATTN_V3_FWD_PRODUCER_CUH
 
