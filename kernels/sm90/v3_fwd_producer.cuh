@@ -37,7 +37,6 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
     constexpr int BR = 64 * CWG, QB = V3_QB(DP, BC, STAGES, CWG), PANELS = DP / 64;
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr bool dynamic = DYN;
-    constexpr bool paged = PAGED;
     const bool leader = !PAGED || lane == 0; /* the thread that issues all but the paged K/V loads */
     static_assert(BC / 16 < 32, "a paged key block's pieces, one per lane");
     /* the lanes here: one per piece (v3_fwd_kernel.cuh) */
@@ -63,24 +62,24 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
                             qb);
         }
         /* paged: this lane's piece of key block j -- its first row in the block, its page (none past the keys) */
-        const int ps = (int)p.page_size, rows = paged ? v3_page_rows(ps, BC) : BC, r = lane * rows;
-        const int32_t *table = paged ? p.block_table + (int64_t)w.b * p.block_table_stride : nullptr;
+        const int ps = (int)p.page_size, rows = PAGED ? v3_page_rows(ps, BC) : BC, r = lane * rows;
+        const int32_t *table = PAGED ? p.block_table + (int64_t)w.b * p.block_table_stride : nullptr;
         auto page_of = [&](int j) {
             const int key = j * BC + r;
-            return paged && key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
+            return PAGED && key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
         };
         int page = page_of(w.n_min);
         for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
             const int s = ring % STAGES;
             const unsigned parity = ((ring / STAGES) & 1) ^ 1; /* the phase the consumers completed last round */
-            const int page_next = paged && j + 1 < w.n_min + w.nblocks ? page_of(j + 1) : 0;
+            const int page_next = PAGED && j + 1 < w.n_min + w.nblocks ? page_of(j + 1) : 0;
             /* key block j of K (or V) into slot s once the consumers have released it.  Paged, the lanes' loads
              * may land before the first lane's expect_tx: the count goes below zero a while, and the phase cannot
              * complete before that arrival. */
             auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty) {
                 if (ring >= STAGES) mbar_wait(empty, parity);
                 if (leader) mbar_arrive_expect_tx(full, KV_TILE * 2);
-                if (paged) {
+                if (PAGED) {
 #pragma unroll
                     for (int c = 0; c < PANELS; c++)
                         tma_load_4d(dst + c * BC * 64 + r * 64, map, full, c * 64, (j * BC + r) % ps, hk, page);
