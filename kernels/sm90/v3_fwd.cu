@@ -54,10 +54,10 @@ static const v3_entry v3_seq_kernels[2][2][V3_NDEFAULTS] = {
 /* Every v3 kernel may use the shared memory its config needs (on the current device, which the dispatch set). */
 extern "C" fattn_status fattn_prepare_v3(int device) {
     (void)device;
-    for (int i = 0; i < V3_NCONFIGS + 4 * V3_NDEFAULTS; i++) {
-        const int j = i - V3_NCONFIGS; /* the SEQ kernels, in v3_seq_kernels' order */
-        const v3_entry *e = j < 0 ? &v3_kernels[i] : &v3_seq_kernels[j / (2 * V3_NDEFAULTS)][j / V3_NDEFAULTS % 2]
-                                                                    [j % V3_NDEFAULTS];
+    const v3_entry *seq = &v3_seq_kernels[0][0][0]; /* the SEQ kernels' entries, one after another */
+    const int nseq = (int)(sizeof v3_seq_kernels / sizeof *seq);
+    for (int i = 0; i < V3_NCONFIGS + nseq; i++) {
+        const v3_entry *e = i < V3_NCONFIGS ? &v3_kernels[i] : seq + (i - V3_NCONFIGS);
         for (int k = 0; k < 4; k++)
             if (e->kern[k >> 1][k & 1])
                 FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[k >> 1][k & 1],
