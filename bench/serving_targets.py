@@ -14,7 +14,7 @@
            epilogue); gpt-oss-like prefill (H=64, H_kv=8, D=64, causal, full and a 128-key window) and D=128;
            gpt-oss-like decode (attention_with_kvcache, one query, B=1 with 32k keys and B=8 with 8k)
   paged_prefill  chunked prefill over a KV cache (attention_with_kvcache, 512 new queries a sequence against 4k cached
-           keys, B=8, H=32, H_kv=8, D=128, causal): v3 and v2 on pages of 16 / 64 / 256 (pages in random order) and
+           keys, B=8, H=32, H_kv=8, D=128, causal): v3 and v2 on pages of 16 / 32 / 64 / 256 (in random order) and
            on the contiguous cache (target: paged within 5% of contiguous)
   sinks_bwd  the backward with sinks against the plain backward (default variant), the same prefill shapes: dsinks as
            the call gives it, and as the sinks pass gives it after the plain backward (_C.sinks(..., dout=, dsinks=):
@@ -48,12 +48,12 @@ def timed(fns, args):
 OLD = None  # --with-old: the older tree's package (fattn_old)
 
 
-def with_old(fns):
-    """fns, and where --with-old is given each one again as a call into the older tree, named old:NAME (a builder
-    of the call from the package: name -> lambda api: ...)."""
-    out = {name: mk(fattn) for name, mk in fns.items()}
+def with_old(mks):
+    """The calls that mks (name -> builder of a call from a package: lambda api: ...) build from this tree, and
+    where --with-old is given from the older tree as well, named old:NAME."""
+    out = {name: mk(fattn) for name, mk in mks.items()}
     if OLD is not None:
-        out.update({"old:" + name: mk(OLD) for name, mk in fns.items()})
+        out.update({"old:" + name: mk(OLD) for name, mk in mks.items()})
     return out
 
 
@@ -109,7 +109,7 @@ def packed_rows(args, lengths, name):
         dplan = fattn._C._dev.plan(*dense, torch.empty_like(dense[0]), causal=2 if causal else 0, layout=1)
         for impl, us in p50.items():
             rows.append({"target": name, "impl": impl, "causal": causal, "lengths": lengths, "p50_us": us,
-                         "variant": (dplan if impl == "dense" else vplan)["variant"],
+                         "variant": (dplan if impl.endswith("dense") else vplan)["variant"],
                          "speed_vs_dense": p50[old_of(impl) + "dense"] / us, "real_over_padded_work": real / padded})
     return rows
 
