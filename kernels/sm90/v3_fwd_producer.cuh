@@ -1,17 +1,18 @@
 /* v3_fwd_producer.cuh -- the producer of v3's forward (v3_fwd_kernel.cuh): one thread of the producer warpgroup
- * (PAGED: the first lanes of its first warp, one per piece of a key block, that thread the first) issues every TMA
- * load -- each tile's Q into a slot of QB (free once the tile QB before it has released it), each of its key
- * blocks' K and V into the ring of STAGES slots (each once the consumers have released the slot) -- walking the
- * same tiles as the consumers: the static schedule (v3_schedule.h: rounds of the persistent grid, split tails'
+ * (PAGED: lanes of its first warp, that thread the first) issues every load -- each tile's Q into a slot of QB
+ * (free once the tile QB before it has released it), each of its key blocks' K and V into the ring of STAGES
+ * slots (each once the consumers have released the slot) -- walking the same tiles as the consumers: the static schedule (v3_schedule.h: rounds of the persistent grid, split tails'
  * places) or, for per-sequence calls with a counter, the dynamic one.
- * A paged KV cache (PAGED kernels) has each key block loaded in pieces of v3_page_rows rows, each from the page its
- * sequence's block table names: lane r loads piece r of K and of V, its page read from the table a key block ahead
- * (the block's pages in one read across the lanes, their latency behind the block before); pieces past the
- * sequence's keys name no page (an index past the pool: TMA fills them with zeros).  The lanes walk the schedule
- * alike; the first takes the dynamic schedule's numbers and writes its entries.  With one thread reading each
- * piece's page just before its load, pages of 64 / 16 ran at 1.33x / 2.34x the contiguous call's time (H100,
- * chunked prefill); with a lane per piece at 1.08-1.09x / 1.28-1.34x
- * (evidence/serving/h100_v3_paged_warp_3b0354c.md). */
+ * A paged KV cache (PAGED kernels) has each key block loaded in pieces, each from the page its sequence's block
+ * table names, lane r's page the one of piece r, read from the table a key block ahead (the block's pages in one
+ * read across the lanes, their latency behind the block before).  Where a page holds whole blocks (v3_page_copies
+ * false) the pieces are TMA boxes of v3_page_rows rows, lane r loading piece r of K and of V; pieces past the
+ * sequence's keys name no page (an index past the pool: TMA fills them with zeros).  Where pages are smaller than
+ * a block the whole warp copies it by cp.async, 16 rows a piece (v3_copy_paged_block), each lane arriving on the
+ * slot's full barrier once its copies have landed.  The lanes walk the schedule alike; the first takes the dynamic
+ * schedule's numbers and writes its entries.  With one thread reading each piece's page just before its load,
+ * pages of 64 / 16 ran at 1.33x / 2.34x the contiguous call's time (H100, chunked prefill); with a lane per piece
+ * of TMA boxes at 1.08-1.09x / 1.28-1.34x (evidence/serving/h100_v3_paged_warp_3b0354c.md). */
 #ifndef FATTN_V3_FWD_PRODUCER_CUH
 #define FATTN_V3_FWD_PRODUCER_CUH
 
@@ -30,6 +31,38 @@ template <typename T> struct v3_fwd_smem {
     uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty, *q_read;
 };
 
+/* Key block j of a paged K (or V) by cp.async (v3_page_copies: pages smaller than a block): the warp's 32 lanes
+ * copy it in pieces of 16 rows into the 128-byte-swizzled panels a TMA box would fill (chunk c of row r at chunk
+ * c ^ (r % 8) of its 128-byte row, DP / 64 panels of BC rows from the shared-space address dst).  Piece i comes
+ * from the page lane i holds (`page`, read a block ahead), from row row0 of the first piece's page on; rows at or
+ * past `valid` and columns at or past d are written as zeros.  Each instruction copies 4 rows of 128 bytes. */
+template <typename T, int DP, int BC>
+DEV void v3_copy_paged_block(unsigned dst, const T *head, int64_t page_stride, int64_t row_stride, int page,
+                             int row0, int ps, int valid, int d, int lane) {
+    constexpr int PANELS = DP / 64, PIECES = BC / 16;
+    const int c = lane % 8, sub = lane / 8; /* the lane's 16-byte chunk of a row, and its row of each four */
+    const T *lane_src = head + sub * row_stride + c * 8;
+    const int cols = d - c * 8;             /* the lane's chunks in panel pn hold data while pn * 64 < cols */
+    int r = row0;                           /* piece pc's first row in its page */
+#pragma unroll 1
+    for (int pc = 0; pc < PIECES; pc++) {
+        const int pg = __shfl_sync(0xffffffffu, page, pc);
+        const T *src = lane_src + (int64_t)pg * page_stride + (int64_t)r * row_stride;
+        const int rows = valid - pc * 16 - sub; /* the lane's row q * 4 of the piece holds a key while q * 4 < rows */
+#pragma unroll
+        for (int q = 0; q < 4; q++, src += 4 * row_stride) {
+            const unsigned at = dst + (pc * 16 + q * 4 + sub) * 128 + ((c ^ ((q * 4 + sub) & 7)) << 4);
+#pragma unroll
+            for (int pn = 0; pn < PANELS; pn++) {
+                const bool in = q * 4 < rows && pn * 64 < cols;
+                cp_async_16_to(at + pn * BC * 128, in ? src + pn * 64 : head, in ? 16 : 0);
+            }
+        }
+        r += 16;
+        if (r == ps) r = 0; /* the next piece starts the next page */
+    }
+}
+
 template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN, bool PAGED>
 DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                         const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group, int split,
@@ -39,8 +72,9 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
     constexpr bool dynamic = DYN;
     const bool leader = !PAGED || lane == 0; /* the thread that issues all but the paged K/V loads */
     static_assert(BC / 16 < 32, "a paged key block's pieces, one per lane");
-    /* the lanes here: one per piece (v3_fwd_kernel.cuh) */
-    const unsigned lanes = PAGED ? (1u << v3_page_pieces(p.page_size, BC)) - 1u : 1u;
+    /* the lanes here (v3_fwd_kernel.cuh): one per piece of TMA boxes, or the whole warp copying (v3_page_copies) */
+    const bool copies = PAGED && v3_page_copies(p.page_size, BC);
+    const unsigned lanes = !PAGED ? 1u : copies ? 0xffffffffu : (1u << v3_page_pieces(p.page_size, BC)) - 1u;
     const int64_t ntiles = v3_ntiles(&p, BR);
     if (leader) {
         tma_prefetch_map(tm_q);
@@ -61,12 +95,13 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
                 tma_load_4d(sm.q + qs * Q_TILE + c * BR * 64, tm_q, &sm.q_full[qs], c * 64, (int)(x.q0 + w.i0), w.h,
                             qb);
         }
-        /* paged: this lane's piece of key block j -- its first row in the block, its page (none past the keys) */
-        const int ps = (int)p.page_size, rows = PAGED ? v3_page_rows(ps, BC) : BC, r = lane * rows;
+        /* paged: this lane's piece of key block j -- its first row in the block, its page (none past the keys;
+         * copies: pieces of 16 rows, lanes past the block's pieces read none) */
+        const int ps = (int)p.page_size, rows = !PAGED ? BC : copies ? 16 : v3_page_rows(ps, BC), r = lane * rows;
         const int32_t *table = PAGED ? p.block_table + (int64_t)w.b * p.block_table_stride : nullptr;
         auto page_of = [&](int j) {
             const int key = j * BC + r;
-            return PAGED && key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
+            return PAGED && r < BC && key < x.sk ? __ldg(table + key / ps) : (int)p.num_pages;
         };
         int page = page_of(w.n_min);
         for (int j = w.n_min; j < w.n_min + w.nblocks; j++, ring++) {
@@ -76,8 +111,15 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
             /* key block j of K (or V) into slot s once the consumers have released it.  Paged, the lanes' loads
              * may land before the first lane's expect_tx: the count goes below zero a while, and the phase cannot
              * complete before that arrival. */
-            auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty) {
+            auto load = [&](T *dst, const CUtensorMap *map, uint64_t *full, uint64_t *empty, const T *pool,
+                            int64_t stride_h, int64_t stride_page, int64_t stride_row) {
                 if (ring >= STAGES) mbar_wait(empty, parity);
+                if (copies) { /* every lane: its share of the block, then its arrival once that has landed */
+                    v3_copy_paged_block<T, DP, BC>(smem_addr(dst), pool + hk * stride_h, stride_page, stride_row,
+                                                   page, (j * BC) % ps, ps, x.sk - j * BC, (int)p.d, lane);
+                    cp_async_arrive_noinc(full);
+                    return;
+                }
                 if (leader) mbar_arrive_expect_tx(full, KV_TILE * 2);
                 if (PAGED) {
 #pragma unroll
@@ -91,8 +133,10 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
                         tma_load_4d(dst + c * BC * 64, map, full, c * 64, k0 + j * BC, hk, kb);
                 }
             };
-            load(sm.k + s * KV_TILE, tm_k, &sm.k_full[s], &sm.k_empty[s]);
-            load(sm.v + s * KV_TILE, tm_v, &sm.v_full[s], &sm.v_empty[s]);
+            load(sm.k + s * KV_TILE, tm_k, &sm.k_full[s], &sm.k_empty[s], (const T *)p.k, p.k_stride_h,
+                 p.k_stride_b, p.k_stride_s);
+            load(sm.v + s * KV_TILE, tm_v, &sm.v_full[s], &sm.v_empty[s], (const T *)p.v, p.v_stride_h,
+                 p.v_stride_b, p.v_stride_s);
             page = page_next;
         }
     };
