@@ -84,7 +84,8 @@ template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer 
 #define V3_MAX_SLACK 8.f
 
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns, 7 and 8
- * a split tail's merge (7: the merge area free, 8: the partials written). */
+ * a split tail's merge (7: the merge area free, 8: the partials written); 9 the producer's copying warps
+ * (V3_BAR_PRODUCER, v3_fwd_producer.cuh). */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
 #define V3_BAR_MERGE_FREE 7
@@ -148,8 +149,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             q_tile[QB] = v3_seq_tile(&p, BR, (int)blockIdx.x, &seqs, &w) ? make_int4((int)w.i0, w.b, w.h, 1)
                                                                            : make_int4(0, 0, 0, 0);
         }
-        /* full: the producer's one arrival (with the TMA's bytes), or each copying lane's (v3_page_copies) */
-        const unsigned fills = PAGED && v3_page_copies(p.page_size, BC) ? 32u : 1u;
+        /* full: the producer's one arrival (with the TMA's bytes), or each copying thread's (v3_page_copies) */
+        const unsigned fills = PAGED && v3_page_copies(p.page_size, BC) ? 128u : 1u;
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], fills);
             mbar_init(&v_full[s], fills);
@@ -162,12 +163,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     if (wg == 0) { /* ---- producer (v3_fwd_producer.cuh) ---- */
         setmaxnreg_dec<regs::producer>();
-        /* paged: a lane per piece of TMA boxes, or the warp copying */
-        if (warp == 0 && lane < (!PAGED ? 1 : v3_page_copies(p.page_size, BC) ? 32 : v3_page_pieces(p.page_size, BC)))
-        {
+        /* paged: a lane of the first warp per piece of TMA boxes, or the four warps copying */
+        if (PAGED && v3_page_copies(p.page_size, BC) ? true
+                                                     : warp == 0 && lane < (PAGED ? v3_page_pieces(p.page_size, BC) : 1)) {
             v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, PAGED>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step,
-                                                                    head_group, split, tile_ctr, lane);
-            if (PAGED) cp_async_wait_all(); /* no copy of a lane left in flight past its exit */
+                                                                    head_group, split, tile_ctr, tid);
+            if (PAGED) cp_async_wait_all(); /* no copy of a thread left in flight past its exit */
         }
         return;
     }
