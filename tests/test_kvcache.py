@@ -347,10 +347,10 @@ def test_kvcache_under_torch_compile_and_fake(seed):
 @pytest.mark.parametrize("page_size", [16, 32, 48, 64, 128, 256])
 def test_kvcache_v3_paged_chunked_prefill(d, page_size, seed, request):
     """v3 on a paged cache (chunked prefill: 200 new queries and keys a sequence, GQA), every page size: planned by
-    v3 (each key block of 128 keys -- 64 at D=256 -- loaded from the pages the block table names: by TMA boxes where
-    a page holds whole blocks, else copied by cp.async, rows past a sequence's keys and columns past D=96 as zeros);
-    per sequence against the float64 reference, and equal to v3's call on the same keys in a contiguous cache (the
-    same blocks in shared memory)."""
+    v3 (each key block of 128 keys -- 64 at D=256 -- loaded in pieces, each from the page the block table names;
+    pieces past a sequence's keys name no page; at D=96 the boxes' columns past D zero-filled); per sequence against
+    the float64 reference, and equal to v3's call on the same keys in a contiguous cache (the same blocks in shared
+    memory)."""
     require("cuda")
     lens, s_new, b, h, hk = [0, 300, 1000], 200, 3, 8, 2
     capacity = 1280
