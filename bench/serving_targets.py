@@ -14,8 +14,9 @@
            epilogue); gpt-oss-like prefill (H=64, H_kv=8, D=64, causal, full and a 128-key window) and D=128;
            gpt-oss-like decode (attention_with_kvcache, one query, B=1 with 32k keys and B=8 with 8k)
   paged_prefill  chunked prefill over a KV cache (attention_with_kvcache, 512 new queries a sequence against 4k cached
-           keys, B=8, H=32, H_kv=8, D=128, causal): v3 and v2 on pages of 16 / 32 / 64 / 256 (in random order) and
-           on the contiguous cache (target: paged within 5% of contiguous)
+           keys, B=8, H=32, H_kv=8, D=128, causal): v3 and v2 on pages of 16 / 32 / 64 / 256 (in random order, or
+           with --page-order sequential in the contiguous cache's own) and on the contiguous cache (target: paged
+           within 5% of contiguous)
   sinks_bwd  the backward with sinks against the plain backward (default variant), the same prefill shapes: dsinks as
            the call gives it, and as the sinks pass gives it after the plain backward (_C.sinks(..., dout=, dsinks=):
            what every backward with sinks ran before v2 and v3 took dsinks from their own workspace)
@@ -229,7 +230,8 @@ def paged_prefill_rows(args):
     mks, caches = {}, {"contiguous": (kc, vc, None)}
     for ps in (16, 32, 64, 256):
         n = b * sk // ps
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(ps)).to("cuda")
+        perm = (torch.arange(n) if args.page_order == "sequential"
+                else torch.randperm(n, generator=torch.Generator().manual_seed(ps))).to("cuda")
         table = perm.reshape(b, sk // ps).to(torch.int32)
         pool_k, pool_v = (torch.empty((n, ps, hk, d), device="cuda", dtype=torch.half) for _ in range(2))
         pool_k[perm] = kc.reshape(n, ps, hk, d)  # page perm[i] holds the i-th page of the contiguous keys
@@ -244,6 +246,7 @@ def paged_prefill_rows(args):
     for impl, us in p50.items():
         var = impl.split("-")[0]
         rows.append({"target": "paged_prefill", "impl": impl, "shape": [b, h, hk, sq, sk, d], "p50_us": us,
+                     "page_order": args.page_order,
                      "time_vs_contiguous": us / p50[f"{var}-contiguous"],
                      "time_vs_v3_contiguous": us / p50[old_of(impl) + "v3-contiguous"]})
     return rows
@@ -282,6 +285,9 @@ def main():
     ap.add_argument("--old", help="time an older tree built by bench/old_tree.sh in this folder (fattn_old) instead")
     ap.add_argument("--with-old", help="also time an older tree built by bench/old_tree.sh in this folder, "
                     "interleaved (varlen, ragged, paged_prefill)")
+    ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
+                    help="paged_prefill: the pages' physical order in the pool (sequential: the contiguous cache's "
+                    "own layout, so the paged call reads the same bytes in the same order through the table)")
     ap.add_argument("--targets", default="window,varlen,ragged,varlen_bwd,mods,sinks,sinks_bwd,paged_prefill",
                     help="comma-separated subset")
     args = ap.parse_args()
