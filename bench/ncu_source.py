@@ -8,6 +8,8 @@ samples with their main reasons -- and the kernel's throughput rows (issue, shar
     python3 bench/ncu_source.py --kvcache 32,32,8,8192,128 --page 16 --kernel v2_fwd --out DIR
         # a decode step over a KV cache (B, H, H_kv, Sk, D; one query per sequence), paged with pages of --page keys in
         # fattn.testing.paged's shuffled pool, or contiguous (--page 0)
+    python3 bench/ncu_source.py --kvcache 8,32,8,4096,128 --sq 512 --page 256 --kernel v3_fwd --out DIR
+        # chunked prefill instead: --sq new queries a sequence (causal) over the Sk cached keys
 
 The profiled calls are fattn.profile's child (--mode fwd / bwd).  Writes DIR/source.csv (every SASS instruction's
 counters), DIR/details.csv (ncu's details page) and DIR/ncu_source.txt (what is printed).  --range A,B lists every
@@ -95,8 +97,9 @@ def details_summary(text):
     return out
 
 
-def kvcache_child(spec, page):
-    """The profiled process of --kvcache: a few decode steps (attention_with_kvcache) at one shape."""
+def kvcache_child(spec, page, sq=1):
+    """The profiled process of --kvcache: a few calls of attention_with_kvcache (decode steps, or chunked prefill of
+    sq queries a sequence) at one shape."""
     import torch
 
     import fattn
@@ -104,7 +107,7 @@ def kvcache_child(spec, page):
 
     b, h, hk, sk, d = (int(x) for x in spec.split(","))
     g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn((b, 1, h, d), generator=g, device="cuda").half()
+    q = torch.randn((b, sq, h, d), generator=g, device="cuda").half()
     k, v = (torch.randn((b, sk, hk, d), generator=g, device="cuda").half() for _ in range(2))
     lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
     kw = {}
@@ -119,7 +122,8 @@ def profile(args, ncu):
     os.makedirs(args.out, exist_ok=True)
     rep = os.path.join(args.out, "prof")
     if args.kvcache:
-        child = [sys.executable, os.path.abspath(__file__), "--kvcache-child", args.kvcache, "--page", str(args.page)]
+        child = [sys.executable, os.path.abspath(__file__), "--kvcache-child", args.kvcache, "--page", str(args.page),
+                 "--sq", str(args.sq)]
     else:
         child = [sys.executable, "-m", "fattn.profile", "--child", "--mode", args.mode, "--shape", args.shape]
         child += (["--causal"] if args.causal else []) + (["--variant", args.variant] if args.variant else [])
@@ -156,10 +160,11 @@ def main():
     ap.add_argument("--range", help="A,B: list instructions A..B-1 with their shares")
     ap.add_argument("--kvcache", help="B,H,H_kv,Sk,D: profile a decode step over a KV cache instead")
     ap.add_argument("--page", type=int, default=0, help="--kvcache: page size (0: a contiguous cache)")
+    ap.add_argument("--sq", type=int, default=1, help="--kvcache: new queries a sequence (1: a decode step)")
     ap.add_argument("--kvcache-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.kvcache_child:
-        kvcache_child(args.kvcache_child, args.page)
+        kvcache_child(args.kvcache_child, args.page, args.sq)
         return
     if args.src:
         args.out = args.src
