@@ -110,28 +110,42 @@ def _sink_reference(q, k, v, sinks, causal):
     return jnp.einsum("bhqk,bhkd->bhqd", p[..., :-1], v)
 
 
+@pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("causal", [False, True])
-def test_jax_sinks_forward_and_grad(causal):
-    """sinks reach the kernels forward and backward (CPU), against the same attention written in jax.numpy, dsinks
+def test_jax_sinks_forward_and_grad(device, causal):
+    """sinks reach the kernels forward and backward (on the CPU in float32; on the GPU in float16, sinks float32),
+    against the same attention written in jax.numpy (on JAX's CPU, in float32, from the inputs as given), dsinks
     included; rows that see no key (Sq > Sk, bottom-right) get O' = 0."""
-    devs = jax_devices("cpu")
+    devs, cpu = jax_devices(device), jax_devices("cpu")
+    if not devs:
+        pytest.skip(f"JAX has no {device} device here")
+    if device == "gpu":
+        pytest.importorskip("cupy")
+    dt = jnp.float32 if device == "cpu" else jnp.float16
     rng = np.random.default_rng(2)
-    q, k, v, w = (jax.device_put(jnp.asarray(rng.standard_normal(s), jnp.float32), devs[0])
-                  for s in ((2, 4, 37, 32), (2, 2, 29, 32), (2, 2, 29, 32), (2, 4, 37, 32)))
+    q, k, v = (jax.device_put(jnp.asarray(rng.standard_normal(s), dt), devs[0])
+               for s in ((2, 4, 37, 32), (2, 2, 29, 32), (2, 2, 29, 32)))
+    w = jax.device_put(jnp.asarray(rng.standard_normal((2, 4, 37, 32)), jnp.float32), devs[0])
     sinks = jax.device_put(jnp.asarray(rng.standard_normal(4) * 2, jnp.float32), devs[0])
     mode = "bottom_right" if causal else False
 
     def loss(fn):
-        return lambda q, k, v, s: (fn(q, k, v, s) * w).sum()
+        return lambda q, k, v, s: (fn(q, k, v, s).astype(jnp.float32) * w).sum()
 
     mine = lambda q, k, v, s: fattn.jax.attention(q, k, v, causal=mode, sinks=s)  # noqa: E731
-    ref = lambda q, k, v, s: _sink_reference(q, k, v, s, causal)  # noqa: E731
-    out, want = mine(q, k, v, sinks), ref(q, k, v, sinks)
+    # the reference: the same values in float32 on the CPU
+    qr, kr, vr, wr, sr = (jax.device_put(x.astype(jnp.float32), cpu[0]) for x in (q, k, v, w, sinks))
+    out, want = mine(q, k, v, sinks), _sink_reference(qr, kr, vr, sr, causal)
+    assert out.dtype == dt
+    out = np.asarray(out.astype(jnp.float32))
     if causal:  # rows 0 .. 7 see no key: the reference's softmax puts all weight on the sink, O = 0
-        assert not np.asarray(out[:, :, :8]).any()
-    assert np.abs(np.asarray(out) - np.asarray(want)).max() < 1e-5
+        assert not out[:, :, :8].any()
+    assert np.abs(out - np.asarray(want)).max() < (1e-5 if device == "cpu" else 5e-3)
     got = jax.grad(loss(mine), argnums=(0, 1, 2, 3))(q, k, v, sinks)
-    exp = jax.grad(loss(ref), argnums=(0, 1, 2, 3))(q, k, v, sinks)
-    for name, g, r in zip(("dq", "dk", "dv", "dsinks"), got, exp):
+    exp = jax.grad(lambda q, k, v, s: (_sink_reference(q, k, v, s, causal) * wr).sum(),
+                   argnums=(0, 1, 2, 3))(qr, kr, vr, sr)
+    for name, g, r, x in zip(("dq", "dk", "dv", "dsinks"), got, exp, (q, k, v, sinks)):
         r = np.asarray(r)
-        assert g.shape == r.shape and np.abs(np.asarray(g) - r).max() < 1e-4 * max(1.0, np.abs(r).max()), name
+        assert g.shape == r.shape and g.dtype == x.dtype, name
+        rel = 1e-4 if device == "cpu" else 5e-2
+        assert np.abs(np.asarray(g.astype(jnp.float32)) - r).max() < rel * max(1.0, np.abs(r).max()), name
