@@ -11,7 +11,10 @@
  * alike; the first takes the dynamic schedule's numbers and writes its entries.  With one thread reading each
  * piece's page just before its load, pages of 64 / 16 ran at 1.33x / 2.34x the contiguous call's time (H100,
  * chunked prefill); with a lane per piece at 1.08-1.09x / 1.28-1.34x
- * (evidence/serving/h100_v3_paged_warp_3b0354c.md). */
+ * (evidence/serving/h100_v3_paged_warp_3b0354c.md).  Copying the blocks of pages smaller than a block by cp.async (the
+ * four producer warps, 16-byte chunks into the swizzled panels, arrivals by cp.async.mbarrier.arrive) measured
+ * 1.28-1.31x at pages of 16, 32 and 64 alike: no faster at 16, slower at 32 and 64
+ * (evidence/serving/h100_paged_copies_c3290fa.md). */
 #ifndef FATTN_V3_FWD_PRODUCER_CUH
 #define FATTN_V3_FWD_PRODUCER_CUH
 
