@@ -93,22 +93,6 @@ DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\
 DEV void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
 
-/* ---- cp.async into an mbarrier's phase ----------------------------------------------------------------------- */
-
-/* 16 bytes global -> shared address dst (a shared-space byte address); src_bytes = 0 writes zeros and reads
- * nothing.  Tracked by cp_async_arrive_noinc, not by commit groups. */
-DEV void cp_async_16_to(unsigned dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-/* One arrival on bar once every cp.async this thread issued before it has landed; the barrier's count includes it
- * (.noinc: initialise the barrier with one arrival per such thread).  The writes are the generic proxy's: a
- * consumer reading them through wgmma fences (fence_proxy_async) after its wait. */
-DEV void cp_async_arrive_noinc(uint64_t *bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-/* Waits until every cp.async this thread issued has landed. */
-DEV void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 /* Counters between blocks: acquire load, release add. */
 DEV int ld_acquire(const int *a) {
     int v;

@@ -23,9 +23,5 @@ FATTN_HD int v3_page_rows(int64_t page_size, int bc) {
 }
 /* ... and this many pieces a key block (bc / 16 at most): one lane of v3's producer warp each. */
 FATTN_HD int v3_page_pieces(int64_t page_size, int bc) { return bc / v3_page_rows(page_size, bc); }
-/* Whether a paged cache's V blocks are copied by cp.async (the producer warpgroup, 16-byte chunks, pieces of 16 rows;
- * K's still by TMA boxes of v3_page_rows rows), splitting the loads between the TMA unit and the copy path: where a
- * page holds less than a block. */
-FATTN_HD int v3_page_copies(int64_t page_size, int bc) { return page_size % bc != 0; }
 
 #endif

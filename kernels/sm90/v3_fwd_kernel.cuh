@@ -44,9 +44,7 @@
  * beside its Q; run wherever the dispatch has a counter (not under CUDA graph capture).  H100, against the static
  * schedule: ragged batches 1.06-1.62x, equal lengths 0.98-1.03x (evidence/serving/h100_v3_dyn_schedule_*.md).
  * PAGED (the SEQ kernels again, either schedule): K and V from a paged cache through the block table, loaded by
- * a lane of the producer's first warp per piece of a key block, or copied by that whole warp where pages are
- * smaller than a block (v3_fwd_producer.cuh; the consumers then fence the generic proxy's writes before their
- * wgmma reads them); kernels of their own, since
+ * a lane of the producer's first warp per piece of a key block (v3_fwd_producer.cuh); kernels of their own, since
  * the warp cost the contiguous calls 1.5-6% where they shared the kernel
  * (evidence/serving/h100_v3_paged_warp_3b0354c.md).
  * Head dims are bucketed (DP = 64 / 128 / 256; columns past d zero-filled by TMA); fp16 and bf16.
@@ -79,18 +77,12 @@ template <> struct v3_regs<1, 3> { static constexpr int producer = 24, consumer 
 template <> struct v3_regs<1, 2> { static constexpr int producer = 24, consumer = 232; };
 template <> struct v3_regs<2, 1> { static constexpr int producer = 24, consumer = 240; };
 template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer = 160; };
-/* PAGED kernels of two consumers: the producer's warps copy V's blocks (v3_page_copies), which spilled 130-290 bytes
- * in 24 registers */
-template <int CWG, int BLOCKS, bool PAGED> struct v3_regs_of { using type = v3_regs<CWG, BLOCKS>; };
-struct v3_regs_paged2 { static constexpr int producer = 40, consumer = 232; };
-template <> struct v3_regs_of<2, 1, true> { using type = v3_regs_paged2; };
 
 /* The lazy row max's slack, log2 units (see the softmax): P stays below 2^8, well inside fp16 and bf16. */
 #define V3_MAX_SLACK 8.f
 
 /* Named barriers (0 is __syncthreads): 1..3 a consumer warpgroup's own epilogue, 4..6 the ping-pong turns, 7 and 8
- * a split tail's merge (7: the merge area free, 8: the partials written); 9 the producer's copying warps
- * (V3_BAR_PRODUCER, v3_fwd_producer.cuh). */
+ * a split tail's merge (7: the merge area free, 8: the partials written). */
 #define V3_BAR_EPILOGUE 1
 #define V3_BAR_TURN 4
 #define V3_BAR_MERGE_FREE 7
@@ -108,7 +100,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
     static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(DP, BC, STAGES, CWG),
                   "the config's tiles exceed its shared memory");
-    using regs = typename v3_regs_of<CWG, V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG), PAGED>::type;
+    using regs = v3_regs<CWG, V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG)>;
     constexpr int BR = 64 * CWG;
     constexpr int QB = V3_QB(DP, BC, STAGES, CWG); /* Q slots: tile t's Q in slot t % QB */
     constexpr bool SEP_O = V3_SEP_O(DP, BC, STAGES, CWG);
@@ -154,11 +146,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             q_tile[QB] = v3_seq_tile(&p, BR, (int)blockIdx.x, &seqs, &w) ? make_int4((int)w.i0, w.b, w.h, 1)
                                                                            : make_int4(0, 0, 0, 0);
         }
-        /* full: the producer's one arrival (with the TMA's bytes), or V's of each copying thread (v3_page_copies) */
-        const unsigned fills = PAGED && v3_page_copies(p.page_size, BC) ? 128u : 1u;
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
-            mbar_init(&v_full[s], fills);
+            mbar_init(&v_full[s], 1);
             mbar_init(&k_empty[s], 4 * CWG);
             mbar_init(&v_empty[s], 4 * CWG);
         }
@@ -168,13 +158,9 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
 
     if (wg == 0) { /* ---- producer (v3_fwd_producer.cuh) ---- */
         setmaxnreg_dec<regs::producer>();
-        /* paged: a lane of the first warp per piece of TMA boxes, or the four warps copying */
-        if (PAGED && v3_page_copies(p.page_size, BC) ? true
-                                                     : warp == 0 && lane < (PAGED ? v3_page_pieces(p.page_size, BC) : 1)) {
+        if (warp == 0 && lane < (PAGED ? v3_page_pieces(p.page_size, BC) : 1)) /* paged: a lane per piece */
             v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, PAGED>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step,
-                                                                    head_group, split, tile_ctr, tid);
-            if (PAGED) cp_async_wait_all(); /* no copy of a thread left in flight past its exit */
-        }
+                                                                    head_group, split, tile_ctr, lane);
         return;
     }
 
@@ -454,13 +440,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         }
     };
 
-    /* A V slot's fill.  Copied slots (v3_page_copies) were written through the generic proxy: a proxy fence after
-     * the wait orders them before the wgmma reads. */
-    const bool copied = PAGED && v3_page_copies(p.page_size, BC);
-    auto wait_filled = [&](uint64_t *full, unsigned parity) {
-        mbar_wait(full, parity);
-        if (copied) fence_proxy_async();
-    };
     /* One step of the pipeline: S_j = Q K_j^T (ring slot rs) and O += P V of the block before (slot rp, which every
      * caller passes as rs - 1; the parameter stays from an earlier form of the split tails because folding it back
      * changes the SASS, which no GPU run has checked) issued together, the softmax of S_j while that P V runs.
@@ -469,7 +448,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     auto step_gemms = [&](int rs, int rp, int j, float a[2]) -> bool {
         const int st = rs % STAGES, sp = rp % STAGES;
         mbar_wait(&k_full[st], (rs / STAGES) & 1);
-        wait_filled(&v_full[sp], (rp / STAGES) & 1);
+        mbar_wait(&v_full[sp], (rp / STAGES) & 1);
         turn_wait();
         issue_s(st);
         issue_pv(sp);
@@ -499,7 +478,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* a tile's last P V (ring slot rl), alone (the last tile's, or every tile's without FLAT) */
     auto last_pv = [&](int rl) {
         const int sp = rl % STAGES;
-        wait_filled(&v_full[sp], (rl / STAGES) & 1);
+        mbar_wait(&v_full[sp], (rl / STAGES) & 1);
         turn_wait();
         issue_pv(sp);
         turn_pass();
