@@ -13,8 +13,8 @@
  * chunked prefill); with a lane per piece at 1.08-1.09x / 1.28-1.34x
  * (evidence/serving/h100_v3_paged_warp_3b0354c.md).  Copying the blocks of pages smaller than a block by cp.async (the
  * four producer warps, 16-byte chunks into the swizzled panels, arrivals by cp.async.mbarrier.arrive) measured
- * 1.28-1.31x at pages of 16, 32 and 64 alike: no faster at 16, slower at 32 and 64
- * (evidence/serving/h100_paged_copies_c3290fa.md). */
+ * 1.28-1.31x at pages of 16, 32 and 64 alike: no faster at 16, slower at 32 and 64; K by TMA boxes with V copied
+ * was slower still (evidence/serving/h100_paged_copies_c3290fa.md). */
 #ifndef FATTN_V3_FWD_PRODUCER_CUH
 #define FATTN_V3_FWD_PRODUCER_CUH
 
