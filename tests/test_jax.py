@@ -17,6 +17,17 @@ def jax_devices(kind):
         return []
 
 
+def device_and_dtype(device):
+    """JAX's first device of this kind and the dtype the tests give it (float32 on the CPU, float16 on the GPU, which
+    also needs CuPy); skips where there is none."""
+    devs = jax_devices(device)
+    if not devs:
+        pytest.skip(f"JAX has no {device} device here")
+    if device == "gpu":
+        pytest.importorskip("cupy")
+    return devs[0], jnp.float32 if device == "cpu" else jnp.float16
+
+
 def device_params():
     out = [pytest.param("cpu", id="cpu")]
     out.append(pytest.param("gpu", id="gpu", marks=pytest.mark.gpu))
@@ -26,16 +37,11 @@ def device_params():
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 def test_jax_forward_and_grad(device, causal):
-    devs = jax_devices(device)
-    if not devs:
-        pytest.skip(f"JAX has no {device} device here")
-    if device == "gpu":
-        pytest.importorskip("cupy")
-    dt = jnp.float32 if device == "cpu" else jnp.float16
+    dev, dt = device_and_dtype(device)
     rng = np.random.default_rng(0)
     host = [rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 45, 64), (2, 2, 60, 64), (2, 2, 60, 64))]
-    q, k, v = (jax.device_put(jnp.asarray(x, dt), devs[0]) for x in host)
-    w = jax.device_put(jnp.asarray(rng.standard_normal((2, 4, 45, 64)), jnp.float32), devs[0])
+    q, k, v = (jax.device_put(jnp.asarray(x, dt), dev) for x in host)
+    w = jax.device_put(jnp.asarray(rng.standard_normal((2, 4, 45, 64)), jnp.float32), dev)
 
     def loss(q, k, v):
         return (fattn.jax.attention(q, k, v, causal=causal).astype(jnp.float32) * w).sum()
@@ -116,17 +122,12 @@ def test_jax_sinks_forward_and_grad(device, causal):
     """sinks reach the kernels forward and backward (on the CPU in float32; on the GPU in float16, sinks float32),
     against the same attention written in jax.numpy (on JAX's CPU, in float32, from the inputs as given), dsinks
     included; rows that see no key (Sq > Sk, bottom-right) get O' = 0."""
-    devs, cpu = jax_devices(device), jax_devices("cpu")
-    if not devs:
-        pytest.skip(f"JAX has no {device} device here")
-    if device == "gpu":
-        pytest.importorskip("cupy")
-    dt = jnp.float32 if device == "cpu" else jnp.float16
+    (dev, dt), cpu = device_and_dtype(device), jax_devices("cpu")
     rng = np.random.default_rng(2)
-    q, k, v = (jax.device_put(jnp.asarray(rng.standard_normal(s), dt), devs[0])
+    q, k, v = (jax.device_put(jnp.asarray(rng.standard_normal(s), dt), dev)
                for s in ((2, 4, 37, 32), (2, 2, 29, 32), (2, 2, 29, 32)))
-    w = jax.device_put(jnp.asarray(rng.standard_normal((2, 4, 37, 32)), jnp.float32), devs[0])
-    sinks = jax.device_put(jnp.asarray(rng.standard_normal(4) * 2, jnp.float32), devs[0])
+    w = jax.device_put(jnp.asarray(rng.standard_normal((2, 4, 37, 32)), jnp.float32), dev)
+    sinks = jax.device_put(jnp.asarray(rng.standard_normal(4) * 2, jnp.float32), dev)
     mode = "bottom_right" if causal else False
 
     def loss(fn):
