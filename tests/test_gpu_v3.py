@@ -2,7 +2,7 @@
 tile order, config overrides and fallbacks.  Skipped without an sm_90 GPU; run on the GPU machine."""
 import pytest
 
-from conftest import HAS_CUDA, V3, check_close, dev_forward, plan_of, randn, torch
+from conftest import HAS_CUDA, V3, check_close, dev_forward, plan_of, randn, repro, torch
 
 import fattn
 from fattn import _C
@@ -236,6 +236,43 @@ def test_v3_split_tails_score_mods(request):
                 assert (plan["variant"], plan["config"], plan["splits"]) == ("v3", 0, 3), plan
                 why, _, _ = accuracy.check_attention(out, q, k, v, causal, None, lse, None, softcap, alibi)
                 assert why is None, f"causal={causal} softcap={softcap} alibi={alibi is not None}: {why}"
+
+
+HALF_BLOCK_CASES = [  # (sq, sk, causal, window): tiles whose last key block a warpgroup sees only the first half of
+    (384, 384, "top_left", None),  # (the causal diagonal, the keys' end, a right edge) or whose first block only the
+    (200, 330, "bottom_right", None),  # second half (a window's left edge), at several offsets; and some that see both
+    (100, 164, "bottom_right", None),
+    (130, 150, False, None),
+    (257, 257, False, (-1, 30)),
+    (520, 520, False, (70, 0)),
+    (300, 300, False, (40, 20)),
+    (64, 600, "bottom_right", (100, 0)),
+    (1, 129, False, None),
+]
+
+
+@V3
+@pytest.mark.parametrize("mods", [False, True], ids=["plain", "softcap"])
+def test_v3_half_blocks(mods, request):
+    """The configs with 128-key blocks, whose warpgroups take P and P V on half a block where their rows see only
+    that half (v3_fwd_kernel.cuh: HALVES), against the reference; with a softcap through the defaults' mods kernels."""
+    from fattn.testing import accuracy
+
+    configs = [c for c in _C._dev.configs("v3") if c["bc"] == 128 and (not mods or c["role"] == "default")]
+    assert configs
+    softcap = 4.0 if mods else 0.0
+    for c in configs:
+        idx, dp = c["index"], c["dp"]
+        for n, (sq, sk, causal, window) in enumerate(HALF_BLOCK_CASES):
+            q = randn((1, 2, sq, dp), torch.float16, "cuda", 10 * idx + n, 2.0)
+            k = randn((1, 2, sk, dp), torch.float16, "cuda", 10 * idx + n + 1, 2.0)
+            v = randn((1, 2, sk, dp), torch.float16, "cuda", 10 * idx + n + 2)
+            lse = torch.empty(1, 2, sq, device="cuda")
+            out, lse, plan = dev_forward(q, k, v, causal=causal, window=window, variant="v3", config=idx, lse=lse,
+                                         softcap=softcap)
+            assert (plan["variant"], plan["config"]) == ("v3", idx), plan
+            why, _, _ = accuracy.check_attention(out, q, k, v, causal, None, lse, window, softcap)
+            assert why is None, f"config {idx} sq={sq} sk={sk} causal={causal} window={window}: {why}. {repro(request)}"
 
 
 @V3
