@@ -88,12 +88,6 @@ template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer 
 #define V3_BAR_MERGE_FREE 7
 #define V3_BAR_MERGE_FULL 8
 
-/* The part of a key block a warpgroup's P and P V cover (softmax, issue_pv): all of it, or its first / second Bc / 2
- * keys. */
-#define V3_HALF_NONE 0
-#define V3_HALF_LO 1
-#define V3_HALF_HI 2
-
 /* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
  * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
@@ -121,13 +115,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* split tails (v3_schedule.h; split_tail from the plan): three consumers of the dense kernels, which have the
      * merge area (the O tile and V3_MERGE_EXTRA bytes after it) and take turns */
     constexpr bool CAN_SPLIT = CWG == 3 && !SEQ;
-    /* half blocks (dense calls, Bc = 128): at a tile's last key block (a causal diagonal, a right window edge, the
-     * keys' end) a warpgroup whose rows see none of the block's last 64 keys takes P and P V on its first 64 only,
-     * and at a window's left edge one whose rows see none of the first 64 on its last 64 only.  S stays whole: a
-     * 64-wide S GEMM in the pipelined step (either as a branch or as predicated wgmmas) made ptxas serialise every
-     * wgmma of the kernel (C7511), and a copy of the step per half, after the compiler merged the copies, too. */
-    constexpr bool HALVES = BC == 128 && !SEQ;
-    constexpr int BH = HALVES ? BC / 2 : BC; /* a half block's keys */
     static_assert(!CAN_SPLIT || (SEP_O && PP && !FLAT), "split tails merge in the O tile, between turns, per tile");
     const int split = CAN_SPLIT ? split_tail : 0;
     extern __shared__ unsigned char smem_raw[];
@@ -204,22 +191,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         wgmma_kmajor_tiles<BC, T, DP, BR, BC>(s, q_lo, k_st);
         wgmma_commit();
     };
-    /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart.  hm
-     * (HALVES): a block of which this warpgroup's rows see only the first (V3_HALF_LO) or the second (V3_HALF_HI)
-     * Bc / 2 keys takes only that half's k-steps; its softmax computed P on that half alone. */
-    auto issue_pv = [&](int st, int hm) {
+    /* O += P V from slot st: Bc / 16 k-steps of 16 keys (2048 bytes) each; V's panels are BC * 128 bytes apart. */
+    auto issue_pv = [&](int st) {
         const unsigned v_st = v_lo + st * (KV_TILE * 2 >> 4);
         wgmma_fence();
-        if (HALVES && hm == V3_HALF_LO) {
 #pragma unroll
-            for (int kk = 0; kk < BH / 16; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), 1);
-        } else if (HALVES && hm == V3_HALF_HI) {
-#pragma unroll
-            for (int kk = KS - BH / 16; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), 1);
-        } else {
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), 1);
-        }
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<DP, T>(o, pa[kk], v_st + ((kk * 2048) >> 4), 1);
         wgmma_commit();
     };
     /* Online softmax of key block j in s (raw S -> P, float), with c = scale * log2 e > 0 folded into one FFMA:
@@ -228,7 +205,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
      * element.  a[]: alpha of the thread's two rows.  The row max is lazy: a warp moves its rows' m only when one
      * of them grew by more than V3_MAX_SLACK (log2 units) since m was set, so P <= 2^V3_MAX_SLACK, and most blocks
      * leave O as it is.  Returns whether the warp moved m (the caller then rescales O by a). */
-    auto softmax = [&](int j, float a[2], bool masked, int hm) -> bool {
+    auto softmax = [&](int j, float a[2], bool masked) -> bool {
         float mx[2] = {m[0], m[1]};
         if constexpr (MODS) { /* softcap, then ALiBi: the distance of row0 to key kbase + 2 t in float, once */
             const float dist0 = (float)(row0 + seq_k - seq_q - (k_first + (int64_t)j * BC) - 2 * t);
@@ -273,25 +250,10 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         if (!exact) {
 #pragma unroll
             for (int r = 0; r < 2; r++) a[r] = fast_exp2(m[r] * c - mc[r]); /* m = -inf (first block): alpha = 0 */
-            /* a half block (HALVES): P on the half the rows see only, the other half's P V is not issued */
-            if (HALVES && hm == V3_HALF_LO) {
 #pragma unroll
-                for (int i = 0; i < BH / 2; i++) {
-                    s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
-                    sum[(i >> 1) & 1] += s[i];
-                }
-            } else if (HALVES && hm == V3_HALF_HI) {
-#pragma unroll
-                for (int i = NS - BH / 2; i < NS; i++) {
-                    s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
-                    sum[(i >> 1) & 1] += s[i];
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < NS; i++) {
-                    s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
-                    sum[(i >> 1) & 1] += s[i];
-                }
+            for (int i = 0; i < NS; i++) {
+                s[i] = fast_exp2(fmaf(s[i], c, -mc[(i >> 1) & 1]));
+                sum[(i >> 1) & 1] += s[i];
             }
         } else {
 #pragma unroll
@@ -371,9 +333,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     int f0 = 0, f1 = 0; /* the current tile's key blocks [f0, f1) are unmasked for this warpgroup's rows */
     int seen = 0;       /* its key blocks [0, seen) hold keys some row of this warpgroup's sees (none past them);
                            dense calls only (SEQ: with it D=256's kernels spilled 44 bytes) */
-    int half_last = -1; /* HALVES: the current tile's key block computed on its first half only (-1: none) */
-    bool half_first = false; /* HALVES: its block 0 computed on its second half only */
-    int pv_hm = V3_HALF_NONE; /* the half of the block whose P is packed in pa (the next P V's) */
     /* Starts tile w (Q's slot waited for): the softmax's per-tile state, Q's descriptor, the mask's block range. */
     auto begin_tile = [&](const v3_tile &w, const fattn_extent &x, int qr) {
         cur.qs = qr % QB;
@@ -410,21 +369,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             f0 = 0;
             f1 = w.nblocks;
         }
-        if constexpr (HALVES) { /* both ends of a row's keys grow with the row: ask the first and the last row */
-            half_last = -1;
-            half_first = false;
-            const int last = (FLAT ? w.nblocks : seen) - 1; /* the last block this warpgroup computes */
-            if (cur.wg_row < cur.seq_q && last >= 0) {
-                const int64_t i1 = cur.wg_row + 63 < p.sq ? cur.wg_row + 63 : p.sq - 1;
-                int lo, hi;
-                fattn_block_mask bm = fattn_block_mask_of(&p.mask, p.sq, p.sk, i1, k_first + (int64_t)last * BC);
-                fattn_block_cols(&bm, 0, BC, &lo, &hi);
-                if (hi <= BC / 2) half_last = last;
-                bm = fattn_block_mask_of(&p.mask, p.sq, p.sk, cur.wg_row, k_first);
-                fattn_block_cols(&bm, 0, BC, &lo, &hi);
-                half_first = lo >= BC / 2 && half_last != 0;
-            }
-        }
         mbar_wait(&q_full[cur.qs], (qr / QB) & 1);
         if (dynamic) { /* the tile after this one, then the entry back to the producer */
             next_w = q_tile[cur.qs];
@@ -432,9 +376,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         }
     };
     auto masked = [&](int j) { return j < f0 || j >= f1; }; /* a window's left edge, the diagonal, the tail */
-    auto half_of = [&](int j) { /* which part of the current tile's key block j this warpgroup computes */
-        return !HALVES ? V3_HALF_NONE : j == half_last ? V3_HALF_LO : j == 0 && half_first ? V3_HALF_HI : V3_HALF_NONE;
-    };
     auto finish = [&]() { /* the current tile's m and l, for its epilogue */
         cur.m[0] = m[0], cur.m[1] = m[1], cur.l[0] = l[0], cur.l[1] = l[1];
         return cur;
@@ -508,16 +449,14 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         const int st = rs % STAGES, sp = rp % STAGES;
         mbar_wait(&k_full[st], (rs / STAGES) & 1);
         mbar_wait(&v_full[sp], (rp / STAGES) & 1);
-        const int hm = half_of(j);
         turn_wait();
         issue_s(st);
-        issue_pv(sp, pv_hm);
+        issue_pv(sp);
         turn_pass();
-        pv_hm = hm;
         wgmma_wait<1>(); /* S_j done; the P V may still run */
         reg_fence(s);
         release(&k_empty[st]);
-        const bool moved = softmax(j, a, masked(j), hm);
+        const bool moved = softmax(j, a, masked(j));
         wgmma_wait<0>();
         reg_fence(o);
         release(&v_empty[sp]);
@@ -528,21 +467,20 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     auto first_block = [&](int rs, int j, float a[2]) -> bool {
         const int st0 = rs % STAGES;
         mbar_wait(&k_full[st0], (rs / STAGES) & 1);
-        pv_hm = half_of(j);
         turn_wait();
         issue_s(st0);
         turn_pass();
         wgmma_wait<0>();
         reg_fence(s);
         release(&k_empty[st0]);
-        return softmax(j, a, masked(j), pv_hm);
+        return softmax(j, a, masked(j));
     };
     /* a tile's last P V (ring slot rl), alone (the last tile's, or every tile's without FLAT) */
     auto last_pv = [&](int rl) {
         const int sp = rl % STAGES;
         mbar_wait(&v_full[sp], (rl / STAGES) & 1);
         turn_wait();
-        issue_pv(sp, pv_hm);
+        issue_pv(sp);
         turn_pass();
         wgmma_wait<0>();
         reg_fence(o);
