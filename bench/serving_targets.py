@@ -12,7 +12,8 @@
   sinks    attention sinks against the plain call (forward, default variant): as the call applies them, and as the
            plain call with the sinks pass after it (_C.sinks: what every call ran before v3 applied them in its
            epilogue); gpt-oss-like prefill (H=64, H_kv=8, D=64, causal, full and a 128-key window) and D=128;
-           gpt-oss-like decode (attention_with_kvcache, one query, B=1 with 32k keys and B=8 with 8k)
+           gpt-oss-like decode (attention_with_kvcache, one query, B=1 with 32k keys and B=8 with 8k: split calls;
+           B=64 with 8k: unsplit)
   paged_prefill  chunked prefill over a KV cache (attention_with_kvcache, 512 new queries a sequence against 4k cached
            keys, B=8, H=32, H_kv=8, D=128, causal): v3 and v2 on pages of 16 / 32 / 64 / 256 (in random order, or
            with --page-order sequential in the contiguous cache's own) and on the contiguous cache (target: paged
@@ -201,7 +202,7 @@ def sinks_rows(args):
                          "variant": variant_of(q, k, v, causal=1 if kw.get("causal") else 0,
                                                window=kw.get("window")),
                          "time_vs_plain": us / p50["plain"]})
-    for b, sk in ((1, 32768), (8, 8192)):
+    for b, sk in ((1, 32768), (8, 8192), (64, 8192)):  # split, split, unsplit (v2's decode kernels)
         h, hk, d = 64, 8, 64
         q = torch.randn((b, 1, h, d), generator=g, device="cuda").half()
         kc, vc = (torch.randn((b, sk, hk, d), generator=g, device="cuda").half() for _ in range(2))

@@ -16,8 +16,9 @@
  * before the call) once the call is planned, and attended to; check_indices=False trusts cache_seqlens' and
  * block_table's values (no read back: no host sync), and with max_seqlen_q / max_seqlen_k given, cu_seqlens' too.
  * alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes (attn_params).  sinks: float32 (H,), attention sinks (gpt-oss;
- * csrc/sinks.h), lse required with them: out and lse come back sink-adjusted -- applied by the kernel's epilogue where
- * its planner says so (fattn_plan.sinks_fused: v3), else by the sinks pass after the kernel.  Overrides: config (a
+ * csrc/sinks.h), lse required with them: out and lse come back sink-adjusted -- applied by the kernel where its
+ * planner says so (fattn_plan.sinks_fused: v3's epilogue; v2's softmax, or its split merge), else by the sinks pass
+ * after the kernel.  Overrides: config (a
  * GPU variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's; v3: 1 or 3, its
  * split tails, kernels/sm90/v3_plan.c), order (block order, 0: the planner's).  The plan dict says what ran: variant,
  * config, grid, threads, smem, splits, order, head_group, workspace. */

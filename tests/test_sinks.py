@@ -275,6 +275,44 @@ def test_sinks_v2_split_merge_matches_pass(splits, softcap, h_kv, seed, request)
         _same((out, lse), (want_out, want_lse), dt, f"v2 splits={splits}", request)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("h_kv", [8, 2])
+def test_sinks_v2_unsplit_decode_matches_pass(d, h_kv, seed, request):
+    """v2's decode kernels join the sinks in an unsplit call as the key that starts each row's softmax
+    (V2_SINKS_AT_START, fattn_plan.sinks_fused): the plain call with the sinks pass after it, within rounding -- one
+    query row with and without GQA packing, and eight rows on five keys (bottom-right causal: rows 0 .. 2 see none,
+    O' = 0 and LSE' = the sink there).  A NaN sink makes its head's LSE NaN, and O NaN on the rows that see a key (0
+    on the others); a sink of -inf is no sink (the plain call's out and LSE, bitwise)."""
+    require("cuda")
+    stream = torch.cuda.current_stream().cuda_stream or 1
+    for dt in (torch.float16, torch.bfloat16):
+        for n, (sq, sk) in enumerate(((1, 3000), (8, 5))):
+            q = randn((3, 8, sq, d), dt, "cuda", seed + n, 2.0)
+            k, v = (randn((3, h_kv, sk, d), dt, "cuda", seed + n + i) for i in (1, 2))
+            sinks = randn((8,), torch.float32, "cuda", seed + 3, 3.0)
+            sinks[5], sinks[6] = float("nan"), float("-inf")
+            out, lse = torch.empty_like(q), torch.empty(3, 8, sq, device="cuda")
+            kw = dict(variant="v2", splits=1, stream=stream, causal=2)
+            plan = fattn._C._dev.forward(q, k, v, out, lse, sinks=sinks, **kw)
+            assert (plan["variant"], plan["splits"], plan["sinks_fused"]) == ("v2", 1, 1), plan
+            plain, plain_lse = torch.empty_like(q), torch.empty(3, 8, sq, device="cuda")
+            fattn._C._dev.forward(q, k, v, plain, plain_lse, **kw)
+            assert torch.equal(out[:, 6], plain[:, 6]) and torch.equal(lse[:, 6], plain_lse[:, 6]), \
+                f"{dt} sq={sq}: a -inf sink changed the call. {repro(request)}"
+            empty = max(sq - sk, 0)
+            assert torch.isnan(lse[:, 5]).all() and torch.isnan(out[:, 5, empty:]).all(), \
+                f"{dt} sq={sq}: NaN sink. {repro(request)}"
+            assert torch.count_nonzero(out[:, 5, :empty]).item() == 0, f"{dt}: NaN sink, empty rows. {repro(request)}"
+            want_out, want_lse = plain.clone(), plain_lse.clone()
+            fattn._C.sinks(want_out, want_lse, sinks, stream=stream)
+            heads = [0, 1, 2, 3, 4, 7]
+            _same((out[:, heads], lse[:, heads]), (want_out[:, heads], want_lse[:, heads]), dt,
+                  f"v2 unsplit sq={sq}", request)
+            if empty:
+                assert torch.count_nonzero(out[:, heads, :empty]).item() == 0, f"{dt}: empty rows. {repro(request)}"
+
+
 def test_sinks_backward_binding():
     """_C.backward takes sinks and dsinks together (dsinks written: csrc/sinks.h's gradient, the pass's on the CPU);
     one without the other is refused, naming them."""

@@ -73,6 +73,10 @@ typedef struct {
  * D <= 128, the decode kernels.  The others launch the merge kernel (the merge's code in them made ptxas spill
  * more). */
 #define V2_KERNEL_MERGES(MINB) ((MINB) > 1)
+/* Whether such a kernel joins attention sinks itself in an unsplit call, as the key that starts each row's softmax
+ * (v2_body): the decode kernels again.  In the others that code made ptxas spill (the defaults at D=64 / 128: 0 -> 120
+ * and 8 -> 76 bytes in the sm_90 build), so the sinks pass runs after them. */
+#define V2_SINKS_AT_START(MINB) ((MINB) > 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define V2_ARCH_MIN_BLOCKS(MINB) 1
 #else

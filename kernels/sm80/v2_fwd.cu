@@ -194,6 +194,28 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
     const float sl_in = fabsf(p.scale_log2), sl = MODS ? 1.f : sl_in; /* MODS: S is in log2 units before the softmax */
     const float cap2 = p.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f;
     const float slope2 = MODS ? fattn_alibi_slope2(&all, bh / all.h, h) : 0.f;
+    /* Attention sinks (csrc/sinks.h) in an unsplit call of a decode kernel (V2_SINKS_AT_START; a split's merge joins
+     * them, and other kernels leave them to the sinks pass): the sink starts each row's softmax as one more key whose
+     * value is 0 -- m at its logit (raw S units: s log2 e / sl), l = 1 on one lane of the quad (l is summed over the
+     * quad at the end).  A sink of -inf is no sink; a NaN one makes l NaN, so LSE is NaN and O too on the rows that
+     * see a key (the epilogue); +inf is taken as 2^100 in log2 units (O = 0, LSE huge but finite, where the pass
+     * gives +inf). */
+    constexpr bool SINK_START = V2_SINKS_AT_START(MINB);
+    if (SINK_START && p.sinks && !sp.o_part) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int64_t i = i0 + wrow + 16 * mt + g + 8 * r;
+                const float s = i < seq.sq ? fattn_sink_of(&all, h, i) : -INFINITY;
+                if (s != s) {
+                    if (t == 0) l_i[mt][r] = s;
+                } else if (s > -INFINITY) {
+                    m_i[mt][r] = fminf(s * FATTN_LOG2E, 0x1p100f) / sl;
+                    if (t == 0) l_i[mt][r] = 1.f;
+                }
+            }
+    }
     /* A warp whose rows all lie past Sq (decode: Sq = 1 uses one warp of the block) only helps load K and V. */
     const bool warp_live = i0 + wrow < seq.sq;
 
@@ -368,7 +390,8 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
             const int64_t i = i0 + wrow + 16 * mt + g + 8 * r;
             const float l = quad_sum(l_i[mt][r]);
             if (i >= seq.sq) continue;
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            /* (l NaN: a NaN sink -- O NaN on a row that saw a key, 0 on one that saw none) */
+            const float inv = l > 0.f ? 1.f / l : !SINK_START || m_i[mt][r] == -INFINITY ? 0.f : l;
             if (sp.o_part) { /* a split: partial O in fp32 and its LSE, merged (the sinks joined there) */
                 const int64_t row = ((int64_t)blockIdx.y * nbh + bh) * all.sq + i;
 #pragma unroll
@@ -388,7 +411,9 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
                     *(unsigned *)(out + i * p.o_stride_s + col) =
                         pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv, T());
             }
-            if (seq.lse && t == 0) seq.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = lse_from(m_i[mt][r] * sl, l);
+            if (seq.lse && t == 0)
+                seq.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] =
+                    !SINK_START || l == l ? lse_from(m_i[mt][r] * sl, l) : l;
         }
     if (V2_KERNEL_MERGES(MINB) && sp.arrivals) { /* merged by the last split to finish: write, fence, count */
         __threadfence();

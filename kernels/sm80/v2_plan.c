@@ -237,8 +237,10 @@ fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, co
                          blocks <= FATTN_ARRIVALS;
     plan->workspace_bytes = plan->splits > 1 ? (size_t)plan->splits * (size_t)(p->b * p->h * p->sq) *
                                                    (size_t)(p->d + 1) * sizeof(float) : 0;
-    /* split calls: the merge of the splits joins the sinks (v2_combine.cuh; in the unsplit epilogue their code made
-     * ptxas spill in most configs), else the sinks pass runs after the kernel */
-    plan->sinks_fused = p->sinks != NULL && plan->splits > 1;
+    /* sinks: split calls join them in the merge of the splits (v2_combine.cuh), unsplit calls of the decode kernels
+     * as the key that starts each row's softmax (V2_SINKS_AT_START); other calls leave them to the sinks pass */
+    const int starts = idx >= V2_FIRST_SMALL_GRID && idx < V2_FIRST_RULE && !fattn_score_mods(p) &&
+                       V2_SINKS_AT_START(V2_SMALL_GRID_MIN_BLOCKS(c.dp));
+    plan->sinks_fused = p->sinks != NULL && (plan->splits > 1 || starts);
     return FATTN_OK;
 }
