@@ -18,10 +18,11 @@
  * alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes (attn_params).  sinks: float32 (H,), attention sinks (gpt-oss;
  * csrc/sinks.h), lse required with them: out and lse come back sink-adjusted -- applied by the kernel where its
  * planner says so (fattn_plan.sinks_fused: v3's epilogue; v2's softmax, or its split merge), else by the sinks pass
- * after the kernel.  Overrides: config (a
- * GPU variant's config index, or (br, bc, threads) on the CPU), splits (key splits, 0: the planner's; v3: 1 or 3, its
- * split tails, kernels/sm90/v3_plan.c), order (block order, 0: the planner's).  The plan dict says what ran: variant,
- * config, grid, threads, smem, splits, order, head_group, workspace. */
+ * after the kernel.  Overrides: config (a GPU variant's config index, or (br, bc, threads) on the CPU), splits (key
+ * splits, 0: the planner's; v3: 1 or 3, its split tails, kernels/sm90/v3_plan.c), order (block order, 0: the
+ * planner's).  The plan dict says what ran: variant,
+ * config, grid, threads, smem, splits, order, head_group, workspace, sinks_fused (1: the kernel joins the sinks, 0:
+ * the sinks pass does, or there are none to join). */
 #include "module.h"
 
 #include "cpu_attn.h"
@@ -236,13 +237,14 @@ static int call_take(module_state *st, PyObject **a, call *c) {
 
 static PyObject *plan_dict(const fattn_plan *plan) {
     if (!plan->variant)
-        return Py_BuildValue("{sssssis(iii)sisisi}", "variant", "cpu", "family", "cpu", "device", 0, "config",
-                             plan->cpu.br, plan->cpu.bc, plan->cpu.threads, "splits", 1, "order", 0, "workspace", 0);
-    return Py_BuildValue("{sssssisis(II)sIsnsisisLsn}", "variant", plan->variant->name, "family",
+        return Py_BuildValue("{sssssis(iii)sisisisi}", "variant", "cpu", "family", "cpu", "device", 0, "config",
+                             plan->cpu.br, plan->cpu.bc, plan->cpu.threads, "splits", 1, "order", 0, "workspace", 0,
+                             "sinks_fused", 0);
+    return Py_BuildValue("{sssssisis(II)sIsnsisisLsnsi}", "variant", plan->variant->name, "family",
                          plan->variant->family, "device", plan->dev.id, "config", plan->config, "grid", plan->grid_x,
                          plan->grid_y, "threads", plan->threads, "smem", (Py_ssize_t)plan->smem, "splits", plan->splits,
                          "order", plan->order, "head_group", (long long)plan->head_group, "workspace",
-                         (Py_ssize_t)plan->workspace_bytes);
+                         (Py_ssize_t)plan->workspace_bytes, "sinks_fused", plan->sinks_fused);
 }
 
 /* The GPU plan of a call; NULL variant: the default for the device.  -1 with the exception set. */
