@@ -20,9 +20,8 @@
  * planner says so (fattn_plan.sinks_fused: v3's epilogue; v2's softmax, or its split merge), else by the sinks pass
  * after the kernel.  Overrides: config (a GPU variant's config index, or (br, bc, threads) on the CPU), splits (key
  * splits, 0: the planner's; v3: 1 or 3, its split tails, kernels/sm90/v3_plan.c), order (block order, 0: the
- * planner's).  The plan dict says what ran: variant,
- * config, grid, threads, smem, splits, order, head_group, workspace, sinks_fused (1: the kernel joins the sinks, 0:
- * the sinks pass does, or there are none to join). */
+ * planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order, head_group,
+ * workspace, sinks_fused (1: the kernel joins the sinks, 0: the sinks pass does, or there are none to join). */
 #include "module.h"
 
 #include "cpu_attn.h"
