@@ -21,10 +21,10 @@
  * dQ is issued first, so its adds go out while dV and dK run.
  * Deterministic mode: each consumer adds its two tiles in a fixed order per tile (key-block order; descending under
  * a mask with a right edge, v3b_descends; without a mask the stagger's: by whole heads where a head's key blocks fit
- * in half the GPU, v3b_stagger_turn, else in chunks, v3w_turn -- the launcher's word, V3B_STAGGER_*).  A warp of the
- * producer's warpgroup keeps the turns (v3w_keep_turns): it waits on the step's tiles' counters for the block's turn
- * and lets the consumers add (a named barrier), each warpgroup stores (the first add: the accumulator is not zeroed)
- * or adds and signals, and the turn keeper counts the adds (one fence, then relaxed adds).  The consumers never wait
+ * in half the GPU, v3b_stagger_turn, else in chunks, v3w_turn -- the launcher's word, V3B_STAGGER_*).  Two warps of
+ * the producer's warpgroup keep the turns, of alternate steps (v3w_keep_turns): a keeper waits on the step's tiles'
+ * counters for the block's turn and lets the consumers add (a named barrier), each warpgroup stores (the first add:
+ * the accumulator is not zeroed) or adds and signals, and the keeper counts the adds (one fence, then relaxed adds).  The consumers never wait
  * on global memory themselves.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd_kernel.cuh's.
@@ -49,11 +49,14 @@
 #include "v3_bwd_configs.h"
 
 /* Named barriers (0 is __syncthreads): 1 both consumers' P and dS of the step are in shared memory; deterministic
- * mode, between consumer cw and the turn keeper: 2 + cw its turn has come, 4 + cw its adds are issued. */
+ * mode, between consumer cw and the turn keeper of steps of parity par (v3w_keep_turns): V3W_BAR_TURN (cw, par) its
+ * turn has come, V3W_BAR_ADDED (cw, par) its adds are issued -- 2 .. 9 (6 is v3b_zero's too, in default mode's
+ * zero-ahead kernels only). */
 #define V3W_BAR_PDS 1
-#define V3W_BAR_TURN 2
-#define V3W_BAR_ADDED 4
-#define V3W_KEEPER_THREADS (128 + 32) /* a consumer and the turn keeper's warp */
+#define V3W_BAR_TURN(cw, par) (2 + (cw) + 2 * (par))
+#define V3W_BAR_ADDED(cw, par) (6 + (cw) + 2 * (par))
+#define V3W_KEEPER_THREADS (128 + 32) /* a consumer and a turn keeper's warp */
+#define V3W_KEEPERS 2                 /* turn-keeper warps, one per parity of step */
 /* Deterministic mode's grid order: chunks of key blocks, every head's (v3b_place) -- V3B_DET_CHUNK staggered (dense
  * batches), V3W_SEQ_CHUNK in key-block order (packed batches) */
 #define V3W_SEQ_CHUNK 8
@@ -87,18 +90,20 @@ DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger
     return c * V3B_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
 }
 
-/* Deterministic mode's turns, kept by one warp so that the consumers never wait on global memory: for each step,
- * lane 0 polls the four dQ tiles' counters of the step's rows (relaxed loads, all four at once) until each shows the
- * adds of the key blocks before this one, then one fence (the acquire pattern), and the warp lets both consumers add
- * (V3W_BAR_TURN + cw); once both have issued their adds (V3W_BAR_ADDED + cw) lane 0 fences once and counts one add
- * on each counter (the release pattern: the barrier orders the consumers' adds before the fence, as the PTX memory
- * model's barriers do).  Every block adds to all four tiles of a step and counts them together, so the four
- * counters move as one.  A count never waits on another block, and a turn waits only on adds that come earlier in
- * v3w_turn's order, so the waits cannot close a cycle. */
+/* Deterministic mode's turns, kept by two warps (V3W_KEEPERS), keeper par taking the steps of parity par, so that
+ * the consumers never wait on global memory: for each step, lane 0 polls the four dQ tiles' counters of the step's
+ * rows (relaxed loads, all four at once) until each shows the adds of the key blocks before this one, then one
+ * fence (the acquire pattern), and the warp lets both consumers add (V3W_BAR_TURN); once both have issued their adds
+ * (V3W_BAR_ADDED) lane 0 fences once and counts one add on each counter (the release pattern: the barrier orders the
+ * consumers' adds before the fence, as the PTX memory model's barriers do).  The release fence waits for the step's
+ * adds to land; with one keeper the next step's poll waited behind it, so a step's turn came no sooner than the
+ * step before had landed -- with two, the next step's keeper polls meanwhile.  Every block adds to all four tiles of
+ * a step and counts them together, so the four counters move as one.  A count never waits on another block, and a
+ * turn waits only on adds that come earlier in v3w_turn's order, so the waits cannot close a cycle. */
 template <int DP, int BR, int BC>
-DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int lane) {
+DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int par, int lane) {
     const attn_params &f = p.fwd;
-    for (int it = 0; it < blk.n_it; it++) {
+    for (int it = par; it < blk.n_it; it += V3W_KEEPERS) {
         const int i0 = v3b_row0<BR, true>(blk, it);
         const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
         const int turn = v3w_turn(blk, it, sp, stagger, nkb);
@@ -112,10 +117,11 @@ DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stag
             fence_acq_rel_gpu();
         }
         __syncwarp();
-        named_barrier_arrive(V3W_BAR_TURN, V3W_KEEPER_THREADS); /* consumer 0 adds tiles 0, 1; consumer 1 tiles 2, 3 */
-        named_barrier_arrive(V3W_BAR_TURN + 1, V3W_KEEPER_THREADS);
-        named_barrier_sync(V3W_BAR_ADDED, V3W_KEEPER_THREADS);
-        named_barrier_sync(V3W_BAR_ADDED + 1, V3W_KEEPER_THREADS);
+        /* consumer 0 adds tiles 0, 1; consumer 1 tiles 2, 3 */
+        named_barrier_arrive(V3W_BAR_TURN(0, par), V3W_KEEPER_THREADS);
+        named_barrier_arrive(V3W_BAR_TURN(1, par), V3W_KEEPER_THREADS);
+        named_barrier_sync(V3W_BAR_ADDED(0, par), V3W_KEEPER_THREADS);
+        named_barrier_sync(V3W_BAR_ADDED(1, par), V3W_KEEPER_THREADS);
         if (lane == 0) {
             fence_acq_rel_gpu();
 #pragma unroll
@@ -165,7 +171,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
 
-    if (wg == 0) { /* ---- producer: one thread; deterministic mode's turn keeper: warp 1; zero-ahead: warps 2-3 ---- */
+    if (wg == 0) { /* ---- producer: one thread; deterministic mode's turn keepers: warps 1-2; zero-ahead: warps 2-3 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (ZA && warp >= 2) { /* v3_bwd_ring.cuh: v3b_zero; the producer waits for this block's group */
             if (zero_ahead > 0) v3b_zero<BC>{all}.fill(zero_ahead, false, tid - 64);
@@ -174,7 +180,8 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         if (threadIdx.x == 0 && blk.n_it > 0)
             v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
                                                     bp.tma_b, ZA ? zero_ahead : 0);
-        if (DET && warp == 1 && blk.n_it > 0) v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, lane);
+        if (DET && warp >= 1 && warp <= V3W_KEEPERS && blk.n_it > 0)
+            v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, warp - 1, lane);
         return;
     }
 
@@ -309,21 +316,29 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
             }
         };
         if constexpr (DQ_OUT && DET) {
-            named_barrier_sync(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
+            named_barrier_sync(V3W_BAR_TURN(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
             dq_out_add();
-            named_barrier_arrive(V3W_BAR_ADDED + cw, V3W_KEEPER_THREADS); /* the turn keeper counts them */
+            named_barrier_arrive(V3W_BAR_ADDED(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper counts them */
         } else if constexpr (DQ_OUT) {
             dq_out_add();
         } else if constexpr (DET) {
             const bool first = v3w_turn(blk, it, sp, stagger, nkb) == 0; /* the tile's first add */
-            named_barrier_sync(V3W_BAR_TURN + cw, V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
+            named_barrier_sync(V3W_BAR_TURN(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
+            /* the tile's first add is a store (the accumulator is not zeroed); one branch around each loop, so that
+             * each compiles as the default mode's reds do (per-add branches recomputed every address into the same
+             * registers, each store or red waiting for the one before it to have read them) */
+            if (first) {
 #pragma unroll
-            for (int v4 = 0; v4 < 16; v4++) { /* the tile's first add is a store: the accumulator is not zeroed */
-                float *a = acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8));
-                if (first) *(float4 *)a = make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
-                else red_add_v4(a, dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+                for (int v4 = 0; v4 < 16; v4++)
+                    *(float4 *)(acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8))) =
+                        make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+            } else {
+#pragma unroll
+                for (int v4 = 0; v4 < 16; v4++)
+                    red_add_v4(acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
+                               dq[4 * v4 + 2], dq[4 * v4 + 3]);
             }
-            named_barrier_arrive(V3W_BAR_ADDED + cw, V3W_KEEPER_THREADS); /* the turn keeper counts them */
+            named_barrier_arrive(V3W_BAR_ADDED(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper counts them */
         } else {
 #pragma unroll
             for (int v4 = 0; v4 < 16; v4++)
