@@ -104,18 +104,6 @@ static const void *v3_bwd_out_kernel(const v3_bwd_row *r, int det, int ti) {
     return r->dp == 256 ? fattn_v3_bwd_wide_out_kernel(r->br, r->bc, r->stages, det, ti) : r->dkdv_out[det][ti];
 }
 
-/* The wide kernel's chunk width in deterministic mode without a mask (v3b_place, v3w_turn): within a chunk a tile's
- * adds chain block to block a step apart, so the narrower the chunk the shorter the chain -- the chain of a whole
- * head, walking all its tiles, closes on itself (the last block waits on the first), and then every step waits for
- * a turn's whole round trip.  But a chunk must also outlast its head's chunk before it, which the grid places
- * groups blocks earlier, else its first blocks wait on that chunk's walk: so the narrowest power of two whose chunks
- * of every group fill the multiprocessors, at most V3B_DET_CHUNK. */
-static int v3w_det_chunk(int64_t sms, int64_t groups) {
-    int w = 1;
-    while (w < V3B_DET_CHUNK && w * groups < sms) w *= 2;
-    return w;
-}
-
 extern "C" fattn_status fattn_prepare_bwd_v3(int device) {
     (void)device;
     for (int i = 0; i < V3_BWD_NCONFIGS; i++)
@@ -203,16 +191,13 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
      * with dQ out 1.046x (evidence/backward/h100_v3_bwd_stagger_88a1dbe.md, h100_v3_bwd_dq_out_causal_*.md); else
      * the wide kernel's chunks where a chunk fits so. */
     const int64_t room = plan->dev.sm_count / 2;
-    const int wide_chunks = r->dp == 256 && !dq_out; /* (v3w_det_chunk) */
-    int stagger = V3B_STAGGER_NONE, det_chunk = V3B_DET_CHUNK;
-    if (p->deterministic && !seq && f->mask.left < 0 && f->mask.right < 0) {
-        if (wide_chunks) det_chunk = v3w_det_chunk(plan->dev.sm_count, groups);
-        stagger = V3B_STAGGERS(r->dp, r->br, dq_out) && !wide_chunks && nkb <= room ? V3B_STAGGER_HEADS
-                  : wide_chunks && det_chunk <= room                               ? V3B_STAGGER_CHUNKS
-                                                                                   : V3B_STAGGER_NONE;
-    }
-    /* the last argument: the wide kernel's chunk width, the others' dQ map */
-    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, &zero_ahead, r->dp == 256 ? (void *)&det_chunk : &tdq};
+    int stagger = V3B_STAGGER_NONE;
+    if (p->deterministic && !seq && f->mask.left < 0 && f->mask.right < 0)
+        stagger = V3B_STAGGERS(r->dp, r->br, dq_out) && nkb <= room ? V3B_STAGGER_HEADS
+                  : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
+                                                          : V3B_STAGGER_NONE;
+    /* (the wide kernels take the first seven: no tm_dq) */
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, &zero_ahead, &tdq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     /* convert: where the dK/dV kernel counts its blocks done (V3B_COUNTS_DONE), launched as its programmatic
      * dependent -- it starts on the multiprocessors the dK/dV kernel's last wave leaves idle, each block once its

@@ -75,13 +75,12 @@ DEV int v3b_turn(const v3b_block &k, int64_t n_min, int64_t n_max) {
 }
 
 /* The launcher's word on deterministic mode's order of adds without a mask, in a dense batch (the dK/dV kernels' last
- * argument): key-block order (NONE), staggered in chunks of key blocks (the wide kernel: v3w_turn), or
+ * argument): key-block order (NONE), staggered in chunks of V3B_DET_CHUNK key blocks (the wide kernel: v3w_turn), or
  * staggered by whole heads (v3b_stagger_turn).  A staggered block's turn may wait on blocks placed after it in its
  * chunk or head, so the launcher asks for a stagger only where that many blocks fit in half the multiprocessors. */
 enum { V3B_STAGGER_NONE, V3B_STAGGER_CHUNKS, V3B_STAGGER_HEADS };
-/* The wide kernel's chunks of key blocks in deterministic mode: at most this many (the launcher's v3w_det_chunk picks
- * the width of a staggered call; 32 against 8: 1.04-1.07x at S = 8k, 1.03x at 16k on an H100 in two runs,
- * evidence/backward/h100_v3_bwd_stagger_88a1dbe.md) */
+/* The wide kernel's chunks of key blocks when staggered (32 against 8: 1.04-1.07x at S = 8k, 1.03x at 16k on an H100
+ * in two runs, evidence/backward/h100_v3_bwd_stagger_88a1dbe.md) */
 #define V3B_DET_CHUNK 32
 
 /* The key blocks k < nkb with k mod nm < x (0 <= x <= nm). */
@@ -106,19 +105,19 @@ DEV int v3b_stagger_turn(const v3b_block &k, int it, int nkb) {
 }
 
 /* The block's grid place: key block kb of batch (packed: sequence) b, kv head hk.  nkb key blocks per (b, kv head),
- * of the longest sequence's keys in a packed batch.  g = 0: head by head, key blocks in order.  g > 0: in chunks of
- * G = g key blocks -- chunk c is key blocks [c G, c G + G) of every (b, kv head), head by head -- so the blocks in flight
+ * of the longest sequence's keys in a packed batch.  G = 0: head by head, key blocks in order.  G > 0: in chunks of
+ * G key blocks -- chunk c is key blocks [c G, c G + G) of every (b, kv head), head by head -- so the blocks in flight
  * span several heads and deterministic mode's turns on a dQ tile chain G blocks a wave, not a wave's worth (the wide
  * kernel's deterministic mode, G = 16, against head by head: causal 1.10-1.20x faster at S >= 2k, non-causal
  * 0.95-1.06x, S <= 1k unchanged: evidence/backward/h100_ab_bwd_wide_det_chunks_3c1c4a8.json).  Either way a block's
  * lower key blocks of its head come earlier in the grid -- or, desc (v3b_descends), its higher ones: key block
  * nkb - 1 - k takes k's place.  heads: head by head whatever G (whole heads staggered: v3b_stagger_turn). */
-template <int BC>
-DEV void v3b_place(const attn_params &all, bool desc, bool heads, int G, int *kb, int64_t *b, int64_t *hk) {
+template <int BC, int G>
+DEV void v3b_place(const attn_params &all, bool desc, bool heads, int *kb, int64_t *b, int64_t *hk) {
     const int nkb = (int)((all.sk + BC - 1) / BC);
     int64_t bhk;
     /* desc: no turn waits on another block's walk to chain, so head by head; heads: asked for (v3b_stagger_turn) */
-    if (G <= 0 || desc || heads) {
+    if (G == 0 || desc || heads) {
         bhk = blockIdx.x / nkb;
         *kb = (int)(blockIdx.x % nkb);
     } else {
@@ -153,14 +152,12 @@ template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f, int k
 /* A dK/dV block's params: the call's, or (SEQ, a packed batch) sequence b's alone as a batch of one (fattn.h:
  * fattn_seq_bwd_params), whose rows start at q0 / k0 of the tensor maps (built over all the rows, one batch).
  * Returns false where the block has no keys (past its sequence's). */
-template <int BC, bool SEQ> struct v3b_params {
+template <int BC, bool SEQ, int G = 0> struct v3b_params {
     attn_bwd_params seq;
     int64_t b, hk;
     int kb, q0, k0, tma_b; /* TMA row offsets and batch coordinate */
-    /* chunk: v3b_place's g (0: head by head) */
-    __device__ __forceinline__ bool init(const attn_bwd_params &all, bool desc = false, bool heads = false,
-                                         int chunk = 0) {
-        v3b_place<BC>(all.fwd, desc, heads, chunk, &kb, &b, &hk);
+    __device__ __forceinline__ bool init(const attn_bwd_params &all, bool desc = false, bool heads = false) {
+        v3b_place<BC, G>(all.fwd, desc, heads, &kb, &b, &hk);
         q0 = k0 = 0;
         tma_b = (int)b;
         if constexpr (SEQ) {

@@ -57,9 +57,8 @@
 #define V3W_BAR_ADDED(cw, par) (6 + (cw) + 2 * (par))
 #define V3W_KEEPER_THREADS (128 + 32) /* a consumer and a turn keeper's warp */
 #define V3W_KEEPERS 2                 /* turn-keeper warps, one per parity of step */
-/* Deterministic mode's grid order: chunks of key blocks, every head's (v3b_place) -- the launcher's width on dense
- * batches (v3_bwd.cu: v3w_det_chunk where staggered, else V3B_DET_CHUNK), V3W_SEQ_CHUNK in key-block order on packed
- * ones */
+/* Deterministic mode's grid order: chunks of key blocks, every head's (v3b_place) -- V3B_DET_CHUNK staggered (dense
+ * batches), V3W_SEQ_CHUNK in key-block order (packed batches) */
 #define V3W_SEQ_CHUNK 8
 
 /* Deterministic mode's stagger.  Unstaggered, every block of a chunk walks the query blocks in the same order, so the
@@ -75,18 +74,20 @@
  * reach tile 0 at its first step and wait for the whole walk of the chunk before.  It needs every key block to see
  * every query block (no causal mask, no window, a dense batch) and at least w query blocks, and the chunk's blocks
  * able to run at once (the launcher's V3B_STAGGER_CHUNKS).  nkb: key blocks per head. */
-DEV bool v3w_staggers(const v3b_block &blk, int nkb, int G) { return blk.nm >= (nkb < G ? nkb : G); }
+DEV bool v3w_staggers(const v3b_block &blk, int nkb) {
+    return blk.nm >= (nkb < V3B_DET_CHUNK ? nkb : V3B_DET_CHUNK);
+}
 
 /* Block blk's turn on step it's dQ tiles: the adds that come before its own (the first is a store).  stagger: how
  * (V3B_STAGGER_*): unstaggered, key-block order, or descending under a mask with a right edge (v3b_turn; sp: the key
- * blocks the tile's rows see); in chunks of G key blocks, the order above; by whole heads, v3b_stagger_turn's. */
-DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger, int nkb, int G) {
+ * blocks the tile's rows see); in chunks, the order above; by whole heads, v3b_stagger_turn's. */
+DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger, int nkb) {
     if (stagger == V3B_STAGGER_HEADS) return v3b_stagger_turn(blk, it, nkb);
     if (stagger == V3B_STAGGER_NONE) return v3b_turn(blk, sp.n_min, sp.n_max);
-    const int c = blk.kb / G, l = blk.kb % G;
-    const int w = nkb - c * G < G ? nkb - c * G : G;
-    const int u = ((it % blk.nm + blk.rot) % blk.nm - c * G % blk.nm + blk.nm) % blk.nm; /* u' */
-    return c * G + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
+    const int c = blk.kb / V3B_DET_CHUNK, l = blk.kb % V3B_DET_CHUNK;
+    const int w = nkb - c * V3B_DET_CHUNK < V3B_DET_CHUNK ? nkb - c * V3B_DET_CHUNK : V3B_DET_CHUNK;
+    const int u = ((it % blk.nm + blk.rot) % blk.nm - c * V3B_DET_CHUNK % blk.nm + blk.nm) % blk.nm; /* u' */
+    return c * V3B_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
 }
 
 /* Deterministic mode's turns, kept by two warps (V3W_KEEPERS), keeper par taking the steps of parity par, so that
@@ -100,13 +101,12 @@ DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger
  * a step and counts them together, so the four counters move as one.  A count never waits on another block, and a
  * turn waits only on adds that come earlier in v3w_turn's order, so the waits cannot close a cycle. */
 template <int DP, int BR, int BC>
-DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int G, int par,
-                        int lane) {
+DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int par, int lane) {
     const attn_params &f = p.fwd;
     for (int it = par; it < blk.n_it; it += V3W_KEEPERS) {
         const int i0 = v3b_row0<BR, true>(blk, it);
         const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
-        const int turn = v3w_turn(blk, it, sp, stagger, nkb, G);
+        const int turn = v3w_turn(blk, it, sp, stagger, nkb);
         int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
         if (lane == 0) {
             for (;;) {
@@ -137,7 +137,7 @@ template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ,
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                 const attn_bwd_params all, const int stagger_asked, const int zero_ahead, const int det_chunk) {
+                 const attn_bwd_params all, const int stagger_asked, const int zero_ahead) {
     constexpr int DP = 256;
     static_assert(!ZA || (!DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
     static_assert(!DQ_OUT || (!MODS && !SEQ && !ZA), "dQ out: plain kernels");
@@ -153,18 +153,16 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     uint64_t *bar = (uint64_t *)(sD + STAGES * BR);
     const v3b_ring<T> ring = {sK, sV, sQ, sdO, sLse, sD, bar, bar + 1, bar + 1 + STAGES};
 
-    v3b_params<BC, SEQ> bp;
-    /* stagger_asked: the launcher's V3B_STAGGER_* (none under a mask or in a packed batch); det_chunk: its chunk width
-     * (v3b_place's g) on dense batches */
+    v3b_params<BC, SEQ, DET ? (SEQ ? V3W_SEQ_CHUNK : V3B_DET_CHUNK) : 0> bp;
+    /* stagger_asked: the launcher's V3B_STAGGER_* (none under a mask or in a packed batch) */
     const bool desc = DET && v3b_descends<SEQ>(all.fwd), heads = DET && !SEQ && stagger_asked == V3B_STAGGER_HEADS;
-    const int G = DET ? (SEQ ? V3W_SEQ_CHUNK : det_chunk) : 0;
-    if (!bp.init(all, desc, heads, G)) return; /* past its sequence's keys: no rows of dK, dV here */
+    if (!bp.init(all, desc, heads)) return; /* past its sequence's keys: no rows of dK, dV here */
     const attn_bwd_params &p = SEQ ? bp.seq : all;
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int nkb = (int)((f.sk + BC - 1) / BC);
     const int stagger = heads && blk.nm > 0 ? V3B_STAGGER_HEADS
-                        : DET && !SEQ && stagger_asked == V3B_STAGGER_CHUNKS && v3w_staggers(blk, nkb, G)
+                        : DET && !SEQ && stagger_asked == V3B_STAGGER_CHUNKS && v3w_staggers(blk, nkb)
                             ? V3B_STAGGER_CHUNKS
                             : V3B_STAGGER_NONE;
     if (stagger != V3B_STAGGER_NONE) blk.rot = blk.kb % blk.nm;
@@ -183,7 +181,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
             v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
                                                     bp.tma_b, ZA ? zero_ahead : 0);
         if (DET && warp >= 1 && warp <= V3W_KEEPERS && blk.n_it > 0)
-            v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, G, warp - 1, lane);
+            v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, warp - 1, lane);
         return;
     }
 
@@ -324,7 +322,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         } else if constexpr (DQ_OUT) {
             dq_out_add();
         } else if constexpr (DET) {
-            const bool first = v3w_turn(blk, it, sp, stagger, nkb, G) == 0; /* the tile's first add */
+            const bool first = v3w_turn(blk, it, sp, stagger, nkb) == 0; /* the tile's first add */
             named_barrier_sync(V3W_BAR_TURN(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
             /* the tile's first add is a store (the accumulator is not zeroed); one branch around each loop, so that
              * each compiles as the default mode's reds do (per-add branches recomputed every address into the same
