@@ -6,13 +6,14 @@
  *               dsinks=None)
  *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
- *   _C.backward_workspace_bytes(b, h, sq, d) -> the bytes a GPU backward's workspace needs
+ *   _C.backward_workspace_bytes(b, h, sq, d, deterministic=False) -> the bytes a GPU backward's workspace needs
+ *                                      (deterministic mode at head dim 256 keeps two copies of dQ's accumulator)
  *
  * The forward's arguments mean what they mean in forward() (bind.c) and must be those of the call that produced
  * out and lse; dq, dk, dv (q's, k's and v's shapes and dtype, any strides with a contiguous last dimension) are
  * written.  variant names the forward variant whose backward runs (its table row's bwd); config overrides a GPU
  * backward's config index or the CPU's (br, bc, threads).  workspace: a writable array on the call's device of at
- * least backward_workspace_bytes(b, h, sq, d) bytes (GPU only; None: one cached per device and stream, which cannot
+ * least backward_workspace_bytes(b, h, sq, d, deterministic) bytes (GPU only; None: one cached per device and stream, which cannot
  * be had while the stream is being captured into a CUDA graph).  sinks (float32 (H,)) and dsinks (a writable float32
  * (H,)) go together: out and lse are then the sink-adjusted ones, and dsinks is written (csrc/sinks.h) -- from the
  * backward's own D and LSE2 where its planner says so (fattn_plan.sinks_fused: v2, v3), else by the sinks pass. */
@@ -98,9 +99,11 @@ static int take_workspace(call *c) {
         return -1;
     }
     c->ws_bytes = (size_t)n * ((x->dtype.bits * x->dtype.lanes + 7) / 8);
-    const size_t need = (size_t)fattn_bwd_workspace_bytes(c->p.fwd.b, c->p.fwd.h, c->p.fwd.sq, c->p.fwd.d);
+    const size_t need =
+        (size_t)fattn_bwd_workspace_bytes(c->p.fwd.b, c->p.fwd.h, c->p.fwd.sq, c->p.fwd.d, c->p.deterministic);
     if (c->gpu && c->ws_bytes < need) {
-        PyErr_Format(PyExc_ValueError, "workspace: %zu bytes, need %zu (backward_workspace_bytes)", c->ws_bytes, need);
+        PyErr_Format(PyExc_ValueError, "workspace: %zu bytes, need %zu (backward_workspace_bytes%s)", c->ws_bytes, need,
+                     c->p.deterministic ? ", deterministic=True" : "");
         return -1;
     }
     char *base = (char *)x->data + x->byte_offset;
@@ -273,11 +276,13 @@ PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *a
     (void)module;
     static const char *names[4] = {"b", "h", "sq", "d"};
     long v[4];
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "backward_workspace_bytes(b, h, sq, d)");
+    int deterministic = 0;
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "backward_workspace_bytes(b, h, sq, d, deterministic=False)");
         return NULL;
     }
     for (int i = 0; i < 4; i++)
         if (fattn_arg_long(args[i], names[i], 0, 1L << 40, &v[i])) return NULL;
-    return PyLong_FromLongLong(fattn_bwd_workspace_bytes(v[0], v[1], v[2], v[3]));
+    if (nargs == 5 && (deterministic = PyObject_IsTrue(args[4])) < 0) return NULL;
+    return PyLong_FromLongLong(fattn_bwd_workspace_bytes(v[0], v[1], v[2], v[3], deterministic));
 }

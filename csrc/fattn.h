@@ -241,10 +241,12 @@ typedef struct attn_bwd_params {
     float *dpsum;                     /* [(b * h + h) * ws_rows + i]: D_i */
     float *lse2;                      /* [(b * h + h) * ws_rows + i]: LSE_i log2 e, +inf past Sq or for a row that saw
                                          no key (so that P = 0 there) */
-    float *dq_accum;                  /* [((b * h + h) * ws_rows + i) * ws_cols + e] */
+    float *dq_accum;                  /* [((b * h + h) * ws_rows + i) * ws_cols + e] (v3: in 64 x 64 tiles, each in
+                                         dq_copies copies side by side) */
     int *dq_sem;                      /* [(b * h + h) * ws_rows + k]: v3's deterministic mode, the adds each dQ tile
-                                         has had (fattn_bwd_workspace_set) */
+                                         (copy) has had (fattn_bwd_workspace_set) */
     int64_t ws_rows, ws_cols;
+    int dq_copies;                    /* copies of dq_accum in the workspace (fattn_bwd_dq_copies) */
     int deterministic;                /* 1: no order-dependent atomics (bitwise repeatable gradients) */
     float *dsinks;                    /* (h,), with fwd.sinks (NULL: none): written with csrc/sinks.h's dsinks -- from
                                          the workspace's D and LSE2 where the planner sets fattn_plan.sinks_fused (v2,
@@ -270,7 +272,7 @@ FATTN_HD void fattn_seq_bwd_params(const attn_bwd_params *p, int64_t b, attn_bwd
 }
 
 /* The GPU backward's workspace: ws_rows = sq rounded up to FATTN_BWD_STEP_ROWS (the steps of v3's br = 80 backward
- * end there), then to 128; ws_cols = the head-dim bucket; dq_accum first, then
+ * end there), then to 128; ws_cols = the head-dim bucket; dq_accum first (fattn_bwd_dq_copies copies), then
  * dpsum and lse2 (a float per row each; v3 at head dim 64 orders them inside each 64-row block as its threads read
  * them: kernels/bwd_common.cuh, bwd_v3_row_pos), then dq_sem (an int per row).  One rule for every GPU variant (the
  * Python side sizes a framework-allocated workspace with it). */
@@ -283,16 +285,26 @@ FATTN_HD int64_t fattn_bwd_ws_rows(int64_t sq) {
 /* The head-dim bucket kernels are compiled for: 64, 128 or 256 (columns past d are zero-filled). */
 FATTN_HD int fattn_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d) {
-    const int64_t n = 4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) + 3);
+/* Copies of dq_accum: two in deterministic mode at head dim 256, where v3's wide kernel adds each dQ tile's turns
+ * alternately into two copies (a turn waits for the add two turns before it, not one) and the convert pass sums them
+ * in copy order (kernels/sm90/v3_bwd_wide.cu); else one. */
+#define FATTN_BWD_DQ_COPIES 2
+FATTN_HD int fattn_bwd_dq_copies(int64_t d, int deterministic) {
+    return deterministic && fattn_head_dim_bucket(d) == 256 ? FATTN_BWD_DQ_COPIES : 1;
+}
+
+FATTN_HD int64_t fattn_bwd_workspace_bytes(int64_t b, int64_t h, int64_t sq, int64_t d, int deterministic) {
+    const int64_t n =
+        4 * b * h * fattn_bwd_ws_rows(sq) * (fattn_head_dim_bucket(d) * fattn_bwd_dq_copies(d, deterministic) + 3);
     return n > 0 ? n : 16; /* never empty: with no query rows the dK / dV kernel still runs (dK = dV = 0), and a
                               zero-byte allocation may have no address to give it */
 }
-/* p's workspace pointers into `ws` (at least fattn_bwd_workspace_bytes), laid out as above. */
+/* p's workspace pointers into `ws` (at least fattn_bwd_workspace_bytes for p's deterministic), laid out as above. */
 FATTN_HD void fattn_bwd_workspace_set(attn_bwd_params *p, float *ws) {
     const int64_t rows = p->fwd.b * p->fwd.h * fattn_bwd_ws_rows(p->fwd.sq);
+    p->dq_copies = fattn_bwd_dq_copies(p->fwd.d, p->deterministic);
     p->dq_accum = ws;
-    p->dpsum = ws + rows * fattn_head_dim_bucket(p->fwd.d);
+    p->dpsum = ws + rows * fattn_head_dim_bucket(p->fwd.d) * p->dq_copies;
     p->lse2 = p->dpsum + rows;
     p->dq_sem = (int *)(p->lse2 + rows);
 }

@@ -4,7 +4,8 @@
  *   forward(q, k, v, out, lse=None, *, causal, scale, layout, window, variant, stream)   bind.c
  *   backward(dout, q, k, v, out, lse, dq, dk, dv, *, causal, scale, layout, window, variant, stream,
  *            deterministic, workspace)                                                  bind_bwd.c
- *   backward_workspace_bytes(b, h, sq, d) -> bytes a GPU backward's workspace needs    bind_bwd.c
+ *   backward_workspace_bytes(b, h, sq, d, deterministic=False) -> bytes a GPU backward's workspace needs
+ *                                                                      bind_bwd.c
  *   sinks(out, lse, sinks, *, layout, stream, dout, dsinks): attention sinks            bind_sinks.c
  *   dlpack_device(x) -> (device_type, device_id) of an array or a DLPack capsule
  *   variants(device_type, device_id) -> [(name, summary), ...]   the variants that run there
@@ -110,7 +111,7 @@ static PyMethodDef module_methods[] = {
      "sinks(out, lse, sinks, *, layout=0, stream=None, dout=None, dsinks=None): attention sinks applied to a "
      "forward's out and lse in place, or (with dout, dsinks) their gradient."},
     {"backward_workspace_bytes", (PyCFunction)(void (*)(void))fattn_py_backward_workspace_bytes, METH_FASTCALL,
-     "backward_workspace_bytes(b, h, sq, d) -> bytes of workspace a GPU backward needs."},
+     "backward_workspace_bytes(b, h, sq, d, deterministic=False) -> bytes of workspace a GPU backward needs."},
     {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},
     {"longest_sequence", (PyCFunction)(void (*)(void))py_longest_sequence, METH_FASTCALL,
      "longest_sequence(cu_seqlens, stream=None) -> the longest sequence of int32 prefix sums (checked)."},

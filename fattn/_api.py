@@ -178,7 +178,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     workspace, stream = None, None
     if dev_type == CUDA:
         stream = current_stream(fw, dev_id)
-        workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(*_args.bhs(q.shape, layout_code), q.shape[3]) // 4,), True)
+        nbytes = _C.backward_workspace_bytes(*_args.bhs(q.shape, layout_code), q.shape[3], bool(deterministic))
+        workspace = EMPTY[fw](q, (nbytes // 4,), True)
     sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
     dsinks = EMPTY[fw](q, (sinks.shape[0],), True) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,

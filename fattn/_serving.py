@@ -108,7 +108,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     if dev_type == CUDA:
         stream = current_stream(fw, dev_id)
         nseq = cu_seqlens_q.shape[0] - 1
-        workspace = EMPTY[fw](q, (_C.backward_workspace_bytes(nseq, q.shape[1], max_q, q.shape[2]) // 4,), True)
+        nbytes = _C.backward_workspace_bytes(nseq, q.shape[1], max_q, q.shape[2], bool(deterministic))
+        workspace = EMPTY[fw](q, (nbytes // 4,), True)
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
     dsinks = EMPTY[fw](q, (sinks.shape[0],), True) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,

@@ -84,17 +84,19 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                        check_indices: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     workspace = None
+    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     if q.is_cuda:
         b, h, sq = (cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q) if cu_seqlens_q is not None \
             else _args.bhs(q.shape, layout)
-        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1]) // 4,), dtype=torch.float32)
+        workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1], deterministic) // 4,),
+                                dtype=torch.float32)
     if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
         dout = dout.contiguous()
     dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
     sink_kw = {} if sinks is None else {"sinks": sinks.detach(), "dsinks": dsinks}
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,
                 window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
-                deterministic=deterministic or torch.are_deterministic_algorithms_enabled(), workspace=workspace,
+                deterministic=deterministic, workspace=workspace,
                 alibi_slopes=alibi_slopes, check_indices=check_indices, **sink_kw,
                 **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     return dq, dk, dv, dsinks

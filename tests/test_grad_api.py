@@ -49,6 +49,14 @@ def test_backward_numpy_and_empty_shapes():
             assert x.numel() == 0 or (x == 0).all()
     # the GPU workspace is never empty (with Sq = 0 the dK / dV kernel still runs and needs an address)
     assert _C.backward_workspace_bytes(2, 4, 0, 64) == 16 and _C.backward_workspace_bytes(0, 4, 9, 64) == 16
+    # 4 bytes a row (Sq = 100: 256 rows, 80-row steps then 128-row blocks) for each column of dQ's accumulator (the
+    # head-dim bucket), D, LSE and the counters; deterministic mode at head dim 256 keeps two copies of the accumulator
+    assert _C.backward_workspace_bytes(1, 2, 100, 256) == 4 * 2 * 256 * (256 + 3)
+    assert _C.backward_workspace_bytes(1, 2, 100, 256, True) == 4 * 2 * 256 * (2 * 256 + 3)
+    assert _C.backward_workspace_bytes(1, 2, 100, 200, True) == 4 * 2 * 256 * (2 * 256 + 3)
+    assert _C.backward_workspace_bytes(1, 2, 100, 128, True) == _C.backward_workspace_bytes(1, 2, 100, 128)
+    with pytest.raises(TypeError, match="backward_workspace_bytes"):
+        _C.backward_workspace_bytes(1, 2, 100)
 
 
 # ---- GPU dispatch: plans, fallback, graphs, streams -------------------------------------------------------------
@@ -163,6 +171,33 @@ def test_grad_workspace_argument(seed):
                       (torch.empty(nbytes // 4), "workspace: on cpu but q is on cuda:0")):
         with pytest.raises(ValueError, match=match):
             run(ws)
+    torch.cuda.synchronize()  # nothing left pending
+
+
+@pytest.mark.gpu
+def test_grad_workspace_deterministic_wide(seed):
+    """Deterministic mode at head dim 256 needs backward_workspace_bytes(..., deterministic=True), which holds two
+    copies of dQ's accumulator (v3's wide kernel adds a tile's turns alternately into them): a workspace of that size
+    gives the gradients of the one fattn allocates itself, bitwise, and right ones; one sized for the default mode is
+    refused with a ValueError that says so."""
+    require("cuda")
+    q, k, v, dout = inputs(1, 4, 2, 700, 600, 256, torch.float16, "cuda", seed)
+    out, lse = fattn.attention(q, k, v, return_lse=True)
+    stream = torch.cuda.current_stream().cuda_stream or 1
+
+    def run(ws):
+        g = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+        _C.backward(dout, q, k, v, out, lse, *g, stream=stream, workspace=ws, deterministic=True)
+        return g
+
+    nbytes = _C.backward_workspace_bytes(1, 4, 700, 256, True)
+    assert nbytes > _C.backward_workspace_bytes(1, 4, 700, 256)
+    want = run(None)
+    check(want, q, k, v, dout)
+    got = run(torch.full((nbytes // 4,), float("nan"), device="cuda"))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(ValueError, match="workspace: .* need .*deterministic=True"):
+        run(torch.empty(_C.backward_workspace_bytes(1, 4, 700, 256) // 4, device="cuda"))
     torch.cuda.synchronize()  # nothing left pending
 
 

@@ -54,6 +54,6 @@ fattn_status fattn_plan_bwd_v1(const attn_bwd_params *p, const struct fattn_tune
     plan->smem = V1B_SMEM_BYTES(fattn_head_dim_bucket(f->d));
     plan->grid_x = (unsigned)((f->sq + V1B_T - 1) / V1B_T * f->b * f->h);
     plan->grid_y = 1;
-    plan->workspace_bytes = (size_t)fattn_bwd_workspace_bytes(f->b, f->h, f->sq, f->d);
+    plan->workspace_bytes = (size_t)fattn_bwd_workspace_bytes(f->b, f->h, f->sq, f->d, p->deterministic);
     return FATTN_OK;
 }

@@ -19,7 +19,9 @@ DEV void v3b_convert_done(int wait_blocks) {
  * read in v3_dq_index's order (thread tid its own float4s, coalesced), turned row-major in shared memory, and written
  * as 16-byte stores, eight threads to a 128-byte row (the planner: dq 16-byte aligned, strides a multiple of 8
  * elements, d a multiple of 8).  Deterministic mode stores each tile's first add instead of zeroing the accumulator,
- * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0. */
+ * so a tile no key block added to (rows that see no key) is unwritten there: its counter is 0, and its dQ is 0; at
+ * head dim 256 a tile's adds alternate between the workspace's two copies (v3_bwd_wide.cu), summed here in copy
+ * order, each if its counter says it was written. */
 template <typename T, int DP, bool SEQ>
 __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all, const int wait_blocks) {
     __shared__ float tile[64][72]; /* 72: the float2 stores of a half-warp (4 rows x 4 threads) hit distinct banks */
@@ -34,12 +36,18 @@ __global__ void __launch_bounds__(128) v3_bwd_convert(const attn_bwd_params all,
     if (!SEQ && wait_blocks) v3b_wait_done(p, bh / f.h_per_kv, wait_blocks);
     /* the tile as the dK/dV kernel numbered it: from p's workspace pointers (a sequence's: moved by its rows) */
     const int64_t t = v3_dq_tile<DP>(SEQ ? bh % f.h : bh, p.ws_rows, rb * 64, panel);
-    const bool added = !p.deterministic || p.dq_sem[t] > 0;
-    const float *src = p.dq_accum + 4096 * t;
+    const int G = DP == 256 && !SEQ ? p.dq_copies : 1; /* (v3_bwd_wide.cu: the wide kernel's copies) */
+    const bool added = !p.deterministic || p.dq_sem[v3_dq_copy(t, G, 0)] > 0;
+    const bool added2 = G > 1 && p.dq_sem[v3_dq_copy(t, G, 1)] > 0; /* (deterministic mode only) */
+    const float *src = p.dq_accum + 4096 * v3_dq_copy(t, G, 0);
     const int row = (tid / 32) * 16 + (tid % 32) / 4;
 #pragma unroll
     for (int v4 = 0; v4 < 8; v4++) {
-        const float4 x = added ? *(const float4 *)(src + v3_dq_index(tid, 4 * v4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 x = added ? *(const float4 *)(src + v3_dq_index(tid, 4 * v4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (added2) {
+            const float4 y = *(const float4 *)(src + 4096 + v3_dq_index(tid, 4 * v4));
+            x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+        }
         const int col = 8 * v4 + 2 * (tid % 4);
         *(float2 *)&tile[row][col] = make_float2(x.x, x.y);
         *(float2 *)&tile[row + 8][col] = make_float2(x.z, x.w);

@@ -132,7 +132,7 @@ fattn_status fattn_plan_bwd_v3(const attn_bwd_params *p, const struct fattn_tune
     plan->order = FATTN_ORDER_HEADS;
     plan->splits = 1;
     plan->split_blocks = nkb;
-    plan->workspace_bytes = (size_t)fattn_bwd_workspace_bytes(f->b, f->h, f->sq, f->d);
+    plan->workspace_bytes = (size_t)fattn_bwd_workspace_bytes(f->b, f->h, f->sq, f->d, p->deterministic);
     plan->sinks_fused = p->dsinks != NULL; /* dsinks from bwd_prep's D and LSE2 (fattn_launch_bwd_dsinks) */
     return FATTN_OK;
 }

@@ -24,6 +24,11 @@ template <int DP> DEV int64_t v3_dq_tile(int64_t bh, int64_t ws_rows, int64_t r0
     return (bh * ws_rows + r0) / 64 * (DP / 64) + panel;
 }
 
+/* Copy c of G (the workspace's dq_copies, fattn.h: fattn_bwd_dq_copies; the wide kernel's deterministic mode on
+ * dense batches, else G = 1) of tile t: dq_accum[4096 v3_dq_copy(t, G, c) ..] and its counter dq_sem[v3_dq_copy(t,
+ * G, c)] -- a tile's copies side by side, so that a (b, h)'s tiles stay within its rows of dq_accum and dq_sem. */
+DEV int64_t v3_dq_copy(int64_t t, int G, int c) { return G * t + c; }
+
 /* setmaxnreg: the block is launched with 168 registers a thread (384 threads); the producer warpgroup gives up what
  * the consumers take, exactly: 128 (168 - 24) = 256 (240 - 168).  (A consumer asking for more than was given back
  * waits in setmaxnreg forever.) */

@@ -24,8 +24,11 @@
  * in half the GPU, v3b_stagger_turn, else in chunks, v3w_turn -- the launcher's word, V3B_STAGGER_*).  Two warps of
  * the producer's warpgroup keep the turns, of alternate steps (v3w_keep_turns): a keeper waits on the step's tiles'
  * counters for the block's turn and lets the consumers add (a named barrier), each warpgroup stores (the first add:
- * the accumulator is not zeroed) or adds and signals, and the keeper counts the adds (one fence, then relaxed adds).  The consumers never wait
- * on global memory themselves.
+ * the accumulator is not zeroed) or adds and signals, and the keeper counts the adds (one fence, then relaxed
+ * adds).  The consumers never wait on global memory themselves.  On dense batches a tile's turns alternate between
+ * two copies of dq_accum (the workspace's dq_copies; v3w_copy), so that a turn waits for the add two turns before
+ * it: a tile gets an add every step, and with one copy each step's add waited for the last one's whole round trip
+ * (add, land, count, poll).  The convert pass sums the copies in copy order.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd_kernel.cuh's.
  * fp16 / bf16, positive scale (v3_bwd_plan.c).
@@ -90,6 +93,13 @@ DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger
     return c * V3B_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
 }
 
+/* A tile's turn t among G copies of dq_accum (G = 1 or 2: the workspace's dq_copies, or 1): its copy c = t mod G and
+ * the turn within it (0: the copy's first add, a store). */
+typedef struct {
+    int c, turn;
+} v3w_copy;
+DEV v3w_copy v3w_copy_of(int t, int G) { return v3w_copy{t & (G - 1), t >> (G - 1)}; }
+
 /* Deterministic mode's turns, kept by two warps (V3W_KEEPERS), keeper par taking the steps of parity par, so that
  * the consumers never wait on global memory: for each step, lane 0 polls the four dQ tiles' counters of the step's
  * rows (relaxed loads, all four at once) until each shows the adds of the key blocks before this one, then one
@@ -99,20 +109,24 @@ DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger
  * adds to land; with one keeper the next step's poll waited behind it, so a step's turn came no sooner than the
  * step before had landed -- with two, the next step's keeper polls meanwhile.  Every block adds to all four tiles of
  * a step and counts them together, so the four counters move as one.  A count never waits on another block, and a
- * turn waits only on adds that come earlier in v3w_turn's order, so the waits cannot close a cycle. */
+ * turn waits only on adds that come earlier in v3w_turn's order, so the waits cannot close a cycle.  With G copies
+ * of dq_accum (v3w_copy) a tile's turn t goes to copy t mod G as its add t / G, and waits on that copy's counter
+ * only: for the add G turns before it. */
 template <int DP, int BR, int BC>
-DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int par, int lane) {
+DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int G, int par,
+                        int lane) {
     const attn_params &f = p.fwd;
     for (int it = par; it < blk.n_it; it += V3W_KEEPERS) {
         const int i0 = v3b_row0<BR, true>(blk, it);
         const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
-        const int turn = v3w_turn(blk, it, sp, stagger, nkb);
-        int *sem = p.dq_sem + v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0);
+        const v3w_copy cp = v3w_copy_of(v3w_turn(blk, it, sp, stagger, nkb), G);
+        /* the four tiles' counters of copy cp.c, G apart */
+        int *sem = p.dq_sem + v3_dq_copy(v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0), G, cp.c);
         if (lane == 0) {
             for (;;) {
-                const int c0 = ld_relaxed(sem), c1 = ld_relaxed(sem + 1), c2 = ld_relaxed(sem + 2),
-                          c3 = ld_relaxed(sem + 3);
-                if (c0 == turn && c1 == turn && c2 == turn && c3 == turn) break;
+                const int c0 = ld_relaxed(sem), c1 = ld_relaxed(sem + G), c2 = ld_relaxed(sem + 2 * G),
+                          c3 = ld_relaxed(sem + 3 * G);
+                if (c0 == cp.turn && c1 == cp.turn && c2 == cp.turn && c3 == cp.turn) break;
             }
             fence_acq_rel_gpu();
         }
@@ -125,7 +139,7 @@ DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stag
         if (lane == 0) {
             fence_acq_rel_gpu();
 #pragma unroll
-            for (int t = 0; t < 4; t++) red_relaxed_add(sem + t, 1);
+            for (int t = 0; t < 4; t++) red_relaxed_add(sem + t * G, 1);
         }
     }
 }
@@ -161,6 +175,10 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     const attn_params &f = p.fwd;
     v3b_block blk = v3b_block_of<BR, BC>(f, bp.kb, bp.b, bp.hk);
     const int nkb = (int)((f.sk + BC - 1) / BC);
+    /* deterministic mode's copies of dq_accum: the workspace's (fattn.h: fattn_bwd_dq_copies) where the adds go to
+     * dq_accum of the whole batch, else one (dQ out; a packed batch's sequences each have one copy's rows) */
+    static_assert(FATTN_BWD_DQ_COPIES == 2, "v3w_copy_of: one or two copies");
+    const int G = DET && !SEQ && !DQ_OUT ? p.dq_copies : 1;
     const int stagger = heads && blk.nm > 0 ? V3B_STAGGER_HEADS
                         : DET && !SEQ && stagger_asked == V3B_STAGGER_CHUNKS && v3w_staggers(blk, nkb)
                             ? V3B_STAGGER_CHUNKS
@@ -181,7 +199,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
             v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
                                                     bp.tma_b, ZA ? zero_ahead : 0);
         if (DET && warp >= 1 && warp <= V3W_KEEPERS && blk.n_it > 0)
-            v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, warp - 1, lane);
+            v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, G, warp - 1, lane);
         return;
     }
 
@@ -292,7 +310,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
 
         /* dQ_w: columns [0, 64) of it are tile 2 cw of the rows, [64, 128) tile 2 cw + 1 (v3_dq_index's order) */
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
-        float *acc = p.dq_accum + 4096 * tile;
+        float *acc = p.dq_accum + 4096 * tile; /* (default mode: one copy) */
         /* DQ_OUT: element i of dQ_w is row i0 + qrow + 8 ((i >> 1) & 1), column 128 cw + 8 (i / 4) + 2 t (+ 1 for
          * i + 1).  Lanes t and t ^ 1 trade a pair of each two n8 tiles (2 pp, 2 pp + 1), so that an even t holds four
          * columns of tile 2 pp from 2 t on, an odd t four of tile 2 pp + 1 from 2 t - 2 on: a quad's 8-byte reds fill
@@ -322,20 +340,23 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
         } else if constexpr (DQ_OUT) {
             dq_out_add();
         } else if constexpr (DET) {
-            const bool first = v3w_turn(blk, it, sp, stagger, nkb) == 0; /* the tile's first add */
+            /* the tiles' copy (v3w_copy: the two tiles G copies apart), and the copy's first add */
+            const v3w_copy cp = v3w_copy_of(v3w_turn(blk, it, sp, stagger, nkb), G);
+            float *const dst = p.dq_accum + 4096 * v3_dq_copy(tile, G, cp.c);
+            const int64_t next = 4096 * G; /* tile 2 cw + 1's copy */
             named_barrier_sync(V3W_BAR_TURN(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
-            /* the tile's first add is a store (the accumulator is not zeroed); one branch around each loop, so that
+            /* a copy's first add is a store (the accumulator is not zeroed); one branch around each loop, so that
              * each compiles as the default mode's reds do (per-add branches recomputed every address into the same
              * registers, each store or red waiting for the one before it to have read them) */
-            if (first) {
+            if (cp.turn == 0) {
 #pragma unroll
                 for (int v4 = 0; v4 < 16; v4++)
-                    *(float4 *)(acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8))) =
+                    *(float4 *)(dst + next * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8))) =
                         make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
             } else {
 #pragma unroll
                 for (int v4 = 0; v4 < 16; v4++)
-                    red_add_v4(acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
+                    red_add_v4(dst + next * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
                                dq[4 * v4 + 2], dq[4 * v4 + 3]);
             }
             named_barrier_arrive(V3W_BAR_ADDED(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper counts them */
