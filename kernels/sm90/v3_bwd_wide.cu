@@ -28,7 +28,8 @@
  * adds).  The consumers never wait on global memory themselves.  On dense batches a tile's turns alternate between
  * two copies of dq_accum (the workspace's dq_copies; v3w_copy), so that a turn waits for the add two turns before
  * it: a tile gets an add every step, and with one copy each step's add waited for the last one's whole round trip
- * (add, land, count, poll).  The convert pass sums the copies in copy order.
+ * (add, land, count, poll) -- where staggered (without a mask); elsewhere copy 0 takes every turn.  The convert pass
+ * sums the copies that were written, in copy order.
  * Rows past Sq read as zeros (TMA) with LSE2 = +inf, so P = dS = 0 there; keys past Sk are masked (the last key block
  * is an edge block) and never stored.  MODS (a softcap, ALiBi) and SEQ (packed batches) as v3_bwd_kernel.cuh's.
  * fp16 / bf16, positive scale (v3_bwd_plan.c).
@@ -93,12 +94,12 @@ DEV int v3w_turn(const v3b_block &blk, int it, const fattn_span &sp, int stagger
     return c * V3B_DET_CHUNK + (l <= u ? (u < w - 1 ? u : w - 1) - l : u + w - l);
 }
 
-/* A tile's turn t among G copies of dq_accum (G = 1 or 2: the workspace's dq_copies, or 1): its copy c = t mod G and
+/* A tile's turn t where the turns alternate between `ways` copies of dq_accum (1 or 2): its copy c = t mod ways and
  * the turn within it (0: the copy's first add, a store). */
 typedef struct {
     int c, turn;
 } v3w_copy;
-DEV v3w_copy v3w_copy_of(int t, int G) { return v3w_copy{t & (G - 1), t >> (G - 1)}; }
+DEV v3w_copy v3w_copy_of(int t, int ways) { return v3w_copy{t & (ways - 1), t >> (ways - 1)}; }
 
 /* Deterministic mode's turns, kept by two warps (V3W_KEEPERS), keeper par taking the steps of parity par, so that
  * the consumers never wait on global memory: for each step, lane 0 polls the four dQ tiles' counters of the step's
@@ -109,17 +110,17 @@ DEV v3w_copy v3w_copy_of(int t, int G) { return v3w_copy{t & (G - 1), t >> (G - 
  * adds to land; with one keeper the next step's poll waited behind it, so a step's turn came no sooner than the
  * step before had landed -- with two, the next step's keeper polls meanwhile.  Every block adds to all four tiles of
  * a step and counts them together, so the four counters move as one.  A count never waits on another block, and a
- * turn waits only on adds that come earlier in v3w_turn's order, so the waits cannot close a cycle.  With G copies
- * of dq_accum (v3w_copy) a tile's turn t goes to copy t mod G as its add t / G, and waits on that copy's counter
- * only: for the add G turns before it. */
+ * turn waits only on adds that come earlier in v3w_turn's order, so the waits cannot close a cycle.  G: the copies
+ * of dq_accum side by side (v3_dq_copy); where the turns alternate between them (ways = G, v3w_copy) a tile's turn t
+ * goes to copy t mod G as its add t / G, and waits on that copy's counter only: for the add G turns before it. */
 template <int DP, int BR, int BC>
-DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int G, int par,
-                        int lane) {
+DEV void v3w_keep_turns(const attn_bwd_params &p, const v3b_block &blk, int stagger, int nkb, int G, int ways,
+                        int par, int lane) {
     const attn_params &f = p.fwd;
     for (int it = par; it < blk.n_it; it += V3W_KEEPERS) {
         const int i0 = v3b_row0<BR, true>(blk, it);
         const fattn_span sp = stagger ? fattn_span{} : fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
-        const v3w_copy cp = v3w_copy_of(v3w_turn(blk, it, sp, stagger, nkb), G);
+        const v3w_copy cp = v3w_copy_of(v3w_turn(blk, it, sp, stagger, nkb), ways);
         /* the four tiles' counters of copy cp.c, G apart */
         int *sem = p.dq_sem + v3_dq_copy(v3_dq_tile<DP>(blk.b * f.h + blk.h0 + it / blk.nm, p.ws_rows, i0, 0), G, cp.c);
         if (lane == 0) {
@@ -184,6 +185,12 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
                             ? V3B_STAGGER_CHUNKS
                             : V3B_STAGGER_NONE;
     if (stagger != V3B_STAGGER_NONE) blk.rot = blk.kb % blk.nm;
+    /* the turns alternate between the copies where staggered: there a tile gets an add every step, each waiting on
+     * the one before it (with one copy every step waited for the last one's whole round trip).  Under a mask with a
+     * right edge (descending order) the second copy cost more in L2 than it saved: on an H100 at causal 8k / 16k
+     * 0.89 / 0.70x the speed of one copy, against 1.05-1.10x at non-causal 1k-4k
+     * (evidence/backward/h100_v3_bwd_wide_det_copies_*.md) -- there copy 0 takes every turn. */
+    const int ways = stagger != V3B_STAGGER_NONE ? G : 1;
     blk.desc = desc;
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
@@ -199,7 +206,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
             v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
                                                     bp.tma_b, ZA ? zero_ahead : 0);
         if (DET && warp >= 1 && warp <= V3W_KEEPERS && blk.n_it > 0)
-            v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, G, warp - 1, lane);
+            v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, G, ways, warp - 1, lane);
         return;
     }
 
@@ -341,7 +348,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
             dq_out_add();
         } else if constexpr (DET) {
             /* the tiles' copy (v3w_copy: the two tiles G copies apart), and the copy's first add */
-            const v3w_copy cp = v3w_copy_of(v3w_turn(blk, it, sp, stagger, nkb), G);
+            const v3w_copy cp = v3w_copy_of(v3w_turn(blk, it, sp, stagger, nkb), ways);
             float *const dst = p.dq_accum + 4096 * v3_dq_copy(tile, G, cp.c);
             const int64_t next = 4096 * G; /* tile 2 cw + 1's copy */
             named_barrier_sync(V3W_BAR_TURN(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper: both tiles' turn */
