@@ -42,7 +42,9 @@
  * evidence/backward/h200_v3_bwd_det_order_792ba20.md): 0.81-0.94x cudnn, 1.02-1.19x the default's time causal,
  * 1.09-1.26x non-causal; on an H100 after whole heads and chunks of 32 staggered (fdd9407,
  * evidence/backward/h100_v3_bwd_stagger_88a1dbe.md): 0.81-0.94x cudnn, 1.02-1.26x the default's time causal,
- * 1.06-1.29x non-causal.
+ * 1.06-1.29x non-causal; with two turn keepers and, where staggered, two copies of dq_accum (3b2d311,
+ * evidence/backward/h100_v3_bwd_wide_det_copies_3b2d311.md): 1.03-1.15x faster than before from S = 1k on, 0.90-1.19x
+ * cudnn, 1.05-1.21x the default's time (the fa3 pass: within 15% at 8 of 12 points at D = 256).
  */
 #include <cuda.h> /* CUtensorMap and its enums: types only */
 
@@ -189,7 +191,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
      * the one before it (with one copy every step waited for the last one's whole round trip).  Under a mask with a
      * right edge (descending order) the second copy cost more in L2 than it saved: on an H100 at causal 8k / 16k
      * 0.89 / 0.70x the speed of one copy, against 1.05-1.10x at non-causal 1k-4k
-     * (evidence/backward/h100_v3_bwd_wide_det_copies_*.md) -- there copy 0 takes every turn. */
+     * (evidence/backward/h100_v3_bwd_wide_det_copies_3b2d311.md) -- there copy 0 takes every turn. */
     const int ways = stagger != V3B_STAGGER_NONE ? G : 1;
     blk.desc = desc;
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
