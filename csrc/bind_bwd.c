@@ -13,10 +13,11 @@
  * out and lse; dq, dk, dv (q's, k's and v's shapes and dtype, any strides with a contiguous last dimension) are
  * written.  variant names the forward variant whose backward runs (its table row's bwd); config overrides a GPU
  * backward's config index or the CPU's (br, bc, threads).  workspace: a writable array on the call's device of at
- * least backward_workspace_bytes(b, h, sq, d, deterministic) bytes (GPU only; None: one cached per device and stream, which cannot
- * be had while the stream is being captured into a CUDA graph).  sinks (float32 (H,)) and dsinks (a writable float32
- * (H,)) go together: out and lse are then the sink-adjusted ones, and dsinks is written (csrc/sinks.h) -- from the
- * backward's own D and LSE2 where its planner says so (fattn_plan.sinks_fused: v2, v3), else by the sinks pass. */
+ * least backward_workspace_bytes(b, h, sq, d, deterministic) bytes (GPU only; None: one cached per device and
+ * stream, which cannot be had while the stream is being captured into a CUDA graph).  sinks (float32 (H,)) and
+ * dsinks (a writable float32 (H,)) go together: out and lse are then the sink-adjusted ones, and dsinks is written
+ * (csrc/sinks.h) -- from the backward's own D and LSE2 where its planner says so (fattn_plan.sinks_fused: v2, v3),
+ * else by the sinks pass. */
 #include "module.h"
 
 #include "cpu_attn.h"

@@ -141,7 +141,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             heads.
         deterministic: bitwise-repeatable gradients (on the GPU: dQ's float32 sums added in a fixed order -- v3
             in key-block order, descending under a causal mask, staggered without one at head dims to 64 and at
-            256; v2 by a separate dQ pass; slower).  The CPU backend is always deterministic.
+            256, there alternating between two float32 copies summed in order (a workspace twice dQ's accumulator);
+            v2 by a separate dQ pass; slower).  The CPU backend is always deterministic.
 
     With sinks, out and lse are the sink-adjusted ones the forward returned (the same backward kernels then give dq,
     dk, dv).  Rows that see no key get zero gradients.  Runs on the caller's current CUDA stream; a GPU call's float32

@@ -198,7 +198,7 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
 
-    if (wg == 0) { /* ---- producer: one thread; deterministic mode's turn keepers: warps 1-2; zero-ahead: warps 2-3 ---- */
+    if (wg == 0) { /* ---- producer: one thread; deterministic mode's turn keepers: warps 1, 2; zero-ahead: 2, 3 ---- */
         setmaxnreg_dec<V3B_PRODUCER_REGS>();
         if (ZA && warp >= 2) { /* v3_bwd_ring.cuh: v3b_zero; the producer waits for this block's group */
             if (zero_ahead > 0) v3b_zero<BC>{all}.fill(zero_ahead, false, tid - 64);
