@@ -319,7 +319,13 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
 
         /* dQ_w: columns [0, 64) of it are tile 2 cw of the rows, [64, 128) tile 2 cw + 1 (v3_dq_index's order) */
         const int64_t tile = v3_dq_tile<DP>(blk.b * f.h + h, p.ws_rows, i0, 2 * cw);
-        float *acc = p.dq_accum + 4096 * tile; /* (default mode: one copy) */
+        /* dQ_w added from registers into the two tiles' copies at dst and dst + next, one 16-byte red a quad */
+        auto red_tiles = [&](float *dst, int64_t next) {
+#pragma unroll
+            for (int v4 = 0; v4 < 16; v4++)
+                red_add_v4(dst + next * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
+                           dq[4 * v4 + 2], dq[4 * v4 + 3]);
+        };
         /* DQ_OUT: element i of dQ_w is row i0 + qrow + 8 ((i >> 1) & 1), column 128 cw + 8 (i / 4) + 2 t (+ 1 for
          * i + 1).  Lanes t and t ^ 1 trade a pair of each two n8 tiles (2 pp, 2 pp + 1), so that an even t holds four
          * columns of tile 2 pp from 2 t on, an odd t four of tile 2 pp + 1 from 2 t - 2 on: a quad's 8-byte reds fill
@@ -363,17 +369,11 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
                     *(float4 *)(dst + next * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8))) =
                         make_float4(dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
             } else {
-#pragma unroll
-                for (int v4 = 0; v4 < 16; v4++)
-                    red_add_v4(dst + next * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
-                               dq[4 * v4 + 2], dq[4 * v4 + 3]);
+                red_tiles(dst, next);
             }
             named_barrier_arrive(V3W_BAR_ADDED(cw, it & 1), V3W_KEEPER_THREADS); /* the turn keeper counts them */
         } else {
-#pragma unroll
-            for (int v4 = 0; v4 < 16; v4++)
-                red_add_v4(acc + 4096 * (v4 / 8) + v3_dq_index(tid, 4 * (v4 % 8)), dq[4 * v4], dq[4 * v4 + 1],
-                           dq[4 * v4 + 2], dq[4 * v4 + 3]);
+            red_tiles(p.dq_accum + 4096 * tile, 4096); /* (default mode: one copy) */
         }
         wgmma_wait<0>();
         reg_fence(dk);
