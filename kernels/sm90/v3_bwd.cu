@@ -217,3 +217,16 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
     FATTN_CUDA_CHECK(cudaLaunchKernelExC(&cc, r->convert[seq][ti], cargs));
     return FATTN_OK;
 }
+
+#ifdef FATTN_BWD_PROBE
+/* The diagnostic build's probe rows (v3_bwd_kernel.cuh: FATTN_BWD_PROBE), for bench/bwd_probe.py through ctypes:
+ * reset != 0 zeroes them, else the first `bytes` are copied to dst.  Returns the CUDA error code. */
+extern "C" int fattn_v3_bwd_probe(void *dst, size_t bytes, int reset) {
+    if (reset) {
+        void *buf = NULL;
+        cudaError_t e = cudaGetSymbolAddress(&buf, v3b_probe_buf);
+        return (int)(e ? e : cudaMemset(buf, 0, sizeof v3b_probe_buf));
+    }
+    return (int)cudaMemcpyFromSymbol(dst, v3b_probe_buf, bytes);
+}
+#endif

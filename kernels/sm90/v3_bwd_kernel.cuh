@@ -116,6 +116,39 @@
  * ran 0.95-1.03x with it, so those kernels are built without it; br = 80 1.057 / 1.090 / 1.075 / 1.014x at S = 1k /
  * 2k / 4k / 8k non-causal against br = 80 without it (evidence/backward/h100_v3_bwd_br80_777e632.md). */
 #define V3B_STAGGERS(dp, br, dq_out) ((dp) == 64 || (dp) == 256 || (br) == 80 || (dq_out))
+/* FATTN_BWD_PROBE (a diagnostic build, not the default; bench/bwd_probe.py): each block of the dK/dV kernel writes
+ * its SM and the clock (clock64, the SM's own cycle counter) at a few points of its life into v3b_probe_buf, slot
+ * V3B_PROBE_* of row blockIdx.x, so that where a block's time goes outside its steps -- the first loads, the
+ * epilogue, the dQ writer's last add, the gap before the SM's next block -- can be read per block. */
+#ifdef FATTN_BWD_PROBE
+#define V3B_PROBE_ROWS 16384
+#define V3B_PROBE_SLOTS 16
+enum { V3B_PROBE_SM, V3B_PROBE_ENTRY, V3B_PROBE_ENTRY_NS, V3B_PROBE_STEPS, V3B_PROBE_KV, V3B_PROBE_Q0, V3B_PROBE_LOOP,
+       V3B_PROBE_STORED0, V3B_PROBE_STORED1, V3B_PROBE_WRITER, V3B_PROBE_STORED0_NS };
+__device__ unsigned long long v3b_probe_buf[V3B_PROBE_ROWS * V3B_PROBE_SLOTS];
+DEV void v3b_probe(int slot, unsigned long long v) {
+    if (blockIdx.x < V3B_PROBE_ROWS) v3b_probe_buf[blockIdx.x * V3B_PROBE_SLOTS + slot] = v;
+}
+DEV unsigned long long v3b_clock() {
+    unsigned long long c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+    return c;
+}
+DEV unsigned long long v3b_ns() {
+    unsigned long long c;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(c)::"memory");
+    return c;
+}
+DEV unsigned long long v3b_smid() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+#define V3B_PROBE(slot, value) v3b_probe(slot, value)
+#else
+#define V3B_PROBE(slot, value) ((void)0)
+#endif
+
 /* Deterministic mode's turns: the adds to a dQ tile come from the key blocks that see its rows, in key-block order
  * (descending under a mask with a right edge).  The writer of key block kb waits until the tile has had its turn's
  * adds (v3b_turn: kb - n_min, or n_max - 1 - kb; [n_min, n_max) the key blocks its rows see; ld.acquire), and after
@@ -128,6 +161,11 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             const attn_bwd_params all, const int stagger, const int zero_ahead,
             const __grid_constant__ CUtensorMap tm_dq) {
     static_assert(BC == 128, "two consumers of 64 keys");
+    if (threadIdx.x == 0) {
+        V3B_PROBE(V3B_PROBE_ENTRY, v3b_clock());
+        V3B_PROBE(V3B_PROBE_ENTRY_NS, v3b_ns());
+        V3B_PROBE(V3B_PROBE_SM, v3b_smid());
+    }
     constexpr bool COUNTS = V3B_COUNTS_DONE(DP, DET, SEQ, DQ_OUT);
     if constexpr (COUNTS) griddep_launch_dependents(); /* convert may start once every block has */
     constexpr int KV_TILE = BC * DP, Q_TILE = BR * DP, DS_TILE = BC * BR; /* elements */
@@ -275,6 +313,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
             if (lane == 0) {
                 tma_store_wait_all();
                 if constexpr (COUNTS) v3b_signal_done(p, b * f.h_kv + hk);
+                V3B_PROBE(V3B_PROBE_WRITER, v3b_clock());
             }
             return;
         }
@@ -301,12 +340,17 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     const unsigned kn_lo = desc_lo(sK + (DQ_ROWS ? 0 : cw * BC * 64), BC * 128);
     float *sdQw = sdQ + cw * DQ_TILE;
     if (n_it > 0) mbar_wait(ring.kv_full, 0);
+    if (tid == 0 && cw == 0) {
+        V3B_PROBE(V3B_PROBE_KV, v3b_clock());
+        V3B_PROBE(V3B_PROBE_STEPS, n_it);
+    }
     for (int it = 0; it < n_it; it++) {
         const int s = it % STAGES, i0 = row0_of(it);
         T *q_s = sQ + s * Q_TILE, *do_s = sdO + s * Q_TILE, *ds_b = sdS + (it & 1) * DS_TILE;
         const fattn_span sp = fattn_key_span(&f.mask, f.sq, f.sk, i0, BR, BC);
         const bool masked = !(kb >= sp.n_full_min && kb < sp.n_full_max);
         mbar_wait(&q_full[s], (it / STAGES) & 1);
+        if (it == 0 && tid == 0 && cw == 0) V3B_PROBE(V3B_PROBE_Q0, v3b_clock());
 
         /* S^T = K_w Q^T and dP^T = V_w dO^T: DP / 16 k-steps each, four per 64-column panel, 32 bytes apart */
         float st[NS], dpt[NS];
@@ -486,6 +530,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
 
     /* ---- epilogue: scale * dK and dV, rows < Sk, columns < d, staged in K's and V's tiles (free once both
      * consumers' GEMMs are done) so that each warp stores whole rows, 16 bytes a thread ---- */
+    if (tid == 0 && cw == 0) V3B_PROBE(V3B_PROBE_LOOP, v3b_clock());
     named_barrier_sync(V3B_BAR_DS, 256);
     T *sdK = sK + cw * 64 * DP, *sdV = sV + cw * 64 * DP; /* this consumer's 64 keys */
     v3b_stage<T, DP>(sdK, sdV, dk, dv, f.scale, krow - cw * 64, t);
@@ -493,6 +538,10 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     v3b_store_rows<T, DP>((T *)p.dk + b * p.dk_stride_b + hk * p.dk_stride_h, p.dk_stride_s, sdK,
                           (T *)p.dv + b * p.dv_stride_b + hk * p.dv_stride_h, p.dv_stride_s, sdV,
                           j0 + cw * 64, f.sk, f.d, tid);
+    if (tid == 0) {
+        V3B_PROBE(cw ? V3B_PROBE_STORED1 : V3B_PROBE_STORED0, v3b_clock());
+        if (cw == 0) V3B_PROBE(V3B_PROBE_STORED0_NS, v3b_ns());
+    }
 }
 
 #endif
