@@ -92,12 +92,6 @@ DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\
 /* Waits until the committed stores / reductions have finished writing global memory. */
 DEV void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
-/* Box (c0, c1, c2, c3) of `map` into L2 (no shared memory, nothing to wait for). */
-DEV void tma_prefetch_l2_4d(const void *map, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n"
-                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-                 : "memory");
-}
 
 /* Counters between blocks: acquire load, release add. */
 DEV int ld_acquire(const int *a) {

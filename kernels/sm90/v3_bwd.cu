@@ -196,11 +196,8 @@ extern "C" fattn_status fattn_launch_bwd_v3(const attn_bwd_params *p, const fatt
         stagger = V3B_STAGGERS(r->dp, r->br, dq_out) && nkb <= room ? V3B_STAGGER_HEADS
                   : r->dp == 256 && V3B_DET_CHUNK <= room ? V3B_STAGGER_CHUNKS
                                                           : V3B_STAGGER_NONE;
-    /* kv_ahead: the blocks resident at once (one a multiprocessor), so that each block prefetches the K and V of
-     * the block about to follow it (v3_bwd_ring.cuh: v3b_prefetch_kv); dense batches of more than one wave */
-    const int kv_ahead = !seq && plan->grid_x > (unsigned)plan->dev.sm_count ? plan->dev.sm_count : 0;
-    /* (the wide kernels take the first eight: no tm_dq) */
-    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, &zero_ahead, (void *)&kv_ahead, &tdq};
+    /* (the wide kernels take the first seven: no tm_dq) */
+    void *args[] = {&tq, &tk, &tv, &tdo, (void *)p, &stagger, &zero_ahead, &tdq};
     FATTN_CUDA_CHECK(cudaLaunchKernel(dkdv, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem, s));
     /* convert: where the dK/dV kernel counts its blocks done (V3B_COUNTS_DONE), launched as its programmatic
      * dependent -- it starts on the multiprocessors the dK/dV kernel's last wave leaves idle, each block once its

@@ -158,7 +158,7 @@ template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool MODS, b
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-            const attn_bwd_params all, const int stagger, const int zero_ahead, const int kv_ahead,
+            const attn_bwd_params all, const int stagger, const int zero_ahead,
             const __grid_constant__ CUtensorMap tm_dq) {
     static_assert(BC == 128, "two consumers of 64 keys");
     if (threadIdx.x == 0) {
@@ -319,11 +319,8 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         }
         if (COUNTS && warp == 1 && lane == 0 && n_it == 0) v3b_signal_done(p, b * f.h_kv + hk); /* no adds */
         if (warp != 0 || lane != 0 || n_it == 0) return;
-        v3b_produce<T, DP, BR, BC, STAGES, DET, true>(
-            &tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0, bp.tma_b, 0, [&]() {
-                if (kv_ahead > 0 && blockIdx.x + kv_ahead < gridDim.x)
-                    v3b_prefetch_kv<DP, BC, 0>(&tm_k, &tm_v, all.fwd, desc, false, blockIdx.x + kv_ahead);
-            });
+        v3b_produce<T, DP, BR, BC, STAGES, DET, true>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
+                                                      bp.tma_b);
         return;
     }
 

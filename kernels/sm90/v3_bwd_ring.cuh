@@ -136,35 +136,6 @@ DEV void v3b_place(const attn_params &all, bool desc, bool heads, int *kb, int64
     *hk = bhk % all.h_kv;
 }
 
-/* K and V of block x (placed as v3b_place places block blockIdx.x; dense batches) into L2, for a block that has not started:
- * a block's first loads are its own K and V, which no block in flight has read, so they come from DRAM -- on an H100
- * 4-5 us from a block's entry to their landing, a block's K and V of 64 KB (bench/bwd_probe.py) -- unless the block
- * that ran before it on the same multiprocessor fetched them near its end.  The launcher passes the blocks resident
- * at once (the dK/dV kernels' kv_ahead): block x + kv_ahead is about the one that starts when block x ends. */
-template <int DP, int BC, int G>
-DEV void v3b_prefetch_kv(const CUtensorMap *tm_k, const CUtensorMap *tm_v, const attn_params &f, bool desc,
-                         bool heads, unsigned x) {
-    /* v3b_place_at in 32 bits (a grid's blocks, a batch's kv heads and key blocks all fit; the producer thread runs
-     * on few registers) */
-    const unsigned nkb = (unsigned)((f.sk + BC - 1) / BC), hkv = (unsigned)f.h_kv;
-    unsigned bhk = x / nkb, kb = x - bhk * nkb;
-    if constexpr (G > 0) {
-        if (!desc && !heads) {
-            const unsigned per_chunk = (unsigned)G * (unsigned)f.b * hkv, c = x / per_chunk, r = x - c * per_chunk;
-            const unsigned w = nkb - c * G < (unsigned)G ? nkb - c * G : (unsigned)G;
-            bhk = r / w;
-            kb = c * G + (r - bhk * w);
-        }
-    }
-    if (desc) kb = nkb - 1 - kb;
-    const int b = (int)(bhk / hkv), hk = (int)(bhk - (unsigned)b * hkv);
-#pragma unroll
-    for (int c = 0; c < DP / 64; c++) {
-        tma_prefetch_l2_4d(tm_k, c * 64, (int)kb * BC, hk, b);
-        tma_prefetch_l2_4d(tm_v, c * 64, (int)kb * BC, hk, b);
-    }
-}
-
 /* The work of key block kb, kv head hk, batch b of f (a packed batch's sequence: its own params, b = 0). */
 template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f, int kb, int64_t b, int64_t hk) {
     v3b_block k;
@@ -187,7 +158,6 @@ template <int BR, int BC> DEV v3b_block v3b_block_of(const attn_params &f, int k
  * fattn_seq_bwd_params), whose rows start at q0 / k0 of the tensor maps (built over all the rows, one batch).
  * Returns false where the block has no keys (past its sequence's). */
 template <int BC, bool SEQ, int G = 0> struct v3b_params {
-    static constexpr int chunk = G; /* v3b_place's */
     attn_bwd_params seq;
     int64_t b, hk;
     int kb, q0, k0, tma_b; /* TMA row offsets and batch coordinate */
@@ -307,13 +277,11 @@ template <typename T> struct v3b_ring {
 };
 
 /* The producer: one thread.  K_j, V_j once, then each step's slot once its consumers have released it.  q0, k0: the
- * rows of the tensor maps where the block's sequence starts; tma_b its batch coordinate; SUB: v3b_row0's.
- * prefetch_next(): called once, when the slot of the block's last-but-one step is free (its consumers then have about
- * three steps and the epilogue left), where the block prefetches the next block's K and V (v3b_prefetch_kv). */
-template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool SUB = false, typename Next>
+ * rows of the tensor maps where the block's sequence starts; tma_b its batch coordinate; SUB: v3b_row0's. */
+template <typename T, int DP, int BR, int BC, int STAGES, bool DET, bool SUB = false>
 DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                      const CUtensorMap *tm_do, const attn_bwd_params &p, const v3b_block &k, const v3b_ring<T> &r,
-                     int q0, int k0, int tma_b, int zero_wait, const Next &prefetch_next) {
+                     int q0, int k0, int tma_b, int zero_wait = 0) {
     constexpr int PANELS = DP / 64, KV_TILE = BC * DP, Q_TILE = BR * DP;
     tma_prefetch_map(tm_q);
     tma_prefetch_map(tm_do);
@@ -329,7 +297,6 @@ DEV void v3b_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUt
         const int s = it % STAGES, i0 = v3b_row0<BR, DET, SUB>(k, it);
         const int64_t h = k.h0 + it / k.nm;
         if (it >= STAGES) mbar_wait(&r.q_empty[s], (it / STAGES - 1) & 1);
-        if (it == (k.n_it > 2 ? k.n_it - 2 : 0)) prefetch_next();
         const int64_t row = (k.b * f.h + h) * p.ws_rows + i0; /* ws_rows >= every step's rows */
         mbar_arrive_expect_tx(&r.q_full[s], 2 * Q_TILE * 2 + 2 * BR * 4);
         bulk_load(r.lse + s * BR, p.lse2 + row, BR * 4, &r.q_full[s]);

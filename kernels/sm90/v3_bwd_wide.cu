@@ -154,7 +154,7 @@ template <typename T, int BR, int BC, int STAGES, bool DET, bool MODS, bool SEQ,
 __global__ void __launch_bounds__(384, 1)
 v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                 const attn_bwd_params all, const int stagger_asked, const int zero_ahead, const int kv_ahead) {
+                 const attn_bwd_params all, const int stagger_asked, const int zero_ahead) {
     constexpr int DP = 256;
     static_assert(!ZA || (!DET && !MODS && !SEQ), "zero-ahead: default mode's plain kernels");
     static_assert(!DQ_OUT || (!MODS && !SEQ && !ZA), "dQ out: plain kernels");
@@ -205,12 +205,8 @@ v3_bwd_dkdv_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant
             return;
         }
         if (threadIdx.x == 0 && blk.n_it > 0)
-            v3b_produce<T, DP, BR, BC, STAGES, DET>(
-                &tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0, bp.tma_b, ZA ? zero_ahead : 0, [&]() {
-                    if (kv_ahead > 0 && blockIdx.x + kv_ahead < gridDim.x)
-                        v3b_prefetch_kv<DP, BC, decltype(bp)::chunk>(&tm_k, &tm_v, all.fwd, desc, heads,
-                                                                    blockIdx.x + kv_ahead);
-                });
+            v3b_produce<T, DP, BR, BC, STAGES, DET>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
+                                                    bp.tma_b, ZA ? zero_ahead : 0);
         if (DET && warp >= 1 && warp <= V3W_KEEPERS && blk.n_it > 0)
             v3w_keep_turns<DP, BR, BC>(p, blk, stagger, nkb, G, ways, warp - 1, lane);
         return;
