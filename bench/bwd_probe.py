@@ -3,8 +3,9 @@
     python3 bench/bwd_probe.py --old DIR [--shapes 8,16,2048,128 4,16,4096,128] [--causal] [--json FILE]
 
 DIR: a tree built by bench/old_tree.sh with FATTN_BWD_PROBE defined (v3_bwd_kernel.cuh), imported as fattn_old.
-Each block of the dK/dV kernel (head dims 64 / 128) writes its SM and its SM's clock at its entry, once K and V
-have landed, once Q_0 has, after its last step, after each consumer's dK / dV stores and after the dQ writer's last
+Each block of the dK/dV kernel (head dims 64 / 128) writes its SM and its SM's clock at its entry, once it has placed
+itself (its key block and query blocks), once its consumers have their registers, when the producer issues its first
+loads, once K and V have landed, once Q_0 has, after its last step, after each consumer's dK / dV stores and after the dQ writer's last
 add has landed; this reads them back (ctypes: fattn_v3_bwd_probe) after one backward call, with the L2 flushed
 first, and prints per phase the median and mean over blocks in us, and the gap on each SM between a block's end
 and the next block's entry.  The clock's rate comes from the blocks' globaltimer readings.
@@ -22,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 ROWS, SLOTS = 16384, 16
-SM, ENTRY, ENTRY_NS, STEPS, KV, Q0, LOOP, STORED0, STORED1, WRITER, STORED0_NS = range(11)
+SM, ENTRY, ENTRY_NS, STEPS, KV, Q0, LOOP, STORED0, STORED1, WRITER, STORED0_NS, PLACED, REGS, ISSUE = range(14)
 
 
 def probe_call(fattn, lib, shape, causal, dtype):
@@ -55,6 +56,10 @@ def summarize(rows):
     work = rows[rows[:, STEPS] > 0]
     end = np.maximum(np.maximum(work[:, STORED0], work[:, STORED1]), work[:, WRITER])
     phases = {
+        "entry_to_placed": us(work[:, PLACED] - work[:, ENTRY]),
+        "placed_to_regs": us(work[:, REGS] - work[:, PLACED]),
+        "placed_to_issue": us(work[:, ISSUE] - work[:, PLACED]),
+        "issue_to_kv": us(work[:, KV] - work[:, ISSUE]),
         "entry_to_kv": us(work[:, KV] - work[:, ENTRY]),
         "kv_to_q0": us(work[:, Q0] - work[:, KV]),
         "steps": us(work[:, LOOP] - work[:, Q0]),
@@ -110,7 +115,7 @@ def main():
         print(f"== {sh} causal={a.causal} {a.dtype}: {r['blocks']} blocks on {r['sms']} SMs, {r['steps_median']:.0f} "
               f"steps (median), clock {r['clock_mhz']:.0f} MHz, span {r['span_us']:.1f} us, outside the steps "
               f"{100 * r['outside_steps_share']:.1f}% of a block's period")
-        for k in ("entry_to_kv", "kv_to_q0", "per_step", "steps", "loop_to_stored0", "loop_to_writer", "loop_to_end",
+        for k in ("entry_to_placed", "placed_to_regs", "placed_to_issue", "issue_to_kv", "entry_to_kv", "kv_to_q0", "per_step", "steps", "loop_to_stored0", "loop_to_writer", "loop_to_end",
                   "gap_to_next_block", "life"):
             x = r[k]
             print(f"   {k:20s} median {x['median']:9.2f}  mean {x['mean']:9.2f}  p10 {x['p10']:9.2f}  "

@@ -124,7 +124,8 @@
 #define V3B_PROBE_ROWS 16384
 #define V3B_PROBE_SLOTS 16
 enum { V3B_PROBE_SM, V3B_PROBE_ENTRY, V3B_PROBE_ENTRY_NS, V3B_PROBE_STEPS, V3B_PROBE_KV, V3B_PROBE_Q0, V3B_PROBE_LOOP,
-       V3B_PROBE_STORED0, V3B_PROBE_STORED1, V3B_PROBE_WRITER, V3B_PROBE_STORED0_NS };
+       V3B_PROBE_STORED0, V3B_PROBE_STORED1, V3B_PROBE_WRITER, V3B_PROBE_STORED0_NS, V3B_PROBE_PLACED,
+       V3B_PROBE_REGS, V3B_PROBE_ISSUE };
 __device__ unsigned long long v3b_probe_buf[V3B_PROBE_ROWS * V3B_PROBE_SLOTS];
 DEV void v3b_probe(int slot, unsigned long long v) {
     if (blockIdx.x < V3B_PROBE_ROWS) v3b_probe_buf[blockIdx.x * V3B_PROBE_SLOTS + slot] = v;
@@ -211,6 +212,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     auto row0_of = [&](int it) { return v3b_row0<BR, DET, true>(blk, it); };
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    if (threadIdx.x == 0) V3B_PROBE(V3B_PROBE_PLACED, v3b_clock());
     if (threadIdx.x == 0) v3b_ring_init<T, STAGES>(ring, 256);
     __syncthreads();
 
@@ -319,6 +321,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
         }
         if (COUNTS && warp == 1 && lane == 0 && n_it == 0) v3b_signal_done(p, b * f.h_kv + hk); /* no adds */
         if (warp != 0 || lane != 0 || n_it == 0) return;
+        V3B_PROBE(V3B_PROBE_ISSUE, v3b_clock());
         v3b_produce<T, DP, BR, BC, STAGES, DET, true>(&tm_q, &tm_k, &tm_v, &tm_do, p, blk, ring, bp.q0, bp.k0,
                                                       bp.tma_b);
         return;
@@ -327,6 +330,7 @@ v3_bwd_dkdv(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CU
     /* ---- consumers ---- */
     setmaxnreg_inc<V3B_CONSUMER_REGS>();
     const int cw = wg - 1, g = lane / 4, t = lane % 4;
+    if (tid == 0 && cw == 0) V3B_PROBE(V3B_PROBE_REGS, v3b_clock());
     const int krow = cw * 64 + warp * 16 + g; /* this thread's first key row in the block (the second is + 8) */
     const float c = f.scale_log2;             /* > 0 (the planner's rule): masked scores stay -inf */
     const float cap2 = f.softcap * FATTN_LOG2E, inv_cap2 = MODS && cap2 > 0.f ? 1.f / cap2 : 0.f; /* MODS */
