@@ -1,6 +1,10 @@
 """The mask block (csrc/mask.h): causal alignments and sliding windows, through every kernel, against the float64
 reference with fattn.testing.reference.visible -- the one Python statement of the rule.  Windows reach the kernels
 through fattn._C._dev.forward here, and through fattn.attention(window=...) (and its autograd) in the last test."""
+import os
+import subprocess
+import sysconfig
+
 import numpy as np
 import pytest
 
@@ -97,3 +101,18 @@ def test_key_blocks_seen_by_a_query_block_are_contiguous(causal, window):
                 blocks = np.unique(cols // bc)
                 assert blocks.size == 0 or np.array_equal(blocks, np.arange(blocks[0], blocks[-1] + 1)), \
                     (sq, sk, i0, br, blocks)
+
+
+def test_rows_seeing_closed_form_matches_the_rule(tmp_path):
+    """csrc/mask.h's fattn_rows_seeing (the query rows that see a key block: where every backward block starts its
+    walk) is a closed form; tests/mask_rows_check.c checks it against a row-by-row scan of fattn_row_keys over every
+    alignment, windows bounded or not on either side, lengths 1..257 both ways and key blocks of 1..128 keys."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    exe = str(tmp_path / "mask_rows_check")
+    subprocess.run(cc + ["-O2", "-std=gnu11", "-I", os.path.join(here, "..", "csrc"), "-o", exe,
+                         os.path.join(here, "mask_rows_check.c")], check=True)
+    run = subprocess.run([exe], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+    assert int(run.stdout.split()[0]) > 1_000_000, run.stdout
+
