@@ -64,7 +64,9 @@
  * so it is computed transposed, dQ^T = K^T dS^T (K's panel of the consumer's 64 columns M-major, dS K-major), a
  * 64 x 80 tile per consumer; dS goes to shared memory as dS (rows: queries) by stmatrix .trans, and the convert pass
  * of these tiles is v3_bwd_convert_t.  LSE and D are read from shared memory where used (no room to preload).
- * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): one pass at a868a54 (after zero-ahead,
+ * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): at f836224, after a block's start
+ * lost its two bisections over the rows (csrc/mask.h: fattn_rows_seeing; 1.07-1.15x at S = 512 / 1k), >= 1.05x at 31
+ * of 36 points, bf16 30 (evidence/backward/h100_v3_bwd_block_start_f836224.md).  Earlier: one pass at a868a54 (after zero-ahead,
  * f6adb8d: D=128 S=512 1.07-1.11x, 1k 1.02-1.05x against the tree before) 0.951-1.158x cudnn, >= 1.05x at 16 of 36
  * points (evidence/backward/h100_fa3_bwd_a868a54.json).  One pass at 9034942 (after the staged
  * epilogue, 6ceffe0: 1.04-1.13x at S = 512 / 1k, evidence/backward/h100_v3_bwd_epilogue_6ceffe0.md) 0.956-1.152x
