@@ -5,10 +5,10 @@
 DIR: a tree built by bench/old_tree.sh with FATTN_BWD_PROBE defined (v3_bwd_kernel.cuh), imported as fattn_old.
 Each block of the dK/dV kernel (head dims 64 / 128) writes its SM and its SM's clock at its entry, once it has placed
 itself (its key block and query blocks), once its consumers have their registers, when the producer issues its first
-loads, once K and V have landed, once Q_0 has, after its last step, after each consumer's dK / dV stores and after the dQ writer's last
-add has landed; this reads them back (ctypes: fattn_v3_bwd_probe) after one backward call, with the L2 flushed
-first, and prints per phase the median and mean over blocks in us, and the gap on each SM between a block's end
-and the next block's entry.  The clock's rate comes from the blocks' globaltimer readings.
+loads, once K and V have landed, once Q_0 has, after its last step, after each consumer's dK / dV stores and after
+the dQ writer's last add has landed; this reads them back (ctypes: fattn_v3_bwd_probe) after one backward call, with
+the L2 flushed first, and prints per phase the median and mean over blocks in us, and the gap on each SM between a
+block's end and the next block's entry.  The clock's rate comes from the blocks' globaltimer readings.
 """
 import argparse
 import ctypes

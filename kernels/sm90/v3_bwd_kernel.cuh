@@ -66,8 +66,9 @@
  * of these tiles is v3_bwd_convert_t.  LSE and D are read from shared memory where used (no room to preload).
  * Speed (NVIDIA H100, fa3 grid fp16, torch cudnn's backward in the same run): at f836224, after a block's start
  * lost its two bisections over the rows (csrc/mask.h: fattn_rows_seeing; 1.07-1.15x at S = 512 / 1k), >= 1.05x at 31
- * of 36 points, bf16 30 (evidence/backward/h100_v3_bwd_block_start_f836224.md).  Earlier: one pass at a868a54 (after zero-ahead,
- * f6adb8d: D=128 S=512 1.07-1.11x, 1k 1.02-1.05x against the tree before) 0.951-1.158x cudnn, >= 1.05x at 16 of 36
+ * of 36 points, bf16 30 (evidence/backward/h100_v3_bwd_block_start_f836224.md).  Earlier: one pass at a868a54
+ * (after zero-ahead, f6adb8d: D=128 S=512 1.07-1.11x, 1k 1.02-1.05x against the tree before) 0.951-1.158x cudnn,
+ * >= 1.05x at 16 of 36
  * points (evidence/backward/h100_fa3_bwd_a868a54.json).  One pass at 9034942 (after the staged
  * epilogue, 6ceffe0: 1.04-1.13x at S = 512 / 1k, evidence/backward/h100_v3_bwd_epilogue_6ceffe0.md) 0.956-1.152x
  * cudnn over D = 64 / 128 / 256, >= 1.05x at 14 of 36 points (h100_fa3_bwd_9034942.json).  At BR = 80 (8328cbe)
