@@ -80,7 +80,8 @@ def summarize(rows):
         gaps += [us(lst[i + 1][0] - lst[i][1]) for i in range(len(lst) - 1)]
     phases["gap_to_next_block"] = np.array(gaps) if gaps else np.zeros(1)
     span_us = (rows[:, STORED0_NS].max() - rows[:, ENTRY_NS].min()) / 1e3
-    out = {"blocks": int(len(rows)), "blocks_with_steps": int(len(work)), "steps_median": float(np.median(work[:, STEPS])),
+    out = {"blocks": int(len(rows)), "blocks_with_steps": int(len(work)),
+           "steps_median": float(np.median(work[:, STEPS])),
            "clock_mhz": mhz, "span_us": float(span_us), "sms": len(ends)}
     for k, x in phases.items():
         out[k] = {"median": float(np.median(x)), "mean": float(np.mean(x)), "p10": float(np.percentile(x, 10)),
@@ -115,7 +116,8 @@ def main():
         print(f"== {sh} causal={a.causal} {a.dtype}: {r['blocks']} blocks on {r['sms']} SMs, {r['steps_median']:.0f} "
               f"steps (median), clock {r['clock_mhz']:.0f} MHz, span {r['span_us']:.1f} us, outside the steps "
               f"{100 * r['outside_steps_share']:.1f}% of a block's period")
-        for k in ("entry_to_placed", "placed_to_regs", "placed_to_issue", "issue_to_kv", "entry_to_kv", "kv_to_q0", "per_step", "steps", "loop_to_stored0", "loop_to_writer", "loop_to_end",
+        for k in ("entry_to_placed", "placed_to_regs", "placed_to_issue", "issue_to_kv", "entry_to_kv", "kv_to_q0",
+                  "per_step", "steps", "loop_to_stored0", "loop_to_writer", "loop_to_end",
                   "gap_to_next_block", "life"):
             x = r[k]
             print(f"   {k:20s} median {x['median']:9.2f}  mean {x['mean']:9.2f}  p10 {x['p10']:9.2f}  "
