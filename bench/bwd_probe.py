@@ -53,8 +53,10 @@ def summarize(rows):
     ok = rows[(rows[:, STORED0] > 0) & (rows[:, STORED0_NS] > rows[:, ENTRY_NS])]
     mhz = float(np.median((ok[:, STORED0] - ok[:, ENTRY]) / (ok[:, STORED0_NS] - ok[:, ENTRY_NS]) * 1e3))
     us = lambda x: x / mhz  # noqa: E731
-    work = rows[rows[:, STEPS] > 0]
-    end = np.maximum(np.maximum(work[:, STORED0], work[:, STORED1]), work[:, WRITER])
+    # a block's end: its last probe point (a block without steps stores nothing: its entry)
+    block_end = rows[:, [STORED0, STORED1, WRITER, ENTRY]].max(axis=1)
+    has_steps = rows[:, STEPS] > 0
+    work, end = rows[has_steps], block_end[has_steps]
     phases = {
         "entry_to_placed": us(work[:, PLACED] - work[:, ENTRY]),
         "placed_to_regs": us(work[:, REGS] - work[:, PLACED]),
@@ -72,8 +74,7 @@ def summarize(rows):
     # gaps on each SM: a block's end to the next block's entry (one SM's clock)
     gaps = []
     ends = {}
-    for r in rows:
-        e = max(r[STORED0], r[STORED1], r[WRITER], r[ENTRY])
+    for r, e in zip(rows, block_end):
         ends.setdefault(int(r[SM]), []).append((int(r[ENTRY]), int(e)))
     for lst in ends.values():
         lst.sort()
