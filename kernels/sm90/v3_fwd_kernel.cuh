@@ -130,10 +130,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     const v3_fwd_smem<T> sm = {sQ, sK, sV, q_tile, q_full, q_empty, k_full, v_full, k_empty, v_empty, q_read};
     /* DYN (SEQ only): the dynamic schedule (v3_schedule.h: v3_seq_tile), tiles from tile_ctr (zero at launch) */
     static_assert(SEQ || !(DYN || PAGED), "the dynamic schedule and paged caches are for per-sequence calls");
-    /* NAMED: the producer names each tile's successor beside its Q (q_tile), and the consumers take their tiles
-     * from there -- the dynamic schedule's way, and the dense FLAT kernels' (their static schedule placed by the
-     * producer a tile ahead, so no placement arithmetic sits between one tile's last GEMMs and the next's first) */
-    constexpr bool NAMED = DYN || (FLAT && !SEQ);
+    constexpr bool dynamic = DYN;
     const int64_t ntiles = v3_ntiles(&p, BR);
 
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -143,13 +140,11 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             mbar_init(&q_empty[i], 4 * CWG); /* one arrival per consumer warp */
             mbar_init(&q_read[i], 4 * CWG);
         }
-        if (DYN) { /* the block's first tile: number blockIdx.x */
+        if (dynamic) { /* the block's first tile: number blockIdx.x */
             v3_seq_cursor seqs = {0, 0};
             v3_tile w;
             q_tile[QB] = v3_seq_tile(&p, BR, (int)blockIdx.x, &seqs, &w) ? make_int4((int)w.i0, w.b, w.h, 1)
                                                                            : make_int4(0, 0, 0, 0);
-        } else if (NAMED) {
-            q_tile[QB] = v3_tile_named(&p, BR, 0, (unsigned)ntiles, head_group);
         }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
@@ -164,7 +159,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     if (wg == 0) { /* ---- producer (v3_fwd_producer.cuh) ---- */
         setmaxnreg_dec<regs::producer>();
         if (warp == 0 && lane < (PAGED ? v3_page_pieces(p.page_size, BC) : 1)) /* paged: a lane per piece */
-            v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, NAMED, PAGED>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step,
+            v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, PAGED>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step,
                                                                     head_group, split, tile_ctr, lane);
         return;
     }
@@ -302,32 +297,31 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     if (PP && cw == CWG - 1) named_barrier_arrive(V3_BAR_TURN, 256);
 
     int ring = 0, round = 0, qround = 0;
-    /* NAMED: the next tile -- the block's first, then the one its Q slot names */
-    int4 next_w = NAMED ? q_tile[QB] : make_int4(0, 0, 0, 0);
+    /* dynamic: the next tile -- the block's first, then the one its Q slot names */
+    int4 next_w = dynamic ? q_tile[QB] : make_int4(0, 0, 0, 0);
     /* The next tile this block runs (the producer skips the same ones): false when there is none. */
     auto next_tile = [&](v3_tile &w, fattn_extent &x, int &qr) -> bool {
-        if constexpr (NAMED) {
+        if (dynamic) {
             if (!next_w.w) return false;
             w.i0 = next_w.x;
             w.b = next_w.y;
             w.h = next_w.z;
             w.split = 0;
-            x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
+            x = fattn_extent_of(&p, w.b);
             v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
             qr = qround++;
             return true;
-        } else {
-            for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-                w = v3_tile_place(&p, BR, tile, head_group, split);
-                x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
-                if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
-                v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
-                qr = SEQ ? qround++ : round;
-                round++;
-                return true;
-            }
-            return false;
         }
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
+            w = v3_tile_place(&p, BR, tile, head_group, split);
+            x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
+            if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
+            v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
+            qr = SEQ ? qround++ : round;
+            round++;
+            return true;
+        }
+        return false;
     };
     /* What a tile's epilogue needs once the next tile's softmax has taken over m, l and the rows. */
     struct v3_done {
@@ -376,7 +370,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             f1 = w.nblocks;
         }
         mbar_wait(&q_full[cur.qs], (qr / QB) & 1);
-        if (NAMED) { /* the tile after this one, then the entry back to the producer */
+        if (dynamic) { /* the tile after this one, then the entry back to the producer */
             next_w = q_tile[cur.qs];
             release(&q_read[cur.qs]);
         }

@@ -33,23 +33,13 @@ template <typename T> struct v3_fwd_smem {
     uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty, *q_read;
 };
 
-/* The block's tile in round k of the static schedule (v3_tile_index) as an entry beside a Q slot names it (NAMED
- * kernels, dense: no split tails): (i0, b, h, 1), or zeros past the last tile.  In 32 bits (the planner keeps the
- * tile numbers below 2^31 with room for two grids past the tiles): 64-bit values here spilled the producer's 24
- * registers. */
-DEV int4 v3_tile_named(const attn_params *p, int br, int k, unsigned ntiles, int head_group) {
-    const unsigned G = gridDim.x, x = blockIdx.x, tile = (unsigned)k * G + ((k & 1) ? G - 1 - x : x);
-    if (tile >= ntiles) return make_int4(0, 0, 0, 0);
-    const v3_tile w = v3_tile_place(p, br, tile, head_group, 0);
-    return make_int4((int)w.i0, w.b, w.h, 1);
-}
-
-template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN, bool NAMED, bool PAGED>
+template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN, bool PAGED>
 DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                         const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group, int split,
                         unsigned *tile_ctr, int lane) {
     constexpr int BR = 64 * CWG, QB = V3_QB(DP, BC, STAGES, CWG), PANELS = DP / 64;
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
+    constexpr bool dynamic = DYN;
     const bool leader = !PAGED || lane == 0; /* the thread that issues all but the paged K/V loads */
     static_assert(BC / 16 < 32, "a paged key block's pieces, one per lane");
     /* the lanes here: one per piece (v3_fwd_kernel.cuh) */
@@ -109,7 +99,7 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
             page = page_next;
         }
     };
-    if (!NAMED) {
+    if (!dynamic) {
         int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             v3_tile w = v3_tile_place(&p, BR, tile, head_group, split);
@@ -122,44 +112,37 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
         }
         return;
     }
-    /* NAMED: beside each tile's Q goes the tile after it, so the consumers know a tile before its Q lands and
-     * compute its span ahead of any wait (after a wait the compiler moved their ring and descriptor arithmetic off
-     * the uniform datapath: 4-18% slower, evidence/serving/h100_v3_dyn_schedule_12be09c.md).  The block's first
-     * tile is q_tile[QB].  DYN: block x's first tile is number x, the next ones come from the counter (+ the
-     * grid), each number read a tile ahead; else the static schedule's next round, placed here. */
+    /* dynamic: block x's first tile is number x, the next ones come from the counter (+ the grid), each number
+     * read a tile ahead.  Beside each tile's Q goes the tile after it, so the consumers know a tile before its
+     * Q lands and compute its span ahead of any wait (after a wait the compiler moved their ring and
+     * descriptor arithmetic off the uniform datapath: 4-18% slower, evidence/serving/h100_v3_dyn_schedule_12be09c.md). */
     /* The producer keeps its tiles in shared memory too (q_tile: the current one is the entry written a tile
      * ago, or the first), so few values live across a tile's loads: with 24 registers the rest spill, and a
      * spilled tile number would wait for its atomic at once. */
     v3_seq_cursor seqs = {0, 0};
-    unsigned t = 0u; /* DYN: the next tile's number (the first lane's: it takes them) */
-    if (DYN && leader && sm.q_tile[QB].w) t = atomicAdd(tile_ctr, 1u) + gridDim.x; /* the second tile's number */
+    unsigned t = 0u; /* the next tile's number (the first lane's: it takes them) */
+    if (leader && sm.q_tile[QB].w) t = atomicAdd(tile_ctr, 1u) + gridDim.x; /* the second tile's number */
     for (int qr = 0;; qr++) {
         if (PAGED) __syncwarp(lanes); /* the first lane's entries are written */
         const int4 cur = sm.q_tile[qr == 0 ? QB : (qr - 1) % QB];
         if (!cur.w) break;
-        int4 next; /* the entry of the tile after cur */
-        if constexpr (DYN) {
-            v3_tile wn; /* the next tile, its number read a tile ago */
-            const bool more_n = v3_seq_tile(&p, BR, PAGED ? (int)__shfl_sync(lanes, t, 0) : (int)t, &seqs, &wn);
-            if (more_n && leader) t = atomicAdd(tile_ctr, 1u) + gridDim.x;
-            next = more_n ? make_int4((int)wn.i0, wn.b, wn.h, 1) : make_int4(0, 0, 0, 0);
-        } else {
-            next = v3_tile_named(&p, BR, qr + 1, (unsigned)ntiles, head_group);
-        }
+        v3_tile wn; /* the next tile, its number read a tile ago */
+        const bool more_n = v3_seq_tile(&p, BR, PAGED ? (int)__shfl_sync(lanes, t, 0) : (int)t, &seqs, &wn);
+        if (more_n && leader) t = atomicAdd(tile_ctr, 1u) + gridDim.x;
         const int qs = qr % QB;
         if (qr >= QB) mbar_wait(&sm.q_read[qs], (qr / QB - 1) & 1); /* the slot's last entry has been read */
         if (PAGED) __syncwarp(lanes); /* every lane has read cur */
-        if (leader) sm.q_tile[qs] = next;
+        if (leader) sm.q_tile[qs] = more_n ? make_int4((int)wn.i0, wn.b, wn.h, 1) : make_int4(0, 0, 0, 0);
         v3_tile w;
         w.i0 = cur.x;
         w.b = cur.y;
         w.h = cur.z;
-        const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
+        const fattn_extent x = fattn_extent_of(&p, w.b);
         v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
         if (qr >= QB) mbar_wait(&sm.q_empty[qs], (qr / QB - 1) & 1); /* ... and its Q */
         load_tile(w, x, qr); /* its arrival on q_full releases the entry */
     }
-    if (DYN && leader) { /* the last block to take its final number sets the counter back to zero for the next launch */
+    if (leader) { /* the last block to take its final number sets the counter back to zero for the next launch */
         __threadfence();
         if (atomicAdd(tile_ctr + 1, 1u) == gridDim.x - 1) {
             __threadfence();

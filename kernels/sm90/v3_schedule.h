@@ -33,19 +33,15 @@ FATTN_HD int64_t v3_ntiles(const attn_params *p, int br) { return (p->sq + br - 
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
 FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
 
-/* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty).  In 32 bits: the planner
- * keeps the tiles below 2^31 (v3_plan.c), so the heads b h, their query blocks and a group (1 or b h) fit too, and
- * a division is a few instructions inline, not a call -- in 64 bits the consumers spent three such calls between
- * one tile's last GEMMs and the next tile's first. */
+/* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty). */
 FATTN_HD v3_tile v3_tile_place(const attn_params *p, int br, int64_t tile, int64_t group, int split) {
-    const unsigned nqb = (unsigned)((p->sq + br - 1) / br), nbh = (unsigned)(p->b * p->h), t = (unsigned)tile;
-    const unsigned g = (unsigned)group, first = t / (g * nqb) * g;
-    const unsigned in_group = nbh - first < g ? nbh - first : g, r = t - first * nqb;
-    const unsigned bh = first + r % in_group, hh = (unsigned)p->h;
+    const int64_t nqb = (p->sq + br - 1) / br, nbh = p->b * p->h, first = tile / (group * nqb) * group;
+    const int64_t in_group = nbh - first < group ? nbh - first : group, r = tile - first * nqb;
+    const int64_t bh = first + r % in_group;
     v3_tile w;
-    w.i0 = (int64_t)(nqb - 1 - r / in_group) * br;
-    w.b = (int)(bh / hh);
-    w.h = (int)(bh - (unsigned)w.b * hh);
+    w.i0 = (nqb - 1 - r / in_group) * br;
+    w.b = (int)(bh / p->h);
+    w.h = (int)(bh % p->h);
     w.n_min = w.nblocks = 0;
     w.split = split && r / in_group == 0; /* the head's last query block (the planner's rule: at most 64 rows) */
     return w;
