@@ -118,6 +118,8 @@ int fattn_v3_seq_config(int dp);
     (V3_SMEM_BYTES(DP, BC, STAGES, CWG, 2, 1) <= V3_SMEM_MAX(DP, BC, STAGES, CWG) ? 2 : 1)
 #define V3_SEP_O(DP, BC, STAGES, CWG) \
     (V3_SMEM_BYTES(DP, BC, STAGES, CWG, V3_QB(DP, BC, STAGES, CWG), 1) <= V3_SMEM_MAX(DP, BC, STAGES, CWG))
+/* Tiles back to back (v3_fwd_kernel.cuh): two Q slots and two consumers. */
+#define V3_FLAT(DP, BC, STAGES, CWG) (V3_QB(DP, BC, STAGES, CWG) == 2 && (CWG) == 2)
 /* Split tails (three consumers; v3_schedule.h, v3_fwd_kernel.cuh): consumers 1 and 2 hand consumer 0 their partial
  * O (64 x DP floats) and each thread's two row maxima and sums, in the O tile (Br x DP halves) and V3_MERGE_EXTRA
  * bytes after it (whole KB, so that K and V stay 1024-aligned). */

@@ -107,7 +107,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     /* tiles back to back (see the consumers' loop); two Q slots imply SEP_O.  Two consumers only: with three, at
      * 160 registers, the finished tile's state spilled 68-252 bytes; with one (two blocks per SM) it measured
      * 0.98-0.99x the per-tile loop at S=512 (evidence/bench/h100_v3_fwd_flat_c8570e5.md). */
-    constexpr bool FLAT = QB == 2 && CWG == 2;
+    constexpr bool FLAT = V3_FLAT(DP, BC, STAGES, CWG);
     constexpr int PANELS = DP / 64;           /* 64-column panels of a tile */
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr int NS = BC / 2, NO = DP / 2;   /* accumulators per thread: S (64 x Bc) and O (64 x DP) */
@@ -313,7 +313,8 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             return true;
         }
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            w = v3_tile_place(&p, BR, tile, head_group, split);
+            w = FLAT ? v3_tile_place_wide(&p, BR, tile, head_group, split)
+                     : v3_tile_place(&p, BR, tile, head_group, split);
             x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
             v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);

@@ -102,7 +102,9 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
     if (!dynamic) {
         int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            v3_tile w = v3_tile_place(&p, BR, tile, head_group, split);
+            /* (the placement's width as the consumers', v3_schedule.h) */
+            v3_tile w = V3_FLAT(DP, BC, STAGES, CWG) ? v3_tile_place_wide(&p, BR, tile, head_group, split)
+                                                     : v3_tile_place(&p, BR, tile, head_group, split);
             const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
             v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);

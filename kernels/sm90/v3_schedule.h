@@ -33,19 +33,30 @@ FATTN_HD int64_t v3_ntiles(const attn_params *p, int br) { return (p->sq + br - 
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
 FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
 
-/* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty). */
-FATTN_HD v3_tile v3_tile_place(const attn_params *p, int br, int64_t tile, int64_t group, int split) {
-    const int64_t nqb = (p->sq + br - 1) / br, nbh = p->b * p->h, first = tile / (group * nqb) * group;
-    const int64_t in_group = nbh - first < group ? nbh - first : group, r = tile - first * nqb;
-    const int64_t bh = first + r % in_group;
-    v3_tile w;
-    w.i0 = (nqb - 1 - r / in_group) * br;
-    w.b = (int)(bh / p->h);
-    w.h = (int)(bh % p->h);
-    w.n_min = w.nblocks = 0;
-    w.split = split && r / in_group == 0; /* the head's last query block (the planner's rule: at most 64 rows) */
-    return w;
-}
+/* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty).  The arithmetic in U:
+ * v3_tile_place in 32 bits -- the planner keeps the tiles below 2^31 (v3_plan.c), so the heads b h, their query
+ * blocks and a group (1 or b h) fit too, and a division is a few instructions inline instead of a call of the
+ * 64-bit routine (three of them between one tile's last GEMMs and the next tile's first): D=64 1.005-1.027x on the
+ * seeds grid and 1.01-1.02x at fa3's S <= 1k (evidence/bench/h100_v3_fwd_place32_1d340a3.md).
+ * v3_tile_place_wide in 64 bits, for the dense kernels that run tiles back to back (V3_FLAT): with the 32-bit
+ * form ptxas scheduled their main loop differently and they ran 0.92-1.02x (74e1565), with the placement handed
+ * over by the producer 0.94-1.01x (1d340a3). */
+#define V3_TILE_PLACE(NAME, U)                                                                                     \
+    FATTN_HD v3_tile NAME(const attn_params *p, int br, int64_t tile, int64_t group, int split) {               \
+        const U nqb = (U)((p->sq + br - 1) / br), nbh = (U)(p->b * p->h), t = (U)tile, g = (U)group;              \
+        const U first = t / (g * nqb) * g, in_group = nbh - first < g ? nbh - first : g, r = t - first * nqb;     \
+        const U bh = first + r % in_group, hh = (U)p->h;                                                           \
+        v3_tile w;                                                                                                 \
+        w.i0 = (int64_t)(nqb - 1 - r / in_group) * br;                                                             \
+        w.b = (int)(bh / hh);                                                                                      \
+        w.h = (int)(bh % hh);                                                                                      \
+        w.n_min = w.nblocks = 0;                                                                                   \
+        w.split = split && r / in_group == 0; /* the head's last query block (the planner's rule: <= 64 rows) */  \
+        return w;                                                                                                  \
+    }
+V3_TILE_PLACE(v3_tile_place, unsigned)
+V3_TILE_PLACE(v3_tile_place_wide, int64_t)
+#undef V3_TILE_PLACE
 
 /* The key blocks a placed tile visits, for a sequence of sq queries and sk keys (a varlen batch's own lengths; a
  * tile past its sequence's queries visits none). */
