@@ -37,10 +37,10 @@ FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G +
  * v3_tile_place in 32 bits -- the planner keeps the tiles below 2^31 (v3_plan.c), so the heads b h, their query
  * blocks and a group (1 or b h) fit too, and a division is a few instructions inline instead of a call of the
  * 64-bit routine (three of them between one tile's last GEMMs and the next tile's first): D=64 1.005-1.027x on the
- * seeds grid and 1.01-1.02x at fa3's S <= 1k (evidence/bench/h100_v3_fwd_place32_1d340a3.md).
+ * seeds grid, 1.004-1.021x at fa3 S <= 2k (evidence/bench/h100_v3_fwd_place32_ffed617.md).
  * v3_tile_place_wide in 64 bits, for the dense kernels that run tiles back to back (V3_FLAT): with the 32-bit
  * form ptxas scheduled their main loop differently and they ran 0.92-1.02x (74e1565), with the placement handed
- * over by the producer 0.94-1.01x (1d340a3). */
+ * over by the producer 0.935-1.01x (1d340a3). */
 #define V3_TILE_PLACE(NAME, U)                                                                                     \
     FATTN_HD v3_tile NAME(const attn_params *p, int br, int64_t tile, int64_t group, int split) {               \
         const U nqb = (U)((p->sq + br - 1) / br), nbh = (U)(p->b * p->h), t = (U)tile, g = (U)group;              \
