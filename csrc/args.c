@@ -1,7 +1,7 @@
 /* args.c -- the extension's argument layer (args.h). */
 #include "args.h"
 
-#include "variants.h" /* fattn_gpu_read */
+#include "variants.h" /* fattn_gpu_read_many */
 #include "views.h"
 
 #include <math.h>
@@ -270,23 +270,44 @@ int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, in
     const int32_t *src = (const int32_t *)((const char *)x->data + x->byte_offset);
     REQUIRE((uintptr_t)src % 4 == 0, PyExc_ValueError, "%s: data pointer is not 4-byte aligned", t->arg);
     *count = x->shape[0];
-    if (!host) return 0; /* described, not read */
-    *host = PyMem_Malloc(sizeof(int32_t) * (size_t)(*count > 0 ? *count : 1));
-    if (!*host) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    if (x->device.device_type == kDLCUDA) {
-        if (fattn_gpu_read(*host, src, sizeof(int32_t) * (size_t)*count, x->device.device_id, stream)) {
-            PyMem_Free(*host);
-            *host = NULL;
-            PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
-            return -1;
+    return host ? fattn_read_int32s(1, &t, host, stream) : 0; /* (host NULL: described, not read) */
+}
+
+int fattn_read_int32s(int n, const fattn_tensor *const *t, int32_t **host, void *stream) {
+    void *dst[FATTN_MAX_READS];
+    const void *src[FATTN_MAX_READS];
+    size_t bytes[FATTN_MAX_READS];
+    int reads = 0, device = 0;
+    for (int i = 0; i < n; i++) host[i] = NULL;
+    for (int i = 0; i < n; i++) {
+        const DLTensor *x = t[i]->t;
+        const size_t size = sizeof(int32_t) * (size_t)x->shape[0];
+        const void *from = (const char *)x->data + x->byte_offset;
+        host[i] = PyMem_Malloc(size > 0 ? size : 1);
+        if (!host[i]) {
+            PyErr_NoMemory();
+            goto fail;
         }
-    } else {
-        memcpy(*host, src, sizeof(int32_t) * (size_t)*count);
+        if (x->device.device_type != kDLCUDA) {
+            memcpy(host[i], from, size);
+            continue;
+        }
+        dst[reads] = host[i]; /* every array is on q's device (fattn_take_int32) */
+        src[reads] = from;
+        bytes[reads++] = size;
+        device = x->device.device_id;
+    }
+    if (reads && fattn_gpu_read_many(reads, dst, src, bytes, device, stream)) {
+        PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
+        goto fail;
     }
     return 0;
+fail:
+    for (int i = 0; i < n; i++) {
+        PyMem_Free(host[i]);
+        host[i] = NULL;
+    }
+    return -1;
 }
 
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {

@@ -45,11 +45,18 @@ int fattn_take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_vi
             fattn_take_int32(o->cu_seqlens_k, q_t, n, NULL, &nk, stream))
             return -1;
     } else {
-        /* one array for both: read once (each read waits for the stream), checked against each side's rows */
+        /* both read with one wait for the stream; one array for both (self-attention's) read once, checked against
+         * each side's rows */
         const int same = same_array(o->cu_seqlens_q, o->cu_seqlens_k);
-        if (fattn_take_int32(o->cu_seqlens_q, q_t, -1, &cq, &n, stream) ||
-            fattn_take_int32(o->cu_seqlens_k, q_t, n, same ? NULL : &ck, &nk, stream) ||
-            check_prefix_sums("cu_seqlens_q", cq, n, q->s, &longest_q) ||
+        const fattn_tensor *arrays[2] = {o->cu_seqlens_q, o->cu_seqlens_k};
+        int32_t *values[2] = {NULL, NULL};
+        if (fattn_take_int32(o->cu_seqlens_q, q_t, -1, NULL, &n, stream) ||
+            fattn_take_int32(o->cu_seqlens_k, q_t, n, NULL, &nk, stream) ||
+            fattn_read_int32s(same ? 1 : 2, arrays, values, stream))
+            goto done;
+        cq = values[0];
+        ck = values[1];
+        if (check_prefix_sums("cu_seqlens_q", cq, n, q->s, &longest_q) ||
             check_prefix_sums("cu_seqlens_k", same ? cq : ck, n, k->s, &longest_k))
             goto done;
     }

@@ -95,14 +95,50 @@ static fattn_status leave_device(int prev, int device, fattn_status st) {
     return st;
 }
 
-fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device, void *stream) {
+/* Reads land in one page-locked buffer, kept and grown as calls need (a pageable destination makes each copy a
+ * staged one); the lock keeps two threads' reads apart.  Where no page-locked memory can be had, the copies go
+ * straight to the destinations. */
+static pthread_mutex_t read_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char *read_buf;
+static size_t read_cap;
+
+#define READ_ALIGN(n) (((n) + 15) & ~(size_t)15)
+
+/* The page-locked buffer of at least `bytes` (read_lock held), or NULL. */
+static unsigned char *read_buffer(size_t bytes) {
+    if (bytes <= read_cap) return read_buf;
+    size_t cap = read_cap ? read_cap : 4096;
+    while (cap < bytes) cap *= 2;
+    void *buf = NULL;
+    if (cudaHostAlloc(&buf, cap, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (read_buf) cudaFreeHost(read_buf);
+    read_buf = (unsigned char *)buf;
+    read_cap = cap;
+    return read_buf;
+}
+
+fattn_status fattn_gpu_read_many(int n, void *const *dst, const void *const *src, const size_t *bytes, int device,
+                                 void *stream) {
     int prev;
     fattn_status st = enter_device(device, &prev);
     if (st) return st;
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += READ_ALIGN(bytes[i]);
+    pthread_mutex_lock(&read_lock);
+    unsigned char *buf = read_buffer(total);
+    cudaError_t e = cudaSuccess;
+    int i = 0;
+    for (size_t off = 0; i < n && e == cudaSuccess; off += READ_ALIGN(bytes[i]), i++)
+        e = cudaMemcpyAsync(buf ? buf + off : dst[i], src[i], bytes[i], cudaMemcpyDeviceToHost, (cudaStream_t)stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream);
+    if (e == cudaSuccess && buf)
+        for (size_t off = 0, j = 0; j < (size_t)n; off += READ_ALIGN(bytes[j]), j++) memcpy(dst[j], buf + off, bytes[j]);
+    pthread_mutex_unlock(&read_lock);
     if (e != cudaSuccess)
-        st = FATTN_FAIL(FATTN_ERR_CUDA, "reading %zu bytes from cuda:%d: %s", bytes, device, cudaGetErrorString(e));
+        st = FATTN_FAIL(FATTN_ERR_CUDA, "reading %zu bytes from cuda:%d: %s", total, device, cudaGetErrorString(e));
     return leave_device(prev, device, st);
 }
 
@@ -430,8 +466,9 @@ fattn_status fattn_plan_gpu_bwd(const attn_bwd_params *p, const fattn_device *de
     (void)p; (void)dev; (void)tuned; (void)forced; (void)ov; (void)plan;
     return not_built();
 }
-fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device, void *stream) {
-    (void)dst; (void)src; (void)bytes; (void)device; (void)stream;
+fattn_status fattn_gpu_read_many(int n, void *const *dst, const void *const *src, const size_t *bytes, int device,
+                                 void *stream) {
+    (void)n; (void)dst; (void)src; (void)bytes; (void)device; (void)stream;
     return not_built();
 }
 fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan, void *stream) {

@@ -115,9 +115,10 @@ const fattn_bwd_variant *fattn_find_bwd_variant(const char *name);
 
 /* 1 if fattn was built with CUDA support. */
 int fattn_gpu_compiled(void);
-/* Copies `bytes` from device memory (on `device`) to the host, ordered after the work queued on `stream`, and waits
- * for it (a small synchronous read: cu_seqlens checks). */
-fattn_status fattn_gpu_read(void *dst, const void *src, size_t bytes, int device, void *stream);
+/* Copies n pieces of device memory (on `device`), bytes[i] from src[i] to dst[i] on the host, ordered after the work
+ * queued on `stream`, and waits for them once (small synchronous reads: the index arrays' checks). */
+fattn_status fattn_gpu_read_many(int n, void *const *dst, const void *const *src, const size_t *bytes, int device,
+                                 void *stream);
 
 /* Number of usable CUDA devices; a non-OK status (no driver, no device) comes with a message saying so. */
 fattn_status fattn_gpu_device_count(int *count);

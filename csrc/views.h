@@ -39,6 +39,10 @@ int fattn_same_dtype(const bhsd_view *x, const bhsd_view *q, const char *arg);
  * (PyMem_Free it; at most FATTN_MAX_SEQS entries; read on `stream` from a GPU).  host NULL: checked, not read. */
 int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, int32_t **host, int64_t *count,
                      void *stream);
+/* The values of n (<= FATTN_MAX_READS) arrays that fattn_take_int32 described, each copied to host[i] (PyMem_Free
+ * them; NULL on failure): those on a GPU in one read, one wait for `stream`. */
+#define FATTN_MAX_READS 4
+int fattn_read_int32s(int n, const fattn_tensor *const *t, int32_t **host, void *stream);
 
 
 /* ---- args_seq.c: the sequence-level arguments ---- */

@@ -1,0 +1,82 @@
+"""varlen_host_probe.py -- where a checked packed call's extra time goes (issue 17): one packed batch through
+attention_varlen with check_indices=True (cu_seqlens_k the same array as cu_seqlens_q, or a copy) and False, timed
+back to back (the GPU's time per call) and one call at a time from a synchronized start (the host's), beside a bare
+read of cu_seqlens to the host.  --old DIR times fattn_old (bench/old_tree.sh) beside this tree, interleaved.
+
+    python3 bench/varlen_host_probe.py [--old DIR] [--batch 8] [--seqlen 2048] [--heads 16] [--dim 128] [--causal]
+"""
+import argparse
+import importlib
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+KINDS = (("unchecked", False, True), ("checked, one array", True, True), ("checked, two arrays", True, False))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", help="folder holding the package fattn_old")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seqlen", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    mods = {"new": importlib.import_module("fattn")}
+    if a.old:
+        sys.path.insert(0, a.old)
+        mods["old"] = importlib.import_module("fattn_old")
+    dev = torch.device("cuda")
+    total = a.batch * a.seqlen
+    q, k, v = (torch.randn(total, a.heads, a.dim, device=dev, dtype=torch.float16) for _ in range(3))
+    cu = torch.arange(0, total + 1, a.seqlen, device=dev, dtype=torch.int32)
+    cu_k = cu.clone()
+
+    def call(mod, checked, same):
+        return mod.attention_varlen(q, k, v, cu, cu if same else cu_k, max_seqlen_q=a.seqlen,
+                                    max_seqlen_k=a.seqlen, causal=a.causal, check_indices=checked)
+
+    loop, host = {}, {}
+    for _ in range(a.rounds):
+        for tag, mod in mods.items():
+            for name, checked, same in KINDS:
+                for _ in range(5):
+                    call(mod, checked, same)
+                torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(a.reps):
+                    call(mod, checked, same)
+                e1.record()
+                torch.cuda.synchronize()
+                loop.setdefault((tag, name), []).append(e0.elapsed_time(e1) * 1e3 / a.reps)
+                for _ in range(a.reps):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    call(mod, checked, same)
+                    host.setdefault((tag, name), []).append((time.perf_counter() - t0) * 1e6)
+    reads = []
+    for _ in range(a.reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        cu.cpu()
+        reads.append((time.perf_counter() - t0) * 1e6)
+    print(f"{torch.cuda.get_device_name()}  B={a.batch} S={a.seqlen} H={a.heads} D={a.dim} causal={a.causal}, "
+          f"{a.rounds} rounds x {a.reps} calls")
+    print(f"{'tree':<5} {'call':<22} {'back to back us/call (rounds)':>36} {'host us p50, idle GPU':>22}")
+    for (tag, name), us in loop.items():
+        print(f"{tag:<5} {name:<22} {statistics.median(us):>10.1f} ({', '.join(f'{x:.1f}' for x in us)})"
+              f" {statistics.median(host[(tag, name)]):>16.1f}")
+    print(f"cu_seqlens.cpu() (torch) on an idle stream: p50 {statistics.median(reads):.1f} us")
+
+
+if __name__ == "__main__":
+    main()
