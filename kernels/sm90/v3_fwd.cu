@@ -4,7 +4,6 @@
  * launch).  The planner is v3_plan.c. */
 #include <cuda.h> /* CUtensorMap and its enums: types only, the driver is reached through the runtime */
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "../../csrc/variants.h"
@@ -124,7 +123,7 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
     cc.dynamicSmemBytes = plan->smem;
     cc.stream = (cudaStream_t)stream;
     cc.attrs = &overlap;
-    cc.numAttrs = getenv("FATTN_NO_PDL") ? 0 : 1; /* (diagnosis) */
+    cc.numAttrs = 1;
     FATTN_CUDA_CHECK(cudaLaunchKernelExC(&cc, kernel, args));
     return FATTN_OK;
 }
