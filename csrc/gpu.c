@@ -130,12 +130,13 @@ fattn_status fattn_gpu_read_many(int n, void *const *dst, const void *const *src
     pthread_mutex_lock(&read_lock);
     unsigned char *buf = read_buffer(total);
     cudaError_t e = cudaSuccess;
-    int i = 0;
-    for (size_t off = 0; i < n && e == cudaSuccess; off += READ_ALIGN(bytes[i]), i++)
+    size_t off = 0;
+    for (int i = 0; i < n && e == cudaSuccess; off += READ_ALIGN(bytes[i]), i++)
         e = cudaMemcpyAsync(buf ? buf + off : dst[i], src[i], bytes[i], cudaMemcpyDeviceToHost, (cudaStream_t)stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream);
-    if (e == cudaSuccess && buf)
-        for (size_t off = 0, j = 0; j < (size_t)n; off += READ_ALIGN(bytes[j]), j++) memcpy(dst[j], buf + off, bytes[j]);
+    off = 0;
+    for (int i = 0; i < n && e == cudaSuccess && buf; off += READ_ALIGN(bytes[i]), i++)
+        memcpy(dst[i], buf + off, bytes[i]);
     pthread_mutex_unlock(&read_lock);
     if (e != cudaSuccess)
         st = FATTN_FAIL(FATTN_ERR_CUDA, "reading %zu bytes from cuda:%d: %s", total, device, cudaGetErrorString(e));

@@ -313,8 +313,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             return true;
         }
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            w = FLAT ? v3_tile_place_wide(&p, BR, tile, head_group, split)
-                     : v3_tile_place(&p, BR, tile, head_group, split);
+            w = v3_fwd_place<FLAT>(&p, BR, tile, head_group, split);
             x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
             v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);

@@ -33,6 +33,13 @@ template <typename T> struct v3_fwd_smem {
     uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty, *q_read;
 };
 
+/* Where a tile of the static schedule sits, as the producer and the consumers of a kernel both place it: in 64
+ * bits in the kernels that run tiles back to back (FLAT), else in 32 (v3_schedule.h says why). */
+template <bool FLAT>
+DEV v3_tile v3_fwd_place(const attn_params *p, int br, int64_t tile, int64_t group, int split) {
+    return FLAT ? v3_tile_place_wide(p, br, tile, group, split) : v3_tile_place(p, br, tile, group, split);
+}
+
 template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN, bool PAGED>
 DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                         const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group, int split,
@@ -102,9 +109,7 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
     if (!dynamic) {
         int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
         for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
-            /* (the placement's width as the consumers', v3_schedule.h) */
-            v3_tile w = V3_FLAT(DP, BC, STAGES, CWG) ? v3_tile_place_wide(&p, BR, tile, head_group, split)
-                                                     : v3_tile_place(&p, BR, tile, head_group, split);
+            v3_tile w = v3_fwd_place<V3_FLAT(DP, BC, STAGES, CWG)>(&p, BR, tile, head_group, split);
             const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */
             v3_tile_span(&p, BR, BC, x.sq, x.sk, &w);
