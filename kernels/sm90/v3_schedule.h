@@ -38,7 +38,7 @@ FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G +
  * blocks and a group (1 or b h) fit too, and a division is a few instructions inline instead of a call of the
  * 64-bit routine (three of them between one tile's last GEMMs and the next tile's first): D=64 1.005-1.027x on the
  * seeds grid, 1.004-1.021x at fa3 S <= 2k (evidence/bench/h100_v3_fwd_place32_ffed617.md).
- * v3_tile_place_wide in 64 bits, for the dense kernels that run tiles back to back (V3_FLAT): with the 32-bit
+ * v3_tile_place_wide in 64 bits, for the kernels that run tiles back to back (V3_FLAT; v3_fwd_place): with the 32-bit
  * form ptxas scheduled their main loop differently and they ran 0.92-1.02x (74e1565), with the placement handed
  * over by the producer 0.935-1.01x (1d340a3). */
 #define V3_TILE_PLACE(NAME, U)                                                                                     \
