@@ -256,17 +256,21 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
 /* Grown when a call needs more and never shared between streams (so calls on different streams cannot race on it);
  * allocated on the first call that needs one, not per call.  Under CUDA graph capture nothing is allocated: a
  * captured graph must not hold a buffer a later call might free.  Beside it, the stream's counters (FATTN_COUNTERS
- * words, plan.h: zeroed on the stream when allocated; a kernel that counts on them leaves them zero). */
+ * words, plan.h: zeroed on the stream when allocated; a kernel that counts on them leaves them zero).  The table
+ * holds WORKSPACES streams; a program that uses more (or creates and drops streams) has its least recently used
+ * entry's memory freed to make room. */
 typedef struct {
     int device;
     void *stream;
     void *buf;
     size_t bytes;
     unsigned *counters;
+    unsigned long long used; /* ws_tick at its last use: the entry freed first is the one with the smallest */
 } workspace;
 #define WORKSPACES 32
 static workspace ws_table[WORKSPACES];
 static int ws_count;
+static unsigned long long ws_tick;
 
 /* 1 if the stream is being captured into a CUDA graph (or capture status cannot be had). */
 static int capturing(void *stream) {
@@ -278,24 +282,52 @@ static int capturing(void *stream) {
     return cap != cudaStreamCaptureStatusNone;
 }
 
-/* (device, stream)'s entry, made on first use; NULL when the table is full.  Call with dev_lock held. */
-static workspace *workspace_entry(int device, void *stream) {
-    for (int i = 0; i < ws_count; i++)
-        if (ws_table[i].device == device && ws_table[i].stream == stream) return &ws_table[i];
-    if (ws_count == WORKSPACES) return NULL;
-    workspace *w = &ws_table[ws_count++];
-    w->device = device;
-    w->stream = stream;
+/* Frees an entry's memory on its own device and clears it.  cudaFree synchronises the device, so no queued kernel
+ * still uses the memory; never reached under capture (workspace_entry's callers return first). */
+static void workspace_release(workspace *w) {
+    if (w->buf || w->counters) {
+        int cur = w->device;
+        cudaGetDevice(&cur);
+        if (cur != w->device) cudaSetDevice(w->device);
+        if (w->buf) cudaFree(w->buf);
+        if (w->counters) cudaFree(w->counters);
+        if (cur != w->device) cudaSetDevice(cur);
+        cudaGetLastError(); /* a failed free leaves nothing pending */
+    }
+    memset(w, 0, sizeof *w);
+}
+
+/* The entry used longest ago. */
+static workspace *workspace_least_recent(void) {
+    workspace *w = &ws_table[0];
+    for (int i = 1; i < ws_count; i++)
+        if (ws_table[i].used < w->used) w = &ws_table[i];
     return w;
 }
 
-/* The counters of (device, stream), or NULL when none can be had without risk (capture, table full, out of
- * memory). */
+/* (device, stream)'s entry, made on first use; when the table is full, made in place of the least recently used
+ * entry, whose memory is freed (a program cycling through more than WORKSPACES streams pays a device
+ * synchronisation per new entry, and stays correct).  Call with dev_lock held. */
+static workspace *workspace_entry(int device, void *stream) {
+    for (int i = 0; i < ws_count; i++)
+        if (ws_table[i].device == device && ws_table[i].stream == stream) {
+            ws_table[i].used = ++ws_tick;
+            return &ws_table[i];
+        }
+    workspace *w = ws_count < WORKSPACES ? &ws_table[ws_count++] : workspace_least_recent();
+    workspace_release(w);
+    w->device = device;
+    w->stream = stream;
+    w->used = ++ws_tick;
+    return w;
+}
+
+/* The counters of (device, stream), or NULL when none can be had without risk (capture, out of memory). */
 static unsigned *counters_get(int device, void *stream) {
     if (capturing(stream)) return NULL;
     pthread_mutex_lock(&dev_lock);
     workspace *w = workspace_entry(device, stream);
-    if (w && !w->counters) {
+    if (!w->counters) {
         void *c = NULL;
         if (cudaMalloc(&c, FATTN_COUNTERS * sizeof(unsigned)) != cudaSuccess) {
             cudaGetLastError();
@@ -306,19 +338,19 @@ static unsigned *counters_get(int device, void *stream) {
             w->counters = (unsigned *)c;
         }
     }
-    unsigned *out = w ? w->counters : NULL;
+    unsigned *out = w->counters;
     pthread_mutex_unlock(&dev_lock);
     return out;
 }
 
-/* A workspace of >= bytes for (device, stream), or NULL when none can be had without risk (capture, table full,
- * out of memory). */
+/* A workspace of >= bytes for (device, stream), or NULL when none can be had without risk (capture, out of
+ * memory). */
 static void *workspace_get(int device, void *stream, size_t bytes) {
     if (capturing(stream)) return NULL;
     void *out = NULL;
     pthread_mutex_lock(&dev_lock);
     workspace *w = workspace_entry(device, stream);
-    if (w && w->bytes < bytes) {
+    if (w->bytes < bytes) {
         const size_t grow = bytes > 2 * w->bytes ? bytes : 2 * w->bytes;
         void *nb = NULL;
         if (cudaMalloc(&nb, grow) != cudaSuccess) {
@@ -329,7 +361,7 @@ static void *workspace_get(int device, void *stream, size_t bytes) {
             w->bytes = grow;
         }
     }
-    if (w && w->bytes >= bytes) out = w->buf;
+    if (w->bytes >= bytes) out = w->buf;
     pthread_mutex_unlock(&dev_lock);
     return out;
 }

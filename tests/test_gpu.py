@@ -26,6 +26,35 @@ def test_runs_on_current_stream(variant):
     assert torch.equal(out, expect)
 
 
+def test_more_streams_than_workspace_entries():
+    """fattn keeps one workspace per (device, stream) in a table of 32 (gpu.c): calls on a 33rd and later stream (a
+    program that makes streams as it goes) still get one -- the least recently used entry is freed for them -- so
+    a key-split forward still splits and a backward given no workspace still runs, on each of 40 live streams and
+    again on the first ones after they were pushed out, bitwise equal to the same calls on the default stream."""
+    q = randn((1, 2, 1, 128), torch.float16, "cuda", 17)
+    k = randn((1, 2, 4096, 128), torch.float16, "cuda", 18)
+    qb, kb, vb, dout = (randn((1, 2, 200, 64), torch.float16, "cuda", 19 + i) for i in range(4))
+    out_b, lse_b = fattn.attention(qb, kb, vb, return_lse=True)
+
+    def run(stream):
+        out = torch.empty_like(q)
+        ran = _C._dev.forward(q, k, k, out, variant="v2", stream=stream, splits=8)
+        g = [torch.empty_like(x) for x in (qb, kb, vb)]
+        _C._dev.backward(dout, qb, kb, vb, out_b, lse_b, *g, stream=stream, deterministic=True)
+        return ran["splits"], out, g
+
+    torch.cuda.synchronize()
+    _, expect, expect_g = run(torch.cuda.current_stream().cuda_stream)
+    check_close(expect, q, k, k, False, None)
+    streams = [torch.cuda.Stream() for _ in range(40)]
+    for s in streams + streams[:4]:
+        s.wait_stream(torch.cuda.current_stream())
+        splits, out, g = run(s.cuda_stream)
+        torch.cuda.current_stream().wait_stream(s)
+        assert splits == 8
+        assert torch.equal(out, expect) and all(torch.equal(a, b) for a, b in zip(g, expect_g))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cuda_graph_capture_and_replay(variant):
     q = randn((1, 8, 300, 128), torch.bfloat16, "cuda", 2)
