@@ -113,7 +113,17 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
     const void *kernel = (seq ? &v3_seq_kernels[paged][ctr != NULL][v3_bucket(c->dp)] : &v3_kernels[plan->config])
                              ->kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
     if (!kernel) return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no softcap / ALiBi kernel", plan->config);
-    FATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(plan->grid_x), dim3(plan->threads), args, plan->smem,
-                                      (cudaStream_t)stream));
+    /* as the stream's previous kernel's programmatic dependent: the kernel waits for it (griddep_wait) */
+    cudaLaunchAttribute overlap;
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cc = {};
+    cc.gridDim = dim3(plan->grid_x);
+    cc.blockDim = dim3(plan->threads);
+    cc.dynamicSmemBytes = plan->smem;
+    cc.stream = (cudaStream_t)stream;
+    cc.attrs = &overlap;
+    cc.numAttrs = 1;
+    FATTN_CUDA_CHECK(cudaLaunchKernelExC(&cc, kernel, args));
     return FATTN_OK;
 }

@@ -133,6 +133,12 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     constexpr bool dynamic = DYN;
     const int64_t ntiles = v3_ntiles(&p, BR);
 
+    /* Launched as the previous kernel's programmatic dependent (v3_fwd.cu): the launch and the blocks' start overlap
+     * that kernel's end, and nothing here touches global memory before it has completed.  A kernel launched the
+     * same way behind this one may start once every block here has begun (all are resident: the grid is
+     * persistent); it waits for this grid itself. */
+    griddep_wait();
+    griddep_launch_dependents();
     const int wg = warpgroup_index(), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (threadIdx.x == 0) {
         for (int i = 0; i < QB; i++) {
