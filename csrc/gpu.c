@@ -261,7 +261,8 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
  * entry's memory freed to make room. */
 typedef struct {
     int device;
-    void *stream;
+    unsigned long long stream; /* cudaStreamGetId's: never reused, unlike a handle (a stream destroyed while its work
+                                * still runs may hand its handle to the next stream created) */
     void *buf;
     size_t bytes;
     unsigned *counters;
@@ -307,8 +308,14 @@ static workspace *workspace_least_recent(void) {
 
 /* (device, stream)'s entry, made on first use; when the table is full, made in place of the least recently used
  * entry, whose memory is freed (a program cycling through more than WORKSPACES streams pays a device
- * synchronisation per new entry, and stays correct).  Call with dev_lock held. */
-static workspace *workspace_entry(int device, void *stream) {
+ * synchronisation per new entry, and stays correct).  NULL when the stream has no id (not a valid stream).  Call
+ * with dev_lock held. */
+static workspace *workspace_entry(int device, void *handle) {
+    unsigned long long stream = 0;
+    if (cudaStreamGetId((cudaStream_t)handle, &stream) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
     for (int i = 0; i < ws_count; i++)
         if (ws_table[i].device == device && ws_table[i].stream == stream) {
             ws_table[i].used = ++ws_tick;
@@ -322,12 +329,13 @@ static workspace *workspace_entry(int device, void *stream) {
     return w;
 }
 
-/* The counters of (device, stream), or NULL when none can be had without risk (capture, out of memory). */
+/* The counters of (device, stream), or NULL when none can be had without risk (capture, out of memory, not a
+ * stream). */
 static unsigned *counters_get(int device, void *stream) {
     if (capturing(stream)) return NULL;
     pthread_mutex_lock(&dev_lock);
     workspace *w = workspace_entry(device, stream);
-    if (!w->counters) {
+    if (w && !w->counters) {
         void *c = NULL;
         if (cudaMalloc(&c, FATTN_COUNTERS * sizeof(unsigned)) != cudaSuccess) {
             cudaGetLastError();
@@ -338,19 +346,19 @@ static unsigned *counters_get(int device, void *stream) {
             w->counters = (unsigned *)c;
         }
     }
-    unsigned *out = w->counters;
+    unsigned *out = w ? w->counters : NULL;
     pthread_mutex_unlock(&dev_lock);
     return out;
 }
 
 /* A workspace of >= bytes for (device, stream), or NULL when none can be had without risk (capture, out of
- * memory). */
+ * memory, not a stream). */
 static void *workspace_get(int device, void *stream, size_t bytes) {
     if (capturing(stream)) return NULL;
     void *out = NULL;
     pthread_mutex_lock(&dev_lock);
     workspace *w = workspace_entry(device, stream);
-    if (w->bytes < bytes) {
+    if (w && w->bytes < bytes) {
         const size_t grow = bytes > 2 * w->bytes ? bytes : 2 * w->bytes;
         void *nb = NULL;
         if (cudaMalloc(&nb, grow) != cudaSuccess) {
@@ -361,7 +369,7 @@ static void *workspace_get(int device, void *stream, size_t bytes) {
             w->bytes = grow;
         }
     }
-    if (w->bytes >= bytes) out = w->buf;
+    if (w && w->bytes >= bytes) out = w->buf;
     pthread_mutex_unlock(&dev_lock);
     return out;
 }
