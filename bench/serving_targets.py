@@ -2,8 +2,9 @@
 
   window   S=16k, H=16, D=128, causal with window (1024, 0) against full causal (target: >= 8x faster)
   varlen   a batch of 8 equal sequences of 2048, packed (attention_varlen) against the dense call on the same data
-           (target >= 0.97x), non-causal and causal; varlen-trusted: check_indices=False (no read-back of cu_seqlens,
-           whose synchronous copy and host checks the events otherwise time)
+           (target >= 0.97x), non-causal and causal; varlen: checked, the same cu_seqlens every call (remembered as
+           checked after the first: fattn/_indices.py); varlen-new-arrays: checked, cu_seqlens not seen before every
+           call (each call's synchronous copy and host checks in the events); varlen-trusted: check_indices=False
   ragged   8 sequences of lengths drawn from 128..8k, packed, against the dense call on the batch padded to the
            longest (target: >= real / padded tokens, within 10%)
   varlen_bwd  the backward of the equal-lengths packed batch against the dense backward on the same data
@@ -31,6 +32,7 @@ tree's calls, named old:..., in the same interleaved rounds as this tree's.
 Each pair is timed interleaved (CUDA events, L2 flushed, p50 of each round's median); rows name the variant that ran.
 """
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -94,12 +96,17 @@ def packed_rows(args, lengths, name):
     dense, packed, cu, smax = batch(lengths, 3, seed=1)
     b = len(lengths)
     rows = []
+    pool = itertools.cycle([cu.clone() for _ in range(65)])  # more arrays than fattn remembers (_indices.LIMIT)
     for causal in (False, True):
         mode = "bottom_right" if causal else False
+
+        def fresh(api, c, mode=mode):
+            return api.attention_varlen(*packed, c, c, max_seqlen_q=smax, max_seqlen_k=smax, causal=mode)
         fns = with_old({
             "dense": lambda api: lambda: api.attention(*dense, causal=mode, layout="bshd"),
             "varlen": lambda api: lambda: api.attention_varlen(*packed, cu, cu, max_seqlen_q=smax, max_seqlen_k=smax,
                                                                causal=mode),
+            "varlen-new-arrays": lambda api: lambda: fresh(api, next(pool)),
             "varlen-trusted": lambda api: lambda: api.attention_varlen(*packed, cu, cu, max_seqlen_q=smax,
                                                                        max_seqlen_k=smax, causal=mode,
                                                                        check_indices=False)})

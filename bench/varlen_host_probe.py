@@ -1,12 +1,14 @@
 """varlen_host_probe.py -- where a checked packed call's extra time goes (issue 17): one packed batch through
-attention_varlen with check_indices=True (cu_seqlens_k the same array as cu_seqlens_q, or a copy) and False, timed
-back to back (the GPU's time per call) and one call at a time from a synchronized start (the host's), beside a bare
+attention_varlen with check_indices=True (cu_seqlens_k the same array as cu_seqlens_q, or a copy; the same
+tensors every call -- after the first, remembered as checked (fattn/_indices.py) -- or tensors not seen before, from
+a pool larger than what fattn remembers) and False, timed back to back (the GPU's time per call) and one call at a time from a synchronized start (the host's), beside a bare
 read of cu_seqlens to the host.  --old DIR times fattn_old (bench/old_tree.sh) beside this tree, interleaved.
 
     python3 bench/varlen_host_probe.py [--old DIR] [--batch 8] [--seqlen 2048] [--heads 16] [--dim 128] [--causal]
 """
 import argparse
 import importlib
+import itertools
 import os
 import statistics
 import sys
@@ -16,7 +18,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-KINDS = (("unchecked", False, True), ("checked, one array", True, True), ("checked, two arrays", True, False))
+# (name, check_indices, one array for both, arrays not seen before)
+KINDS = (("unchecked", False, True, False), ("checked, one array", True, True, False),
+         ("checked, two arrays", True, False, False), ("checked, new arrays", True, True, True))
 
 
 def main():
@@ -39,29 +43,31 @@ def main():
     q, k, v = (torch.randn(total, a.heads, a.dim, device=dev, dtype=torch.float16) for _ in range(3))
     cu = torch.arange(0, total + 1, a.seqlen, device=dev, dtype=torch.int32)
     cu_k = cu.clone()
+    pool = itertools.cycle([cu.clone() for _ in range(2 * 32 + 1)])  # more than fattn remembers (_indices.LIMIT)
 
-    def call(mod, checked, same):
-        return mod.attention_varlen(q, k, v, cu, cu if same else cu_k, max_seqlen_q=a.seqlen,
+    def call(mod, checked, same, fresh):
+        c = next(pool) if fresh else cu
+        return mod.attention_varlen(q, k, v, c, c if same else cu_k, max_seqlen_q=a.seqlen,
                                     max_seqlen_k=a.seqlen, causal=a.causal, check_indices=checked)
 
     loop, host = {}, {}
     for _ in range(a.rounds):
         for tag, mod in mods.items():
-            for name, checked, same in KINDS:
+            for name, *how in KINDS:
                 for _ in range(5):
-                    call(mod, checked, same)
+                    call(mod, *how)
                 torch.cuda.synchronize()
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
                 for _ in range(a.reps):
-                    call(mod, checked, same)
+                    call(mod, *how)
                 e1.record()
                 torch.cuda.synchronize()
                 loop.setdefault((tag, name), []).append(e0.elapsed_time(e1) * 1e3 / a.reps)
                 for _ in range(a.reps):
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    call(mod, checked, same)
+                    call(mod, *how)
                     host.setdefault((tag, name), []).append((time.perf_counter() - t0) * 1e6)
     reads = []
     for _ in range(a.reps):

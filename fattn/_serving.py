@@ -1,23 +1,38 @@
 """fattn's API for packed variable-length batches (flash-attention's conventions, what vLLM, SGLang and packed
 training call): attention_varlen() and attention_varlen_backward()."""
-from . import _C, _args, _tuned
+from . import _C, _args, _indices, _tuned
 from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 
-def _longest(cu_seqlens, given, name):
-    """max_seqlen as given, or the longest sequence of cu_seqlens (read from the array: a small device-to-host copy
-    on a GPU)."""
-    if given is not None:
-        if isinstance(given, bool) or not isinstance(given, int) or given < 0:
-            raise TypeError(f"{name}: expected an int >= 0 or None, got {given!r}")
-        return given
-    return _C.longest_sequence(cu_seqlens)
+def _given(value, name):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise TypeError(f"{name}: expected an int >= 0 or None, got {value!r}")
+    return value
 
 
-def _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k):
-    if not check_indices and (max_seqlen_q is None or max_seqlen_k is None):
-        raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are then "
-                         "not read")
+class _Lengths:
+    """A packed call's max_seqlen pair and whether its cu_seqlens are still to be checked: not when an earlier call
+    checked these same, unchanged arrays against the same rows and max_seqlen arguments (fattn/_indices.py), or
+    when check_indices is False.  A max_seqlen not given is the longest sequence, read from cu_seqlens."""
+
+    def __init__(self, cu_q, cu_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, seqused_k, stream):
+        self.arrays = cu_q, cu_k
+        self.given = _given(max_seqlen_q, "max_seqlen_q"), _given(max_seqlen_k, "max_seqlen_k")
+        if not check_indices and None in self.given:
+            raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are "
+                             "then not read")
+        self.totals = tuple(getattr(x, "shape", (None,))[0] for x in (q, k))
+        # seqused_k is read and checked by the call itself: such calls are not remembered
+        self.rememberable = bool(check_indices) and seqused_k is None
+        hit = _indices.remembered(cu_q, cu_k, self.totals, self.given) if self.rememberable else None
+        self.check = bool(check_indices) and hit is None
+        self.max_q, self.max_k = hit or (g if g is not None else _C.longest_sequence(cu, stream)
+                                         for g, cu in zip(self.given, self.arrays))
+
+    def checked(self):
+        """After the call succeeded: a checking call's arrays are remembered."""
+        if self.check and self.rememberable:
+            _indices.remember(*self.arrays, self.totals, self.given, (self.max_q, self.max_k))
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
@@ -38,9 +53,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             :func:`fattn.attention`, positions counted within each sequence.
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
         check_indices: ``True`` (default): cu_seqlens (and seqused_k) are read back and checked before anything runs
-            -- on a GPU a small synchronous copy.  ``False`` with max_seqlen_q and max_seqlen_k given: their values
-            are trusted (no host sync, in the backward of a call that records gradients too; an offset outside the
-            arrays is then undefined behaviour, as in flash-attention).
+            -- on a GPU a small synchronous copy.  Checked cu_seqlens are remembered: a later call with the same
+            torch tensors (or JAX arrays), unchanged since by torch's version counter, and the same row counts and
+            max_seqlen arguments reads nothing (fattn/_indices.py; a tensor written behind torch's back, e.g. by a
+            CUDA graph's replay, needs a new tensor or ``False``).  ``False`` with max_seqlen_q and max_seqlen_k
+            given: their values are trusted (no host sync, in the backward of a call that records gradients too; an
+            offset outside the arrays is then undefined behaviour, as in flash-attention).
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
     GPU both run v3 on Hopper (v2 elsewhere; at head dim 64 a backward with a softcap or ALiBi runs v2's).
@@ -49,9 +67,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     fw = framework_of(q)
     if len(getattr(q, "shape", ())) != 3:
         raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
-    _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k)
-    max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
-    max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
+    dev_type, dev_id = _args.device_of(fw, q)
+    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, seqused_k, stream)
     if fw == "torch":
         _args.torch_registered()
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
@@ -65,25 +83,25 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
                               alibi_slopes=alibi_slopes)
             left, right = window or (-1, -1)
             o, lse = _torch.attention_call(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
-                                           cu_seqlens_k, max_q, max_k, variant, bool(deterministic), sinks,
-                                           alibi_slopes, bool(check_indices))
+                                           cu_seqlens_k, lens.max_q, lens.max_k, variant, bool(deterministic), sinks,
+                                           alibi_slopes, lens.check)
+            lens.checked()
             if out is not None:
                 out.copy_(o)
                 o = out
             return (o, lse) if return_lse else o
-    dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(out=out)
     if out is None:
         out = EMPTY[fw](q, tuple(q.shape), False)
     lse = EMPTY[fw](q, (q.shape[1], q.shape[0]), True) if return_lse or sinks is not None else None
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
-    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, window=window, softcap=softcap, variant=variant,
                stream=stream, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-               max_seqlen_q=max_q, max_seqlen_k=max_k, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
-               check_indices=bool(check_indices), sinks=sinks)
+               max_seqlen_q=lens.max_q, max_seqlen_k=lens.max_k, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
+               check_indices=lens.check, sinks=sinks)
+    lens.checked()
     return (out, lse) if return_lse else out
 
 
@@ -93,28 +111,28 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                               check_indices=True):
     """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen` (packed like q, k, v) from dout, given its out and lse
     (``return_lse=True``); the other arguments must be the forward's.  With sinks, ``(dq, dk, dv, dsinks)``.
-    check_indices=False (max_seqlen_q / max_seqlen_k given): cu_seqlens are trusted, no host sync."""
+    check_indices=False (max_seqlen_q / max_seqlen_k given): cu_seqlens are trusted, no host sync; checked ones are
+    remembered as in :func:`attention_varlen`."""
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
     fw = framework_of(q)
-    _trusted_lengths(check_indices, max_seqlen_q, max_seqlen_k)
-    max_q = _longest(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
-    max_k = _longest(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
     if fw == "torch":
         _args.torch_registered()
     dev_type, dev_id = _args.device_of(fw, q)
+    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, None, stream)
     _args.refuse_jax(dq=dq, dk=dk, dv=dv)
     grads = [g if g is not None else EMPTY[fw](x, tuple(x.shape), False) for g, x in ((dq, q), (dk, k), (dv, v))]
-    workspace, stream = None, None
+    workspace = None
     if dev_type == CUDA:
-        stream = current_stream(fw, dev_id)
         nseq = cu_seqlens_q.shape[0] - 1
-        nbytes = _C.backward_workspace_bytes(nseq, q.shape[1], max_q, q.shape[2], bool(deterministic))
+        nbytes = _C.backward_workspace_bytes(nseq, q.shape[1], lens.max_q, q.shape[2], bool(deterministic))
         workspace = EMPTY[fw](q, (nbytes // 4,), True)
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
     dsinks = EMPTY[fw](q, (sinks.shape[0],), True) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
                 variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
-                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-                alibi_slopes=_args.alibi_arg(alibi_slopes, fw), check_indices=bool(check_indices), sinks=sinks,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=lens.max_q, max_seqlen_k=lens.max_k,
+                alibi_slopes=_args.alibi_arg(alibi_slopes, fw), check_indices=lens.check, sinks=sinks,
                 dsinks=dsinks)
+    lens.checked()
     return tuple(grads) + ((dsinks,) if sinks is not None else ())

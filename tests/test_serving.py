@@ -162,6 +162,70 @@ def test_serving_varlen_check_indices_false(device, seed):
         fattn._C.forward(q, k, v, torch.empty_like(q), cu_seqlens_q=cq, cu_seqlens_k=ck, check_indices=False)
 
 
+class _Reads:
+    """Counts, through fattn._C, the reads of cu_seqlens a packed call makes: longest_sequence() calls, and calls of
+    forward() / backward() that check (read) their indices."""
+
+    def __init__(self, monkeypatch):
+        self.longest, self.checking = 0, 0
+        for name in ("longest_sequence", "forward", "backward"):
+            monkeypatch.setattr(fattn._C, name, self.counted(name, getattr(fattn._C, name)))
+
+    def counted(self, name, fn):
+        def call(*args, **kw):
+            if name == "longest_sequence":
+                self.longest += 1
+            elif kw.get("cu_seqlens_q") is not None and kw.get("check_indices", True):
+                self.checking += 1
+            return fn(*args, **kw)
+        return call
+
+    def take(self):
+        got, self.longest, self.checking = (self.longest, self.checking), 0, 0
+        return got
+
+
+@pytest.mark.parametrize("device", devices())
+def test_serving_varlen_checked_arrays_remembered(device, seed, monkeypatch):
+    """Checked cu_seqlens are remembered (fattn/_indices.py): the same unchanged tensors with the same rows and
+    max_seqlen arguments are not read again -- by the forward, the backward or the autograd op -- and give the same
+    result; a write through torch (version counter), other max_seqlen arguments, other row counts or an inference
+    tensor (no version counter) are checked again, so bad offsets still raise."""
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)
+    reads = _Reads(monkeypatch)
+    want = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right")
+    assert reads.take() == (2, 1)  # both longest lengths, and the call's check
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", return_lse=True)
+    assert reads.take() == (0, 0) and torch.equal(out, want)
+    dout = torch.ones_like(q)
+    g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal="bottom_right", deterministic=True)
+    assert reads.take() == (0, 0)
+    leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+    fattn.attention_varlen(*leafs, cq, ck, causal="bottom_right", deterministic=True).backward(dout)
+    assert reads.take() == (0, 0) and all(torch.equal(a, b.grad) for a, b in zip(g, leafs))
+    fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", max_seqlen_q=70, max_seqlen_k=70)
+    assert reads.take() == (0, 1)  # other max_seqlen arguments: checked once more, then remembered
+    with pytest.raises(ValueError, match="max_seqlen_q: 69 is less than the longest query sequence"):
+        fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=69, max_seqlen_k=70)
+    with pytest.raises(ValueError, match="cu_seqlens_q: the last offset 90 is past the end"):
+        fattn.attention_varlen(q[:80], k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70, out=torch.empty_like(q[:80]))
+    assert reads.take() == (0, 2)  # each checked (and refused): a refused call is not remembered
+    cq[1] = cq[1]  # a write through torch, even of the same value, is seen
+    fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right")
+    assert reads.take() == (2, 1)
+    cq[2] = 2  # now decreasing: the next call checks and refuses it
+    with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
+        fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70)
+    assert reads.take() == (0, 1)
+    with torch.inference_mode():
+        cqi, cki = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)[3:]
+    for _ in range(2):
+        fattn.attention_varlen(q, k, v, cqi, cki, max_seqlen_q=70, max_seqlen_k=70)
+        assert reads.take() == (0, 1)
+
+
 @pytest.mark.gpu
 def test_serving_varlen_check_indices_false_captures(seed):
     """check_indices=False reads nothing back: the call can be captured in a CUDA graph (where a host read-back
