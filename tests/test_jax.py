@@ -157,7 +157,7 @@ def test_jax_cu_seqlens_remembered(monkeypatch):
     so a second packed call with the same arrays passes check_indices=False to fattn._C and gives the same result."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((10, 2, 16)).astype(np.float32)
-    cu = jnp.asarray(np.array([0, 4, 10], dtype=np.int32))
+    cu = jax.device_put(np.array([0, 4, 10], dtype=np.int32), jax.devices("cpu")[0])  # beside q, on the host
     checks = []
     forward = fattn._C.forward
 

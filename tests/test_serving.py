@@ -227,6 +227,23 @@ def test_serving_varlen_checked_arrays_remembered(device, seed, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_serving_varlen_first_call_of_a_process():
+    """attention_varlen as a process's first fattn call on a GPU (finding torch's current stream needs fattn's torch
+    glue set up first): it runs and matches the per-sequence dense call."""
+    require("cuda")
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, fattn; q = torch.randn(10, 2, 16, device='cuda', dtype=torch.float16); "
+            "cu = torch.tensor([0, 4, 10], dtype=torch.int32, device='cuda'); o = fattn.attention_varlen(q, q, q, cu, cu); "
+            "s = q[4:].transpose(0, 1)[None]; "
+            "print(torch.allclose(o[4:], fattn.attention(s, s, s)[0].transpose(0, 1), atol=1e-3))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr[-2000:]
+
+
+@pytest.mark.gpu
 def test_serving_varlen_check_indices_false_captures(seed):
     """check_indices=False reads nothing back: the call can be captured in a CUDA graph (where a host read-back
     fails) and replays to the checked call's result.  (The checked call's failed capture is not tested here: on the
