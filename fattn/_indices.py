@@ -1,11 +1,16 @@
-"""Packed batches' cu_seqlens that a call has read back and checked, remembered so that later calls with the same,
-unchanged arrays skip the read -- on a GPU a synchronous device-to-host copy that drains the stream.  A model's
-layers all take one batch's cu_seqlens: the first layer's call reads them, the others do not.
+"""Index arrays that a call has read back and checked -- a packed batch's cu_seqlens, a KV cache's cache_seqlens and
+block_table -- remembered so that later calls with the same, unchanged arrays skip the read: on a GPU a synchronous
+device-to-host copy that drains the stream.  A model's layers all take one batch's (or one decode step's) arrays: the
+first layer's call reads them, the others do not.
 
 Only arrays whose changes fattn can see are remembered: torch tensors (their version counter, which every in-place
-write made through torch advances) and JAX arrays (immutable).  A tensor written behind torch's back -- by another
-library through DLPack, by a CUDA graph's replay, through its raw pointer -- does not look changed: pass a new tensor
-or check_indices=False there.  torch's inference tensors carry no version counter and are never remembered.
+write made through torch advances, and their data pointer) and JAX arrays (immutable).  A tensor written behind
+torch's back -- by another library through DLPack, by a CUDA graph's replay, through its raw pointer -- does not look
+changed: pass a new tensor or check_indices=False there.  torch's inference tensors carry no version counter and are
+never remembered, nor are CuPy or NumPy arrays.
+
+A check's verdict also depends on what the arrays were checked against (row counts, max_seqlen arguments, the cache's
+shape, the new keys' count): the callers pass that as `against`, which must match too.
 """
 import weakref
 
@@ -16,46 +21,49 @@ _checked = {}
 
 
 def _stamp(a):
-    """What tells later whether `a` is unchanged: (weak reference, version, data pointer), or None."""
+    """What tells later whether `a` (None: no array) is unchanged: (weak reference, version, data pointer); False
+    where that cannot be told."""
+    if a is None:
+        return None
     fw = framework_of(a)
     if fw not in ("torch", "jax"):
-        return None
+        return False
     try:
         ref = weakref.ref(a)
         if fw == "jax":
             return ref, 0, 0
         return ref, a._version, a.data_ptr()
     except (TypeError, RuntimeError):  # not weakly referable; an inference tensor's missing version counter
-        return None
+        return False
 
 
 def _same(stamp, a):
+    if stamp is None:
+        return a is None
     ref, version, ptr = stamp
-    if ref() is not a:
-        return False
-    return framework_of(a) == "jax" or (a._version, a.data_ptr()) == (version, ptr)
+    return ref() is a and (framework_of(a) == "jax" or (a._version, a.data_ptr()) == (version, ptr))
 
 
-def _key(cu_q, cu_k, totals, given):
-    return id(cu_q), id(cu_k), totals, given
+def _key(arrays, against):
+    return tuple((id(a), tuple(getattr(a, "shape", ()))) for a in arrays), against
 
 
-def remembered(cu_q, cu_k, totals, given):
-    """(max_seqlen_q, max_seqlen_k) of an earlier call that checked these very arrays, unchanged since, against the
-    same row counts `totals` and the same given max_seqlen pair `given`; else None."""
-    hit = _checked.get(_key(cu_q, cu_k, totals, given))
-    if hit is None or not (_same(hit[0], cu_q) and _same(hit[1], cu_k)):
+def remembered(arrays, against):
+    """What remember() noted for these very arrays (a tuple; None entries for arrays not given), unchanged since,
+    checked against the same `against` (hashable); else None."""
+    hit = _checked.get(_key(arrays, against))
+    if hit is None or not all(_same(s, a) for s, a in zip(hit[0], arrays)):
         return None
-    return hit[2]
+    return hit[1]
 
 
-def remember(cu_q, cu_k, totals, given, lengths):
-    """Notes that a call checked cu_q and cu_k against `totals` and `given` (their max_seqlen pair: `lengths`)."""
-    sq, sk = _stamp(cu_q), _stamp(cu_k)
-    if sq is None or sk is None:
+def remember(arrays, against, value):
+    """Notes that a call read and checked `arrays` against `against`; remembered() gives `value` back."""
+    stamps = tuple(_stamp(a) for a in arrays)
+    if False in stamps:
         return
-    key = _key(cu_q, cu_k, totals, given)
+    key = _key(arrays, against)
     _checked.pop(key, None)
     while len(_checked) >= LIMIT:
         del _checked[next(iter(_checked))]
-    _checked[key] = (sq, sk, lengths)
+    _checked[key] = (stamps, value)

@@ -1,6 +1,6 @@
 """fattn's KV-cache call for inference (flash-attention's flash_attn_with_kvcache conventions, what decoding
 servers call): attention_with_kvcache()."""
-from . import _C, _args, _tuned
+from . import _C, _args, _indices, _tuned
 from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 
@@ -27,7 +27,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             positions bottom-right aligned per sequence: a query at i + S_k - Sq).
         out: optional writable ``(B, Sq, H, D)`` array; return_lse: also return the LSE, float32 ``(B, H, Sq)``.
         check_indices: ``True`` (default): cache_seqlens' and block_table's values are read back and checked (in
-            range, room for k_new) before anything runs -- on a GPU a small synchronous copy each call.  ``False``:
+            range, room for k_new) before anything runs -- on a GPU a small synchronous copy.  Checked arrays are
+            remembered (fattn/_indices.py): a later call with the same torch tensors, unchanged since by torch's
+            version counter, against a cache of the same shape and as many new keys reads nothing -- a decode
+            step's layers read them once.  ``False``:
             shapes and dtypes are still checked, the values are trusted (no host sync: what a decode loop over
             many layers wants; an out-of-range entry is then undefined behaviour, as in flash-attention).
 
@@ -67,8 +70,15 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     sinks = _args.sinks_arg(sinks, q, fw, shape[2])  # before the cache is written
+    # the index arrays' check compares them with the cache's pages (or length) and the new keys' count
+    arrays = (cache_seqlens, block_table)
+    against = tuple(getattr(k_cache, "shape", ())[:2]), (getattr(k_new, "shape", ())[1:2] if k_new is not None else ())
+    given = any(a is not None for a in arrays)
+    check = bool(check_indices) and given and _indices.remembered(arrays, against) is None
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
                softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
-               k_new=k_new, v_new=v_new, check_indices=bool(check_indices),
-               alibi_slopes=_args.alibi_arg(alibi_slopes, fw), sinks=sinks)
+               k_new=k_new, v_new=v_new, check_indices=check, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
+               sinks=sinks)
+    if check:
+        _indices.remember(arrays, against, True)
     return (out, lse) if return_lse else out

@@ -21,10 +21,10 @@ class _Lengths:
         if not check_indices and None in self.given:
             raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are "
                              "then not read")
-        self.totals = tuple(getattr(x, "shape", (None,))[0] for x in (q, k))
+        self.against = tuple(getattr(x, "shape", (None,))[0] for x in (q, k)), self.given  # what the check compares
         # seqused_k is read and checked by the call itself: such calls are not remembered
         self.rememberable = bool(check_indices) and seqused_k is None
-        hit = _indices.remembered(cu_q, cu_k, self.totals, self.given) if self.rememberable else None
+        hit = _indices.remembered(self.arrays, self.against) if self.rememberable else None
         self.check = bool(check_indices) and hit is None
         self.max_q, self.max_k = hit or (g if g is not None else _C.longest_sequence(cu, stream)
                                          for g, cu in zip(self.given, self.arrays))
@@ -32,7 +32,7 @@ class _Lengths:
     def checked(self):
         """After the call succeeded: a checking call's arrays are remembered."""
         if self.check and self.rememberable:
-            _indices.remember(*self.arrays, self.totals, self.given, (self.max_q, self.max_k))
+            _indices.remember(self.arrays, self.against, (self.max_q, self.max_k))
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
