@@ -3,8 +3,12 @@ attention_varlen with check_indices=True (cu_seqlens_k the same array as cu_seql
 tensors every call -- after the first, remembered as checked (fattn/_indices.py) -- or tensors not seen before, from
 a pool larger than what fattn remembers) and False, timed back to back (the GPU's time per call) and one call at a time from a synchronized start (the host's), beside a bare
 read of cu_seqlens to the host.  --old DIR times fattn_old (bench/old_tree.sh) beside this tree, interleaved.
+--kvcache PAGE times a decode step over a paged KV cache instead (attention_with_kvcache: one new token per
+sequence appended, B sequences of --seqlen cached keys in pages of PAGE, H_kv = H / 4), its cache_seqlens and
+block_table checked or not.
 
     python3 bench/varlen_host_probe.py [--old DIR] [--batch 8] [--seqlen 2048] [--heads 16] [--dim 128] [--causal]
+    python3 bench/varlen_host_probe.py --kvcache 16 --batch 8 --seqlen 4096 --heads 32
 """
 import argparse
 import importlib
@@ -33,6 +37,7 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kvcache", type=int, metavar="PAGE", help="a paged decode step instead (page size)")
     a = ap.parse_args()
     mods = {"new": importlib.import_module("fattn")}
     if a.old:
@@ -49,11 +54,15 @@ def main():
         c = next(pool) if fresh else cu
         return mod.attention_varlen(q, k, v, c, c if same else cu_k, max_seqlen_q=a.seqlen,
                                     max_seqlen_k=a.seqlen, causal=a.causal, check_indices=checked)
+    kinds = KINDS
+    if a.kvcache:
+        same = {"checked, one array": "checked, same arrays"}  # one pair of index arrays
+        call, kinds = decode_step(a, dev), [(same.get(x[0], x[0]), *x[1:]) for x in KINDS if x[2]]
 
     loop, host = {}, {}
     for _ in range(a.rounds):
         for tag, mod in mods.items():
-            for name, *how in KINDS:
+            for name, *how in kinds:
                 for _ in range(5):
                     call(mod, *how)
                 torch.cuda.synchronize()
@@ -75,13 +84,34 @@ def main():
         t0 = time.perf_counter()
         cu.cpu()
         reads.append((time.perf_counter() - t0) * 1e6)
-    print(f"{torch.cuda.get_device_name()}  B={a.batch} S={a.seqlen} H={a.heads} D={a.dim} causal={a.causal}, "
+    what = f"decode, pages of {a.kvcache}" if a.kvcache else f"causal={a.causal}"
+    print(f"{torch.cuda.get_device_name()}  B={a.batch} S={a.seqlen} H={a.heads} D={a.dim} {what}, "
           f"{a.rounds} rounds x {a.reps} calls")
     print(f"{'tree':<5} {'call':<22} {'back to back us/call (rounds)':>36} {'host us p50, idle GPU':>22}")
     for (tag, name), us in loop.items():
         print(f"{tag:<5} {name:<22} {statistics.median(us):>10.1f} ({', '.join(f'{x:.1f}' for x in us)})"
               f" {statistics.median(host[(tag, name)]):>16.1f}")
     print(f"cu_seqlens.cpu() (torch) on an idle stream: p50 {statistics.median(reads):.1f} us")
+
+
+def decode_step(a, dev):
+    """call(mod, checked, same, fresh) for --kvcache: one decode step over a paged cache, the new token written at
+    the same slot each call (cache_seqlens stays put)."""
+    ps, hk = a.kvcache, max(1, a.heads // 4)
+    per = -(-a.seqlen // ps)
+    pages = a.batch * per
+    kc, vc = (torch.randn(pages, ps, hk, a.dim, device=dev, dtype=torch.float16) for _ in range(2))
+    table = torch.randperm(pages, device=dev).reshape(a.batch, per).to(torch.int32)
+    lens = torch.full((a.batch,), a.seqlen - 1, device=dev, dtype=torch.int32)
+    q = torch.randn(a.batch, 1, a.heads, a.dim, device=dev, dtype=torch.float16)
+    kn = torch.randn(a.batch, 1, hk, a.dim, device=dev, dtype=torch.float16)
+    pool = itertools.cycle([(lens.clone(), table.clone()) for _ in range(2 * 32 + 1)])
+
+    def call(mod, checked, same, fresh):
+        used, tab = next(pool) if fresh else (lens, table)
+        return mod.attention_with_kvcache(q, kc, vc, k_new=kn, v_new=kn, cache_seqlens=used, block_table=tab,
+                                          check_indices=checked)
+    return call
 
 
 if __name__ == "__main__":
