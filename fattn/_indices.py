@@ -14,10 +14,24 @@ shape, the new keys' count): the callers pass that as `against`, which must matc
 """
 import weakref
 
+from . import _frameworks
 from ._frameworks import framework_of
 
 LIMIT = 32  # entries kept; the oldest goes first
 _checked = {}
+
+
+def _watchable(arrays):
+    """True if every array (or None) can be told unchanged later: torch tensors outside torch.compile / jit tracing
+    (not fake or other subclasses: the traced call must check as it is told), JAX arrays."""
+    for a in arrays:
+        fw = None if a is None else framework_of(a)
+        if fw == "torch":
+            if type(a) is not _frameworks.torch_tensor or _frameworks.is_compiling() or _frameworks.is_tracing():
+                return False
+        elif fw not in (None, "jax"):
+            return False
+    return True
 
 
 def _stamp(a):
@@ -25,12 +39,9 @@ def _stamp(a):
     where that cannot be told."""
     if a is None:
         return None
-    fw = framework_of(a)
-    if fw not in ("torch", "jax"):
-        return False
     try:
         ref = weakref.ref(a)
-        if fw == "jax":
+        if framework_of(a) == "jax":
             return ref, 0, 0
         return ref, a._version, a.data_ptr()
     except (TypeError, RuntimeError):  # not weakly referable; an inference tensor's missing version counter
@@ -51,6 +62,8 @@ def _key(arrays, against):
 def remembered(arrays, against):
     """What remember() noted for these very arrays (a tuple; None entries for arrays not given), unchanged since,
     checked against the same `against` (hashable); else None."""
+    if not _watchable(arrays):
+        return None
     hit = _checked.get(_key(arrays, against))
     if hit is None or not all(_same(s, a) for s, a in zip(hit[0], arrays)):
         return None
@@ -59,6 +72,8 @@ def remembered(arrays, against):
 
 def remember(arrays, against, value):
     """Notes that a call read and checked `arrays` against `against`; remembered() gives `value` back."""
+    if not _watchable(arrays):
+        return
     stamps = tuple(_stamp(a) for a in arrays)
     if False in stamps:
         return

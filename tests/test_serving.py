@@ -226,6 +226,22 @@ def test_serving_varlen_checked_arrays_remembered(device, seed, monkeypatch):
         assert reads.take() == (0, 1)
 
 
+def test_serving_varlen_compiled_checks_as_told():
+    """Under torch.compile (fullgraph) nothing is remembered: the compiled call traces after an eager call that
+    remembered the same cu_seqlens, gives its result, and still checks each run (a bad write refused)."""
+    q = torch.randn(10, 2, 16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+
+    def f(q, cu):
+        return fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
+    eager = f(q, cu)
+    compiled = torch.compile(f, fullgraph=True)
+    assert torch.equal(compiled(q, cu), eager)
+    cu[1] = 3  # lengths 3 and 7: longer than max_seqlen 6
+    with pytest.raises(ValueError, match="max_seqlen_q: 6 is less than the longest query sequence"):
+        compiled(q, cu)
+
+
 @pytest.mark.gpu
 def test_serving_varlen_first_call_of_a_process():
     """attention_varlen as a process's first fattn call on a GPU (finding torch's current stream needs fattn's torch
