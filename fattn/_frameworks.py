@@ -57,15 +57,17 @@ torch_tensor = None  # torch.Tensor once registered
 is_tracing = None    # torch.jit's "is a trace being recorded", once registered
 is_compiling = None  # torch.compiler.is_compiling, once registered
 grad_enabled = None  # torch.is_grad_enabled, once registered
+is_capturing = None  # torch.cuda.is_current_stream_capturing, once registered
 
 
 def register_torch(C):
     """Tell the C extension about torch's tensor type and dtypes (the lean path), once, on first torch use, and keep
     the few torch functions the call path asks each time (without attribute lookups through torch's modules)."""
-    global _torch_raw_stream, torch_tensor, is_tracing, is_compiling, grad_enabled, torch_ready
+    global _torch_raw_stream, torch_tensor, is_tracing, is_compiling, grad_enabled, is_capturing, torch_ready
     torch = sys.modules["torch"]
     is_compiling = torch.compiler.is_compiling
     grad_enabled = torch.is_grad_enabled
+    is_capturing = torch.cuda.is_current_stream_capturing
     C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16)
     torch_tensor = torch.Tensor
     is_tracing = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing

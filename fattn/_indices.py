@@ -1,33 +1,39 @@
 """Index arrays that a call has read back and checked -- a packed batch's cu_seqlens, a KV cache's cache_seqlens and
 block_table -- remembered so that later calls with the same, unchanged arrays skip the read: on a GPU a synchronous
 device-to-host copy that drains the stream.  A model's layers all take one batch's (or one decode step's) arrays: the
-first layer's call reads them, the others do not.
+first layer's call reads them, the others do not.  Only the check is skipped: a call still uses the arrays' values on
+the device as they are when it runs.
 
 Only arrays whose changes fattn can see are remembered: torch tensors (their version counter, which every in-place
 write made through torch advances, and their data pointer) and JAX arrays (immutable).  A tensor written behind
-torch's back -- by another library through DLPack, by a CUDA graph's replay, through its raw pointer -- does not look
-changed: pass a new tensor or check_indices=False there.  torch's inference tensors carry no version counter and are
-never remembered, nor are CuPy or NumPy arrays.
+torch's back -- by another library through DLPack, by a CUDA graph's replay, through `.data`, `.numpy()` or its raw
+pointer -- does not look changed: pass a new tensor or check_indices=False there.  Never remembered: torch's inference
+tensors (no version counter), tensor subclasses, calls under torch.compile or jit tracing (the traced call checks as
+it is told) and under CUDA graph capture (a captured call must say check_indices=False itself), CuPy and NumPy arrays.
 
 A check's verdict also depends on what the arrays were checked against (row counts, max_seqlen arguments, the cache's
-shape, the new keys' count): the callers pass that as `against`, which must match too.
+shape, the new keys' count): the callers pass that as `against`, which must match too.  The arrays' state is taken
+before the call that checks them (stamps()), so a write made while it runs is seen.
 """
+import threading
 import weakref
 
 from . import _frameworks
 from ._frameworks import framework_of
 
-LIMIT = 32  # entries kept; the oldest goes first
+LIMIT = 32  # entries kept; the one noted first goes first
 _checked = {}
+_lock = threading.Lock()
 
 
 def _watchable(arrays):
-    """True if every array (or None) can be told unchanged later: torch tensors outside torch.compile / jit tracing
-    (not fake or other subclasses: the traced call must check as it is told), JAX arrays."""
+    """True if every array (or None) can be told unchanged later, and this is a call to remember."""
     for a in arrays:
         fw = None if a is None else framework_of(a)
         if fw == "torch":
             if type(a) is not _frameworks.torch_tensor or _frameworks.is_compiling() or _frameworks.is_tracing():
+                return False
+            if a.is_cuda and _frameworks.is_capturing():
                 return False
         elif fw not in (None, "jax"):
             return False
@@ -60,25 +66,29 @@ def _key(arrays, against):
 
 
 def remembered(arrays, against):
-    """What remember() noted for these very arrays (a tuple; None entries for arrays not given), unchanged since,
-    checked against the same `against` (hashable); else None."""
+    """True if a call checked these very arrays (a tuple; None for arrays not given), unchanged since, against the
+    same `against` (hashable)."""
     if not _watchable(arrays):
-        return None
+        return False
     hit = _checked.get(_key(arrays, against))
-    if hit is None or not all(_same(s, a) for s, a in zip(hit[0], arrays)):
-        return None
-    return hit[1]
+    return hit is not None and all(_same(s, a) for s, a in zip(hit, arrays))
 
 
-def remember(arrays, against, value):
-    """Notes that a call read and checked `arrays` against `against`; remembered() gives `value` back."""
+def stamps(arrays):
+    """The arrays' state before a call checks them, for remember(); None where they cannot be remembered."""
     if not _watchable(arrays):
-        return
-    stamps = tuple(_stamp(a) for a in arrays)
-    if False in stamps:
+        return None
+    got = tuple(_stamp(a) for a in arrays)
+    return None if False in got else got
+
+
+def remember(arrays, against, stamped):
+    """Notes that a call checked `arrays` (in the state `stamped`, from stamps()) against `against`."""
+    if stamped is None:
         return
     key = _key(arrays, against)
-    _checked.pop(key, None)
-    while len(_checked) >= LIMIT:
-        del _checked[next(iter(_checked))]
-    _checked[key] = (stamps, value)
+    with _lock:
+        _checked.pop(key, None)
+        while len(_checked) >= LIMIT:
+            del _checked[next(iter(_checked))]
+        _checked[key] = stamped

@@ -11,28 +11,29 @@ def _given(value, name):
 
 
 class _Lengths:
-    """A packed call's max_seqlen pair and whether its cu_seqlens are still to be checked: not when an earlier call
-    checked these same, unchanged arrays against the same rows and max_seqlen arguments (fattn/_indices.py), or
-    when check_indices is False.  A max_seqlen not given is the longest sequence, read from cu_seqlens."""
+    """A packed call's max_seqlen pair (a max_seqlen not given: the longest sequence, read from cu_seqlens) and
+    whether its cu_seqlens are still to be checked: not with check_indices=False, nor when an earlier call checked
+    these same, unchanged arrays against the same row counts and max_seqlen arguments (fattn/_indices.py).
+    Remembered only where a stale entry could at worst skip a check: both max_seqlen given (one read from the arrays
+    would go stale with them), no seqused_k (the call reads it itself), not through the autograd op (its backward
+    takes the forward's check_indices)."""
 
-    def __init__(self, cu_q, cu_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, seqused_k, stream):
+    def __init__(self, cu_q, cu_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, rememberable, stream):
         self.arrays = cu_q, cu_k
-        self.given = _given(max_seqlen_q, "max_seqlen_q"), _given(max_seqlen_k, "max_seqlen_k")
-        if not check_indices and None in self.given:
+        given = _given(max_seqlen_q, "max_seqlen_q"), _given(max_seqlen_k, "max_seqlen_k")
+        if not check_indices and None in given:
             raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are "
                              "then not read")
-        self.against = tuple(getattr(x, "shape", (None,))[0] for x in (q, k)), self.given  # what the check compares
-        # seqused_k is read and checked by the call itself: such calls are not remembered
-        self.rememberable = bool(check_indices) and seqused_k is None
-        hit = _indices.remembered(self.arrays, self.against) if self.rememberable else None
-        self.check = bool(check_indices) and hit is None
-        self.max_q, self.max_k = hit or (g if g is not None else _C.longest_sequence(cu, stream)
-                                         for g, cu in zip(self.given, self.arrays))
+        self.against = tuple(getattr(x, "shape", (None,))[0] for x in (q, k)), given  # what the check compares
+        rememberable = bool(check_indices) and rememberable and None not in given
+        self.check = bool(check_indices) and not (rememberable and _indices.remembered(self.arrays, self.against))
+        self.stamps = _indices.stamps(self.arrays) if rememberable and self.check else None
+        self.max_q, self.max_k = (g if g is not None else _C.longest_sequence(cu, stream)
+                                  for g, cu in zip(given, self.arrays))
 
     def checked(self):
-        """After the call succeeded: a checking call's arrays are remembered."""
-        if self.check and self.rememberable:
-            _indices.remember(self.arrays, self.against, (self.max_q, self.max_k))
+        """After the call succeeded: the arrays it checked are remembered."""
+        _indices.remember(self.arrays, self.against, self.stamps)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
@@ -53,10 +54,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             :func:`fattn.attention`, positions counted within each sequence.
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
         check_indices: ``True`` (default): cu_seqlens (and seqused_k) are read back and checked before anything runs
-            -- on a GPU a small synchronous copy.  Checked cu_seqlens are remembered: a later call with the same
-            torch tensors (or JAX arrays), unchanged since by torch's version counter, and the same row counts and
-            max_seqlen arguments reads nothing (fattn/_indices.py; a tensor written behind torch's back, e.g. by a
-            CUDA graph's replay, needs a new tensor or ``False``).  ``False`` with max_seqlen_q and max_seqlen_k
+            -- on a GPU a small synchronous copy.  With max_seqlen_q and max_seqlen_k given, checked cu_seqlens are
+            remembered (not through the autograd op): a later call with the same torch tensors (or JAX arrays),
+            unchanged since by torch's version counter, and the same row counts and max_seqlen arguments reads
+            nothing (fattn/_indices.py; a tensor written behind torch's back, e.g. by a CUDA graph's replay, needs a
+            new tensor or ``False``).  ``False`` with max_seqlen_q and max_seqlen_k
             given: their values are trusted (no host sync, in the backward of a call that records gradients too; an
             offset outside the arrays is then undefined behaviour, as in flash-attention).
 
@@ -68,12 +70,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     if len(getattr(q, "shape", ())) != 3:
         raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
     if fw == "torch":
-        _args.torch_registered()  # before current_stream, which it sets up
-    dev_type, dev_id = _args.device_of(fw, q)
-    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
-    lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, seqused_k, stream)
-    if fw == "torch":
+        _args.torch_registered()
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
+            lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, False, None)
             if seqused_k is not None:
                 raise ValueError("seqused_k: not taken with gradients or under torch.compile (a KV cache is "
                                  "inference only)")
@@ -86,11 +85,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             o, lse = _torch.attention_call(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
                                            cu_seqlens_k, lens.max_q, lens.max_k, variant, bool(deterministic), sinks,
                                            alibi_slopes, lens.check)
-            lens.checked()
             if out is not None:
                 out.copy_(o)
                 o = out
             return (o, lse) if return_lse else o
+    dev_type, dev_id = _args.device_of(fw, q)
+    stream = current_stream(fw, dev_id) if dev_type == CUDA else None
+    lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, seqused_k is None,
+                    stream)
     _args.refuse_jax(out=out)
     if out is None:
         out = EMPTY[fw](q, tuple(q.shape), False)
@@ -120,7 +122,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         _args.torch_registered()
     dev_type, dev_id = _args.device_of(fw, q)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
-    lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, None, stream)
+    lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, True, stream)
     _args.refuse_jax(dq=dq, dk=dk, dv=dv)
     grads = [g if g is not None else EMPTY[fw](x, tuple(x.shape), False) for g, x in ((dq, q), (dk, k), (dv, v))]
     workspace = None

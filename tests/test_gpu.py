@@ -44,7 +44,8 @@ def test_more_streams_than_workspace_entries():
         return ran["splits"], out, g
 
     torch.cuda.synchronize()
-    _, expect, expect_g = run(torch.cuda.current_stream().cuda_stream)
+    splits, expect, expect_g = run(torch.cuda.current_stream().cuda_stream)
+    assert splits == 8
     check_close(expect, q, k, k, False, None)
     streams = [torch.cuda.Stream() for _ in range(40)]
     for s in streams + streams[:4]:

@@ -165,8 +165,8 @@ def test_jax_cu_seqlens_remembered(monkeypatch):
         checks.append(kw["check_indices"])
         return forward(*args, **kw)
     monkeypatch.setattr(fattn._C, "forward", counted)
-    first = fattn.attention_varlen(q, q, q, cu, cu)
-    second = fattn.attention_varlen(q, q, q, cu, cu)
+    first = fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
+    second = fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
     assert checks == [True, False]
     assert np.array_equal(first, second)
     seq = q[None, 4:].transpose(0, 2, 1, 3)  # the second sequence, (1, H, 6, D)

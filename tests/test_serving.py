@@ -187,50 +187,58 @@ class _Reads:
 
 @pytest.mark.parametrize("device", devices())
 def test_serving_varlen_checked_arrays_remembered(device, seed, monkeypatch):
-    """Checked cu_seqlens are remembered (fattn/_indices.py): the same unchanged tensors with the same rows and
-    max_seqlen arguments are not read again -- by the forward, the backward or the autograd op -- and give the same
-    result; a write through torch (version counter), other max_seqlen arguments, other row counts or an inference
-    tensor (no version counter) are checked again, so bad offsets still raise."""
+    """Checked cu_seqlens are remembered (fattn/_indices.py) when both max_seqlen are given: the same unchanged
+    tensors with the same rows and max_seqlen arguments are not read again by the forward or the backward, and give
+    the same result; a write through torch (version counter), other max_seqlen arguments, other row counts or an
+    inference tensor (no version counter) are checked again, so bad offsets still raise.  Never remembered: calls
+    that read max_seqlen from the arrays, and the autograd op (its backward takes the forward's check)."""
     require(device)
     dt = torch.float32 if device == "cpu" else torch.float16
     q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)
+    kw = dict(max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right")
     reads = _Reads(monkeypatch)
-    want = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right")
-    assert reads.take() == (2, 1)  # both longest lengths, and the call's check
-    out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", return_lse=True)
+    want = fattn.attention_varlen(q, k, v, cq, ck, **kw)
+    assert reads.take() == (0, 1)
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)
     assert reads.take() == (0, 0) and torch.equal(out, want)
     dout = torch.ones_like(q)
-    g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal="bottom_right", deterministic=True)
+    g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, deterministic=True, **kw)
     assert reads.take() == (0, 0)
     leafs = [x.clone().requires_grad_() for x in (q, k, v)]
-    fattn.attention_varlen(*leafs, cq, ck, causal="bottom_right", deterministic=True).backward(dout)
-    assert reads.take() == (0, 0) and all(torch.equal(a, b.grad) for a, b in zip(g, leafs))
-    fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", max_seqlen_q=70, max_seqlen_k=70)
-    assert reads.take() == (0, 1)  # other max_seqlen arguments: checked once more, then remembered
+    fattn.attention_varlen(*leafs, cq, ck, deterministic=True, **kw).backward(dout)
+    assert reads.take() == (0, 2) and all(torch.equal(a, b.grad) for a, b in zip(g, leafs))
+    for _ in range(2):  # max_seqlen read from the arrays: they are read and checked every call
+        assert torch.equal(fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right"), want)
+    assert reads.take() == (4, 2)
+    for _ in range(2):  # other max_seqlen arguments: checked once more, then remembered
+        fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", max_seqlen_q=71, max_seqlen_k=70)
+    assert reads.take() == (0, 1)
     with pytest.raises(ValueError, match="max_seqlen_q: 69 is less than the longest query sequence"):
         fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=69, max_seqlen_k=70)
     with pytest.raises(ValueError, match="cu_seqlens_q: the last offset 90 is past the end"):
         fattn.attention_varlen(q[:80], k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70, out=torch.empty_like(q[:80]))
     assert reads.take() == (0, 2)  # each checked (and refused): a refused call is not remembered
     cq[1] = cq[1]  # a write through torch, even of the same value, is seen
-    fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right")
-    assert reads.take() == (2, 1)
+    fattn.attention_varlen(q, k, v, cq, ck, **kw)
+    assert reads.take() == (0, 1)
     cq[2] = 2  # now decreasing: the next call checks and refuses it
     with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
-        fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70)
+        fattn.attention_varlen(q, k, v, cq, ck, **kw)
     assert reads.take() == (0, 1)
     with torch.inference_mode():
         cqi, cki = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)[3:]
     for _ in range(2):
-        fattn.attention_varlen(q, k, v, cqi, cki, max_seqlen_q=70, max_seqlen_k=70)
+        fattn.attention_varlen(q, k, v, cqi, cki, **kw)
         assert reads.take() == (0, 1)
 
 
-def test_serving_varlen_compiled_checks_as_told():
+@pytest.mark.parametrize("device", devices())
+def test_serving_varlen_compiled_checks_as_told(device):
     """Under torch.compile (fullgraph) nothing is remembered: the compiled call traces after an eager call that
     remembered the same cu_seqlens, gives its result, and still checks each run (a bad write refused)."""
-    q = torch.randn(10, 2, 16)
-    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    require(device)
+    q = torch.randn(10, 2, 16, device=device, dtype=torch.float32 if device == "cpu" else torch.float16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device=device)
 
     def f(q, cu):
         return fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
@@ -240,6 +248,27 @@ def test_serving_varlen_compiled_checks_as_told():
     cu[1] = 3  # lengths 3 and 7: longer than max_seqlen 6
     with pytest.raises(ValueError, match="max_seqlen_q: 6 is less than the longest query sequence"):
         compiled(q, cu)
+
+
+@pytest.mark.gpu
+def test_serving_varlen_not_remembered_under_capture(seed):
+    """Under CUDA graph capture nothing is looked up or noted (fattn/_indices.py): a captured checked call reads its
+    cu_seqlens (and fails, as capture cannot read) rather than trusting an eager call's check, since a replay would
+    not check what the static buffer holds later; a captured call must say check_indices=False itself."""
+    require("cuda")
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, torch.float16, "cuda", seed)
+    fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70)  # checked, remembered
+    against = (q.shape[0], k.shape[0]), (70, 70)
+    assert fattn._indices.remembered((cq, ck), against)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph, seen = torch.cuda.CUDAGraph(), []
+    x = torch.zeros(1, device="cuda")
+    with torch.cuda.graph(graph, stream=s):
+        x += 1  # something to capture
+        seen.append((fattn._indices.remembered((cq, ck), against), fattn._indices.stamps((cq, ck))))
+    assert seen == [(False, None)]
+    assert fattn._indices.remembered((cq, ck), against)  # outside capture again
 
 
 @pytest.mark.gpu
