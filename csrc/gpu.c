@@ -258,7 +258,9 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
  * captured graph must not hold a buffer a later call might free.  Beside it, the stream's counters (FATTN_COUNTERS
  * words, plan.h: zeroed on the stream when allocated; a kernel that counts on them leaves them zero).  The table
  * holds WORKSPACES streams; a program that uses more (or creates and drops streams) has its least recently used
- * entry's memory freed to make room. */
+ * entry's memory freed to make room.  The Python entry points hold the GIL from taking a buffer to launching on it,
+ * so no other call frees it in between.  Not handled: an allocation or free here while another thread captures a
+ * graph in cudaStreamCaptureModeGlobal invalidates that capture (as any cudaMalloc / cudaFree then does). */
 typedef struct {
     int device;
     unsigned long long stream; /* cudaStreamGetId's: never reused, unlike a handle (a stream destroyed while its work
