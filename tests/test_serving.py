@@ -232,6 +232,25 @@ def test_serving_varlen_checked_arrays_remembered(device, seed, monkeypatch):
         assert reads.take() == (0, 1)
 
 
+def test_serving_varlen_new_arrays_checked(monkeypatch):
+    """A remembered array that is dropped does not vouch for the next array Python puts at its address (id() is
+    reused): each new cu_seqlens tensor is checked, and bad offsets in one raise."""
+    import gc
+    q, k, v, cq, ck = packed([3, 7, 1], [3, 7, 1], 2, 2, 16, torch.float32, "cpu", 0)
+    reads = _Reads(monkeypatch)
+    kw = dict(max_seqlen_q=7, max_seqlen_k=7)
+    for i in range(20):
+        cu = cq.clone()
+        fattn.attention_varlen(q, k, v, cu, cu, **kw)
+        assert reads.take() == (0, 1)
+        del cu
+        gc.collect()
+        bad = torch.tensor([0, 9, 3, 11], dtype=torch.int32)  # decreasing
+        with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
+            fattn.attention_varlen(q, k, v, bad, bad, **kw)
+        assert reads.take() == (0, 1)
+
+
 @pytest.mark.parametrize("device", devices())
 def test_serving_varlen_compiled_checks_as_told(device):
     """Under torch.compile (fullgraph) nothing is remembered: the compiled call traces after an eager call that
