@@ -151,24 +151,3 @@ def test_jax_sinks_forward_and_grad(device, causal):
         rel = 1e-4 if device == "cpu" else 5e-2
         assert np.abs(np.asarray(g.astype(jnp.float32)) - r).max() < rel * max(1.0, np.abs(r).max()), name
 
-
-def test_jax_cu_seqlens_remembered(monkeypatch):
-    """JAX arrays are immutable: cu_seqlens given as JAX arrays are checked once and remembered (fattn/_indices.py),
-    so a second packed call with the same arrays passes check_indices=False to fattn._C and gives the same result."""
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((10, 2, 16)).astype(np.float32)
-    cu = jax.device_put(np.array([0, 4, 10], dtype=np.int32), jax.devices("cpu")[0])  # beside q, on the host
-    checks = []
-    forward = fattn._C.forward
-
-    def counted(*args, **kw):
-        checks.append(kw["check_indices"])
-        return forward(*args, **kw)
-    monkeypatch.setattr(fattn._C, "forward", counted)
-    first = fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
-    second = fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
-    assert checks == [True, False]
-    assert np.array_equal(first, second)
-    seq = q[None, 4:].transpose(0, 2, 1, 3)  # the second sequence, (1, H, 6, D)
-    want, _ = reference.attention(seq, seq, seq)
-    assert np.allclose(first[4:], np.asarray(want)[0].transpose(1, 0, 2), atol=1e-4)

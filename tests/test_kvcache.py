@@ -313,38 +313,6 @@ def test_kvcache_check_indices_false_trusts_values():
         fattn.attention_with_kvcache(q, kc, vc, check_indices=False, **dict(args, block_table=args["block_table"].long()))
 
 
-def test_kvcache_checked_indices_remembered(monkeypatch):
-    """Checked cache_seqlens and block_table are remembered (fattn/_indices.py): a decode step's later layers -- the
-    same unchanged tensors, a cache of the same shape, as many new keys -- pass check_indices=False to fattn._C and
-    give the same result; a write through torch, another number of new keys or another pool size is checked again,
-    so an entry out of range still raises and writes nothing."""
-    checks = []
-    forward = fattn._C.forward
-
-    def counted(*args, **kw):
-        checks.append(kw["check_indices"])
-        return forward(*args, **kw)
-    monkeypatch.setattr(fattn._C, "forward", counted)
-    args = _paged()
-    q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
-    first = fattn.attention_with_kvcache(q, kc, vc, **args)
-    again = fattn.attention_with_kvcache(q, kc, vc, **args)  # the same new keys into the same slots
-    assert checks == [True, False] and torch.equal(first, again)
-    checks.clear()
-    two = dict(args, k_new=torch.randn(2, 2, 2, 32), v_new=torch.randn(2, 2, 2, 32))
-    fattn.attention_with_kvcache(q, kc, vc, **two)
-    fattn.attention_with_kvcache(q, kc.clone(), vc.clone(), **two)  # another cache of the same shape
-    bigger = torch.randn(7, 16, 2, 32)
-    fattn.attention_with_kvcache(q, bigger, bigger.clone(), **args)
-    args["cache_seqlens"][0] = 31  # through torch: 31 + 1 new key fits, but is seen and checked
-    fattn.attention_with_kvcache(q, kc, vc, **args)
-    assert checks == [True, False, True, True]
-    args["cache_seqlens"][0] = 32  # no room for the new key: refused again
-    checks.clear()
-    _assert_refused(dict(args, q=q, k_cache=kc, v_cache=vc), ValueError, r"cache_seqlens: entry 0 is 32")
-    assert checks == [True]
-
-
 def test_kvcache_under_torch_compile_and_fake(seed):
     """Under torch.compile (aot_eager: functionalization sees the op's declared cache writes) the call gives the
     eager call's output and writes the same cache slots; fake tensors get shapes; opcheck passes."""

@@ -1,0 +1,185 @@
+"""Index arrays remembered once checked (fattn/_indices.py): packed calls' cu_seqlens, KV-cache calls' cache_seqlens
+and block_table -- the same unchanged arrays are not read back again; anything that changed them, or could have, is
+checked again, so bad indices still raise.  The reads are counted through fattn._C.  `pytest -k remembered`."""
+import pytest
+
+from conftest import packed, require, torch
+from test_kvcache import _assert_refused, _paged
+from test_serving import devices
+
+import fattn
+
+
+class _Reads:
+    """Counts, through fattn._C, the reads of index arrays calls make: longest_sequence() calls, and calls of
+    forward() / backward() given index arrays that check (read) them."""
+
+    INDEX_ARGS = ("cu_seqlens_q", "cache_seqlens", "block_table")
+
+    def __init__(self, monkeypatch):
+        self.longest, self.checking = 0, 0
+        for name in ("longest_sequence", "forward", "backward"):
+            monkeypatch.setattr(fattn._C, name, self.counted(name, getattr(fattn._C, name)))
+
+    def counted(self, name, fn):
+        def call(*args, **kw):
+            if name == "longest_sequence":
+                self.longest += 1
+            elif any(kw.get(a) is not None for a in self.INDEX_ARGS) and kw.get("check_indices", True):
+                self.checking += 1
+            return fn(*args, **kw)
+        return call
+
+    def take(self):
+        got, self.longest, self.checking = (self.longest, self.checking), 0, 0
+        return got
+
+
+@pytest.mark.parametrize("device", devices())
+def test_varlen_checked_arrays_remembered(device, seed, monkeypatch):
+    """Checked cu_seqlens are remembered (fattn/_indices.py) when both max_seqlen are given: the same unchanged
+    tensors with the same rows and max_seqlen arguments are not read again by the forward or the backward, and give
+    the same result; a write through torch (version counter), other max_seqlen arguments, other row counts or an
+    inference tensor (no version counter) are checked again, so bad offsets still raise.  Never remembered: calls
+    that read max_seqlen from the arrays, and the autograd op (its backward takes the forward's check)."""
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)
+    kw = dict(max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right")
+    reads = _Reads(monkeypatch)
+    want = fattn.attention_varlen(q, k, v, cq, ck, **kw)
+    assert reads.take() == (0, 1)
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)
+    assert reads.take() == (0, 0) and torch.equal(out, want)
+    dout = torch.ones_like(q)
+    g = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, deterministic=True, **kw)
+    assert reads.take() == (0, 0)
+    leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+    fattn.attention_varlen(*leafs, cq, ck, deterministic=True, **kw).backward(dout)
+    assert reads.take() == (0, 2) and all(torch.equal(a, b.grad) for a, b in zip(g, leafs))
+    for _ in range(2):  # max_seqlen read from the arrays: they are read and checked every call
+        assert torch.equal(fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right"), want)
+    assert reads.take() == (4, 2)
+    for _ in range(2):  # other max_seqlen arguments: checked once more, then remembered
+        fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", max_seqlen_q=71, max_seqlen_k=70)
+    assert reads.take() == (0, 1)
+    with pytest.raises(ValueError, match="max_seqlen_q: 69 is less than the longest query sequence"):
+        fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=69, max_seqlen_k=70)
+    with pytest.raises(ValueError, match="cu_seqlens_q: the last offset 90 is past the end"):
+        fattn.attention_varlen(q[:80], k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70, out=torch.empty_like(q[:80]))
+    assert reads.take() == (0, 2)  # each checked (and refused): a refused call is not remembered
+    cq[1] = cq[1]  # a write through torch, even of the same value, is seen
+    fattn.attention_varlen(q, k, v, cq, ck, **kw)
+    assert reads.take() == (0, 1)
+    cq[2] = 2  # now decreasing: the next call checks and refuses it
+    with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
+        fattn.attention_varlen(q, k, v, cq, ck, **kw)
+    assert reads.take() == (0, 1)
+    with torch.inference_mode():
+        cqi, cki = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)[3:]
+    for _ in range(2):
+        fattn.attention_varlen(q, k, v, cqi, cki, **kw)
+        assert reads.take() == (0, 1)
+
+
+def test_varlen_new_arrays_remembered_only_while_alive(monkeypatch):
+    """A remembered array that is dropped does not vouch for the next array Python puts at its address (id() is
+    reused): each new cu_seqlens tensor is checked, and bad offsets in one raise."""
+    import gc
+    q, k, v, cq, ck = packed([3, 7, 1], [3, 7, 1], 2, 2, 16, torch.float32, "cpu", 0)
+    reads = _Reads(monkeypatch)
+    kw = dict(max_seqlen_q=7, max_seqlen_k=7)
+    for i in range(20):
+        cu = cq.clone()
+        fattn.attention_varlen(q, k, v, cu, cu, **kw)
+        assert reads.take() == (0, 1)
+        del cu
+        gc.collect()
+        bad = torch.tensor([0, 9, 3, 11], dtype=torch.int32)  # decreasing
+        with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
+            fattn.attention_varlen(q, k, v, bad, bad, **kw)
+        assert reads.take() == (0, 1)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_varlen_compiled_not_remembered(device):
+    """Under torch.compile (fullgraph) nothing is remembered: the compiled call traces after an eager call that
+    remembered the same cu_seqlens, gives its result, and still checks each run (a bad write refused)."""
+    require(device)
+    q = torch.randn(10, 2, 16, device=device, dtype=torch.float32 if device == "cpu" else torch.float16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device=device)
+
+    def f(q, cu):
+        return fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
+    eager = f(q, cu)
+    compiled = torch.compile(f, fullgraph=True)
+    assert torch.equal(compiled(q, cu), eager)
+    cu[1] = 3  # lengths 3 and 7: longer than max_seqlen 6
+    with pytest.raises(ValueError, match="max_seqlen_q: 6 is less than the longest query sequence"):
+        compiled(q, cu)
+
+
+@pytest.mark.gpu
+def test_varlen_not_remembered_under_capture(seed):
+    """Under CUDA graph capture nothing is looked up or noted (fattn/_indices.py): a captured checked call reads its
+    cu_seqlens (and fails, as capture cannot read) rather than trusting an eager call's check, since a replay would
+    not check what the static buffer holds later; a captured call must say check_indices=False itself."""
+    require("cuda")
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, torch.float16, "cuda", seed)
+    fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70)  # checked, remembered
+    against = (q.shape[0], k.shape[0]), (70, 70)
+    assert fattn._indices.remembered((cq, ck), against)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph, seen = torch.cuda.CUDAGraph(), []
+    x = torch.zeros(1, device="cuda")
+    with torch.cuda.graph(graph, stream=s):
+        x += 1  # something to capture
+        seen.append((fattn._indices.remembered((cq, ck), against), fattn._indices.stamps((cq, ck))))
+    assert seen == [(False, None)]
+    assert fattn._indices.remembered((cq, ck), against)  # outside capture again
+
+
+def test_kvcache_checked_indices_remembered(monkeypatch):
+    """Checked cache_seqlens and block_table are remembered: a decode step's later layers -- the same unchanged
+    tensors, a cache of the same shape, as many new keys -- read nothing back and give the same result; a write
+    through torch, another number of new keys or another pool size is checked again, so an entry out of range still
+    raises and writes nothing."""
+    reads = _Reads(monkeypatch)
+    args = _paged()
+    q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
+    first = fattn.attention_with_kvcache(q, kc, vc, **args)
+    assert reads.take() == (0, 1)
+    again = fattn.attention_with_kvcache(q, kc, vc, **args)  # the same new keys into the same slots
+    assert reads.take() == (0, 0) and torch.equal(first, again)
+    two = dict(args, k_new=torch.randn(2, 2, 2, 32), v_new=torch.randn(2, 2, 2, 32))
+    fattn.attention_with_kvcache(q, kc, vc, **two)
+    fattn.attention_with_kvcache(q, kc.clone(), vc.clone(), **two)  # another cache of the same shape
+    bigger = torch.randn(7, 16, 2, 32)
+    fattn.attention_with_kvcache(q, bigger, bigger.clone(), **args)
+    assert reads.take() == (0, 2)  # two new keys: checked, then remembered; another pool size: checked
+    args["cache_seqlens"][0] = 31  # through torch: 31 + 1 new key fits, but is seen and checked
+    fattn.attention_with_kvcache(q, kc, vc, **args)
+    assert reads.take() == (0, 1)
+    args["cache_seqlens"][0] = 32  # no room for the new key: refused again
+    _assert_refused(dict(args, q=q, k_cache=kc, v_cache=vc), ValueError, r"cache_seqlens: entry 0 is 32")
+    assert reads.take() == (0, 1)
+
+
+def test_jax_cu_seqlens_remembered(monkeypatch):
+    """JAX arrays are immutable: cu_seqlens given as JAX arrays are checked once and remembered, so a second packed
+    call with the same arrays reads nothing and gives the same result."""
+    jax = pytest.importorskip("jax")
+    np = pytest.importorskip("numpy")
+    from fattn.testing import reference
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((10, 2, 16)).astype(np.float32)
+    cu = jax.device_put(np.array([0, 4, 10], dtype=np.int32), jax.devices("cpu")[0])  # beside q, on the host
+    reads = _Reads(monkeypatch)
+    first = fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
+    second = fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
+    assert reads.take() == (0, 1)
+    assert np.array_equal(first, second)
+    seq = q[None, 4:].transpose(0, 2, 1, 3)  # the second sequence, (1, H, 6, D)
+    want, _ = reference.attention(seq, seq, seq)
+    assert np.allclose(first[4:], np.asarray(want)[0].transpose(1, 0, 2), atol=1e-4)
