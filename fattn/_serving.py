@@ -16,9 +16,11 @@ class _Lengths:
     these same, unchanged arrays against the same row counts and max_seqlen arguments (fattn/_indices.py).
     Remembered only where a stale entry could at worst skip a check: both max_seqlen given (one read from the arrays
     would go stale with them), no seqused_k (the call reads it itself), not through the autograd op (its backward
-    takes the forward's check_indices)."""
+    takes the forward's check_indices).  need: which of (max_q, max_k) the caller must know; a checking call works
+    out the others itself from the one read it makes (None here), a read saved."""
 
-    def __init__(self, cu_q, cu_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, rememberable, stream):
+    def __init__(self, cu_q, cu_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, rememberable, stream,
+                 need=(True, True)):
         self.arrays = cu_q, cu_k
         given = _given(max_seqlen_q, "max_seqlen_q"), _given(max_seqlen_k, "max_seqlen_k")
         if not check_indices and None in given:
@@ -28,8 +30,8 @@ class _Lengths:
         rememberable = bool(check_indices) and rememberable and None not in given
         self.check = bool(check_indices) and not (rememberable and _indices.remembered(self.arrays, self.against))
         self.stamps = _indices.stamps(self.arrays) if rememberable and self.check else None
-        self.max_q, self.max_k = (g if g is not None else _C.longest_sequence(cu, stream)
-                                  for g, cu in zip(given, self.arrays))
+        self.max_q, self.max_k = (g if g is not None else _C.longest_sequence(cu, stream) if needed else None
+                                  for g, cu, needed in zip(given, self.arrays, need))
 
     def checked(self):
         """After the call succeeded: the arrays it checked are remembered."""
@@ -92,7 +94,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     dev_type, dev_id = _args.device_of(fw, q)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, seqused_k is None,
-                    stream)
+                    stream, need=(False, False))
     _args.refuse_jax(out=out)
     if out is None:
         out = EMPTY[fw](q, tuple(q.shape), False)
@@ -122,7 +124,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         _args.torch_registered()
     dev_type, dev_id = _args.device_of(fw, q)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
-    lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, True, stream)
+    lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, True, stream,
+                    need=(dev_type == CUDA, False))  # the GPU workspace's size
     _args.refuse_jax(dq=dq, dk=dk, dv=dv)
     grads = [g if g is not None else EMPTY[fw](x, tuple(x.shape), False) for g, x in ((dq, q), (dk, k), (dv, v))]
     workspace = None

@@ -57,9 +57,14 @@ def test_varlen_checked_arrays_remembered(device, seed, monkeypatch):
     leafs = [x.clone().requires_grad_() for x in (q, k, v)]
     fattn.attention_varlen(*leafs, cq, ck, deterministic=True, **kw).backward(dout)
     assert reads.take() == (0, 2) and all(torch.equal(a, b.grad) for a, b in zip(g, leafs))
-    for _ in range(2):  # max_seqlen read from the arrays: they are read and checked every call
+    for _ in range(2):  # max_seqlen from the arrays: the call's own check finds it (one read), every call
         assert torch.equal(fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right"), want)
-    assert reads.take() == (4, 2)
+    assert reads.take() == (0, 2)
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", return_lse=True)
+    reads.take()
+    g2 = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, causal="bottom_right", deterministic=True)
+    # the backward's workspace needs max_seqlen_q first on a GPU (a read of cu_seqlens_q), then its check
+    assert reads.take() == ((1 if device == "cuda" else 0), 1) and all(torch.equal(a, b) for a, b in zip(g, g2))
     for _ in range(2):  # other max_seqlen arguments: checked once more, then remembered
         fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", max_seqlen_q=71, max_seqlen_k=70)
     assert reads.take() == (0, 1)
