@@ -24,8 +24,9 @@ class _Lengths:
         self.arrays = cu_q, cu_k
         given = _given(max_seqlen_q, "max_seqlen_q"), _given(max_seqlen_k, "max_seqlen_k")
         if not check_indices and None in given:
-            raise ValueError("max_seqlen_q: needed (with max_seqlen_k) when check_indices=False: cu_seqlens are "
-                             "then not read")
+            missing = "max_seqlen_q" if given[0] is None else "max_seqlen_k"
+            raise ValueError(f"{missing}: needed (both max_seqlen_q and max_seqlen_k) when check_indices=False: "
+                             "cu_seqlens are then not read")
         self.against = tuple(getattr(x, "shape", (None,))[0] for x in (q, k)), given  # what the check compares
         rememberable = bool(check_indices) and rememberable and None not in given
         self.check = bool(check_indices) and not (rememberable and _indices.remembered(self.arrays, self.against))

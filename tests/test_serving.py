@@ -156,6 +156,8 @@ def test_serving_varlen_check_indices_false(device, seed):
     assert torch.equal(want, got)
     with pytest.raises(ValueError, match="max_seqlen_q: needed"):
         fattn.attention_varlen(q, k, v, cq, ck, check_indices=False)
+    with pytest.raises(ValueError, match="max_seqlen_k: needed"):
+        fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=70, check_indices=False)
     with pytest.raises(TypeError, match="cu_seqlens_q: dtype must be int32"):
         fattn.attention_varlen(q, k, v, cq.long(), ck, max_seqlen_q=70, max_seqlen_k=70, check_indices=False)
     with pytest.raises(ValueError, match="max_seqlen_q: needed"):  # the C rule, for callers of fattn._C
