@@ -82,6 +82,19 @@ def stamps(arrays):
     return None if False in got else got
 
 
+def to_check(arrays, against, check_indices, rememberable=True):
+    """(check, stamped) for a call given check_indices: whether it must still read and check `arrays` -- not when
+    told not to, nor when they are remembered() against `against` -- and, if so and they may be remembered, their
+    state for remember() (else None)."""
+    if not check_indices:
+        return False, None
+    if not rememberable or all(a is None for a in arrays):
+        return True, None
+    if remembered(arrays, against):
+        return False, None
+    return True, stamps(arrays)
+
+
 def remember(arrays, against, stamped):
     """Notes that a call checked `arrays` (in the state `stamped`, from stamps()) against `against`."""
     if stamped is None:

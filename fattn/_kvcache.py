@@ -73,9 +73,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     # the index arrays' check compares them with the cache's pages (or length) and the new keys' count
     arrays = (cache_seqlens, block_table)
     against = tuple(getattr(k_cache, "shape", ())[:2]), (getattr(k_new, "shape", ())[1:2] if k_new is not None else ())
-    given = cache_seqlens is not None or block_table is not None
-    check = bool(check_indices) and not (given and _indices.remembered(arrays, against))
-    stamped = _indices.stamps(arrays) if check and given else None  # their state before the call reads them
+    check, stamped = _indices.to_check(arrays, against, check_indices)  # stamped: before the call reads them
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
                softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
                k_new=k_new, v_new=v_new, check_indices=check, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),

@@ -28,9 +28,8 @@ class _Lengths:
             raise ValueError(f"{missing}: needed (both max_seqlen_q and max_seqlen_k) when check_indices=False: "
                              "cu_seqlens are then not read")
         self.against = tuple(getattr(x, "shape", (None,))[0] for x in (q, k)), given  # what the check compares
-        rememberable = bool(check_indices) and rememberable and None not in given
-        self.check = bool(check_indices) and not (rememberable and _indices.remembered(self.arrays, self.against))
-        self.stamps = _indices.stamps(self.arrays) if rememberable and self.check else None
+        self.check, self.stamps = _indices.to_check(self.arrays, self.against, check_indices,
+                                                    rememberable and None not in given)
         self.max_q, self.max_k = (g if g is not None else _C.longest_sequence(cu, stream) if needed else None
                                   for g, cu, needed in zip(given, self.arrays, need))
 
