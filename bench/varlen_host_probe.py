@@ -1,8 +1,11 @@
 """varlen_host_probe.py -- where a checked packed call's extra time goes (issue 17): one packed batch through
 attention_varlen with check_indices=True (cu_seqlens_k the same array as cu_seqlens_q, or a copy; the same
 tensors every call -- after the first, remembered as checked (fattn/_indices.py) -- or tensors not seen before, from
-a pool larger than what fattn remembers) and False, timed back to back (the GPU's time per call) and one call at a time from a synchronized start (the host's), beside a bare
-read of cu_seqlens to the host.  --old DIR times fattn_old (bench/old_tree.sh) beside this tree, interleaved.
+a pool larger than what fattn remembers) and False, timed back to back (events: the GPU's time per call, or the
+host's where that is longer), the host's time to issue those same calls (the loop's wall time: the host's cost of
+a call, waits for read backs included), and one call at a time from a synchronized start, beside a bare read of
+cu_seqlens to the host.  --profile prints cProfile's top entries for the unchecked call (time in fattn._C.forward
+is the C side: argument checks, planning, launches).  --old DIR times fattn_old (bench/old_tree.sh) beside this tree, interleaved.
 --kvcache PAGE times a decode step over a paged KV cache instead (attention_with_kvcache: one new token per
 sequence appended, B sequences of --seqlen cached keys in pages of PAGE, H_kv = H / 4), its cache_seqlens and
 block_table checked or not.
@@ -38,6 +41,7 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kvcache", type=int, metavar="PAGE", help="a paged decode step instead (page size)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the unchecked call")
     a = ap.parse_args()
     mods = {"new": importlib.import_module("fattn")}
     if a.old:
@@ -59,7 +63,7 @@ def main():
         same = {"checked, one array": "checked, same arrays"}  # one pair of index arrays
         call, kinds = decode_step(a, dev), [(same.get(x[0], x[0]), *x[1:]) for x in KINDS if x[2]]
 
-    loop, host = {}, {}
+    loop, issue, host = {}, {}, {}
     for _ in range(a.rounds):
         for tag, mod in mods.items():
             for name, *how in kinds:
@@ -68,11 +72,14 @@ def main():
                 torch.cuda.synchronize()
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
+                t0 = time.perf_counter()
                 for _ in range(a.reps):
                     call(mod, *how)
+                t1 = time.perf_counter()
                 e1.record()
                 torch.cuda.synchronize()
                 loop.setdefault((tag, name), []).append(e0.elapsed_time(e1) * 1e3 / a.reps)
+                issue.setdefault((tag, name), []).append((t1 - t0) * 1e6 / a.reps)
                 for _ in range(a.reps):
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
@@ -87,11 +94,24 @@ def main():
     what = f"decode, pages of {a.kvcache}" if a.kvcache else f"causal={a.causal}"
     print(f"{torch.cuda.get_device_name()}  B={a.batch} S={a.seqlen} H={a.heads} D={a.dim} {what}, "
           f"{a.rounds} rounds x {a.reps} calls")
-    print(f"{'tree':<5} {'call':<22} {'back to back us/call (rounds)':>36} {'host us p50, idle GPU':>22}")
+    print(f"{'tree':<5} {'call':<22} {'back to back us/call (rounds)':>36} {'issue us/call':>14} "
+          f"{'host us p50, idle GPU':>22}")
     for (tag, name), us in loop.items():
         print(f"{tag:<5} {name:<22} {statistics.median(us):>10.1f} ({', '.join(f'{x:.1f}' for x in us)})"
-              f" {statistics.median(host[(tag, name)]):>16.1f}")
+              f" {statistics.median(issue[(tag, name)]):>14.1f} {statistics.median(host[(tag, name)]):>16.1f}")
     print(f"cu_seqlens.cpu() (torch) on an idle stream: p50 {statistics.median(reads):.1f} us")
+    if a.profile:
+        import cProfile
+        import pstats
+        for tag, mod in mods.items():
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(10 * a.reps):
+                call(mod, *kinds[0][1:])
+            prof.disable()
+            torch.cuda.synchronize()
+            print(f"{tag}: cProfile of {10 * a.reps} {kinds[0][0]} calls")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
 def decode_step(a, dev):
