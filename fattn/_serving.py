@@ -15,8 +15,9 @@ class _Lengths:
     whether its cu_seqlens are still to be checked: not with check_indices=False, nor when an earlier call checked
     these same, unchanged arrays against the same row counts and max_seqlen arguments (fattn/_indices.py).
     Remembered only where a stale entry could at worst skip a check: both max_seqlen given (one read from the arrays
-    would go stale with them), no seqused_k (the call reads it itself), not through the autograd op (its backward
-    takes the forward's check_indices).  need: which of (max_q, max_k) the caller must know; a checking call works
+    would go stale with them), no seqused_k (the call reads it itself); through autograd only eagerly (fattn/_torch.py:
+    the eager backward trusts the forward's check, torch refusing it if the arrays were written since; the op that
+    torch.compile traces checks as told).  need: which of (max_q, max_k) the caller must know; a checking call works
     out the others itself from the one read it makes (None here), a read saved."""
 
     def __init__(self, cu_q, cu_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, rememberable, stream,
@@ -57,14 +58,16 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
         check_indices: ``True`` (default): cu_seqlens (and seqused_k) are read back and checked before anything runs
             -- on a GPU a small synchronous copy.  With max_seqlen_q and max_seqlen_k given, checked cu_seqlens are
-            remembered (not through the autograd op): a later call with the same torch tensors (or JAX arrays),
+            remembered (not under torch.compile): a later call with the same torch tensors (or JAX arrays),
             unchanged since by torch's version counter, and the same row counts and max_seqlen arguments reads
             nothing (fattn/_indices.py; a tensor written behind torch's back, e.g. by a CUDA graph's replay, needs a
             new tensor or ``False``).  ``False`` with max_seqlen_q and max_seqlen_k
             given: their values are trusted (no host sync, in the backward of a call that records gradients too; an
             offset outside the arrays is then undefined behaviour, as in flash-attention).
 
-    Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  On the
+    Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  Called
+    eagerly with gradients, the backward trusts the forward's check of cu_seqlens and reads nothing: torch refuses
+    the backward ("modified by an inplace operation") if they were written in place since the forward.  On the
     GPU both run v3 on Hopper (v2 elsewhere; at head dim 64 a backward with a softcap or ALiBi runs v2's).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
@@ -74,7 +77,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     if fw == "torch":
         _args.torch_registered()
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
-            lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, False, None)
+            lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, True, None)
             if seqused_k is not None:
                 raise ValueError("seqused_k: not taken with gradients or under torch.compile (a KV cache is "
                                  "inference only)")
@@ -87,6 +90,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             o, lse = _torch.attention_call(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
                                            cu_seqlens_k, lens.max_q, lens.max_k, variant, bool(deterministic), sinks,
                                            alibi_slopes, lens.check)
+            lens.checked()
             if out is not None:
                 out.copy_(o)
                 o = out

@@ -41,7 +41,7 @@ def test_varlen_checked_arrays_remembered(device, seed, monkeypatch):
     tensors with the same rows and max_seqlen arguments are not read again by the forward or the backward, and give
     the same result; a write through torch (version counter), other max_seqlen arguments, other row counts or an
     inference tensor (no version counter) are checked again, so bad offsets still raise.  Never remembered: calls
-    that read max_seqlen from the arrays, and the autograd op (its backward takes the forward's check)."""
+    that read max_seqlen from the arrays.  Through autograd the remembered forward and its backward read nothing."""
     require(device)
     dt = torch.float32 if device == "cpu" else torch.float16
     q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)
@@ -56,7 +56,7 @@ def test_varlen_checked_arrays_remembered(device, seed, monkeypatch):
     assert reads.take() == (0, 0)
     leafs = [x.clone().requires_grad_() for x in (q, k, v)]
     fattn.attention_varlen(*leafs, cq, ck, deterministic=True, **kw).backward(dout)
-    assert reads.take() == (0, 2) and all(torch.equal(a, b.grad) for a, b in zip(g, leafs))
+    assert reads.take() == (0, 0) and all(torch.equal(a, b.grad) for a, b in zip(g, leafs))
     for _ in range(2):  # max_seqlen from the arrays: the call's own check finds it (one read), every call
         assert torch.equal(fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right"), want)
     assert reads.take() == (0, 2)
@@ -85,6 +85,45 @@ def test_varlen_checked_arrays_remembered(device, seed, monkeypatch):
     for _ in range(2):
         fattn.attention_varlen(q, k, v, cqi, cki, **kw)
         assert reads.take() == (0, 1)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_varlen_autograd_backward_trusts_forward(device, seed, monkeypatch):
+    """Eager autograd saves cu_seqlens for the backward, which then reads nothing back: the forward checked them (or
+    was told not to), and torch refuses the backward if they were written in place since.  Gradients match the
+    checked backward's; an inference tensor (which autograd cannot save) is checked by the backward again."""
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)
+    kw = dict(max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right", deterministic=True)
+    dout = torch.randn_like(q)
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)
+    want = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq.clone(), ck.clone(), **kw)
+    reads = _Reads(monkeypatch)
+    for cu in ((cq.clone(), ck.clone()), (cq.clone(),) * 2):  # new arrays: the forward checks them, once
+        leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+        y = fattn.attention_varlen(*leafs, *cu, **kw)
+        assert reads.take() == (0, 1)
+        if cu[0] is cu[1]:  # one array for q and k: lengths as q's, so compare with its own checked backward
+            o2, l2 = fattn.attention_varlen(q, k, v, *cu, return_lse=True, **kw)
+            want = fattn.attention_varlen_backward(dout, q, k, v, o2, l2, *cu, **kw)
+            reads.take()
+        y.backward(dout)
+        assert reads.take() == (0, 0)
+        n = int(cu[1][-1])  # key rows past the last sequence get no gradient written
+        assert torch.equal(want[0], leafs[0].grad)
+        assert all(torch.equal(a[:n], b.grad[:n]) for a, b in zip(want[1:], leafs[1:]))
+    leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+    cu = cq.clone()
+    y = fattn.attention_varlen(*leafs, cu, ck, **kw)
+    cu[1] = cu[1]  # a write through torch, even of the same value
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(dout)
+    with torch.inference_mode():
+        cqi, cki = cq.clone(), ck.clone()
+    reads.take()
+    fattn.attention_varlen(*leafs, cqi, cki, **kw).backward(dout)
+    assert reads.take() == (0, 2)
 
 
 def test_varlen_new_arrays_remembered_only_while_alive(monkeypatch):
