@@ -5,12 +5,14 @@ a pool larger than what fattn remembers) and False, timed back to back (events: 
 host's where that is longer), the host's time to issue those same calls (the loop's wall time: the host's cost of
 a call, waits for read backs included), and one call at a time from a synchronized start, beside a bare read of
 cu_seqlens to the host.  --profile prints cProfile's top entries for the unchecked call (time in fattn._C.forward
-is the C side: argument checks, planning, launches).  --old DIR times fattn_old (bench/old_tree.sh) beside this tree, interleaved.
---kvcache PAGE times a decode step over a paged KV cache instead (attention_with_kvcache: one new token per
-sequence appended, B sequences of --seqlen cached keys in pages of PAGE, H_kv = H / 4), its cache_seqlens and
+is the C side: argument checks, planning, launches).  --old DIR times fattn_old (bench/old_tree.sh) beside this
+tree, interleaved.  --grad times forward and backward through torch autograd instead.  --kvcache PAGE times a
+decode step over a paged KV cache instead (attention_with_kvcache: one new token per sequence appended, B sequences
+of --seqlen cached keys in pages of PAGE, H_kv = H / 4), its cache_seqlens and
 block_table checked or not.
 
     python3 bench/varlen_host_probe.py [--old DIR] [--batch 8] [--seqlen 2048] [--heads 16] [--dim 128] [--causal]
+    python3 bench/varlen_host_probe.py --grad --causal [--old DIR]
     python3 bench/varlen_host_probe.py --kvcache 16 --batch 8 --seqlen 4096 --heads 32
 """
 import argparse
@@ -42,6 +44,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kvcache", type=int, metavar="PAGE", help="a paged decode step instead (page size)")
     ap.add_argument("--profile", action="store_true", help="cProfile the unchecked call")
+    ap.add_argument("--grad", action="store_true", help="forward and backward through torch autograd")
     a = ap.parse_args()
     mods = {"new": importlib.import_module("fattn")}
     if a.old:
@@ -54,10 +57,17 @@ def main():
     cu_k = cu.clone()
     pool = itertools.cycle([cu.clone() for _ in range(2 * 32 + 1)])  # more than fattn remembers (_indices.LIMIT)
 
+    if a.grad:
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        dout = torch.randn_like(q)
+
     def call(mod, checked, same, fresh):
         c = next(pool) if fresh else cu
-        return mod.attention_varlen(q, k, v, c, c if same else cu_k, max_seqlen_q=a.seqlen,
-                                    max_seqlen_k=a.seqlen, causal=a.causal, check_indices=checked)
+        o = mod.attention_varlen(q, k, v, c, c if same else cu_k, max_seqlen_q=a.seqlen,
+                                 max_seqlen_k=a.seqlen, causal=a.causal, check_indices=checked)
+        if a.grad:
+            o.backward(dout)
+        return o
     kinds = KINDS
     if a.kvcache:
         same = {"checked, one array": "checked, same arrays"}  # one pair of index arrays
@@ -92,6 +102,7 @@ def main():
         cu.cpu()
         reads.append((time.perf_counter() - t0) * 1e6)
     what = f"decode, pages of {a.kvcache}" if a.kvcache else f"causal={a.causal}"
+    what += ", forward + backward" if a.grad else ""
     print(f"{torch.cuda.get_device_name()}  B={a.batch} S={a.seqlen} H={a.heads} D={a.dim} {what}, "
           f"{a.rounds} rounds x {a.reps} calls")
     print(f"{'tree':<5} {'call':<22} {'back to back us/call (rounds)':>36} {'issue us/call':>14} "
