@@ -67,6 +67,15 @@ void fattn_dtype_str(DLDataType dt, char *buf, size_t n) {
     }
 }
 
+int fattn_require_int32(const fattn_tensor *t) {
+    const DLDataType x = t->t->dtype;
+    if (x.code == kDLInt && x.bits == 32 && x.lanes == 1) return 0;
+    char name[64];
+    fattn_dtype_str(x, name, sizeof name);
+    PyErr_Format(PyExc_TypeError, "%s: dtype must be int32, got %s", t->arg, name);
+    return -1;
+}
+
 /* ---- scalars ------------------------------------------------------------------------------------------------- */
 
 int fattn_arg_long(PyObject *obj, const char *arg, long lo, long hi, long *v) {
@@ -142,7 +151,9 @@ int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObjec
     return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
 }
 
-int fattn_take_dlpack(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
+int fattn_take_any(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
+    const int lean = fattn_is_torch_described(names, obj);
+    if (lean) return lean < 0 ? -1 : fattn_tensor_from_torch(names, obj, arg, out);
     int type = 0, id = 0;
     if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
     return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
@@ -259,9 +270,7 @@ int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, in
                       void *stream) {
     const DLTensor *x = t->t;
     REQUIRE(x->ndim == 1, PyExc_ValueError, "%s: expected a 1-D int32 array, got %d-D", t->arg, x->ndim);
-    REQUIRE(x->dtype.code == kDLInt && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
-            "%s: dtype must be int32", t->arg);
-    if (fattn_same_device(t, q)) return -1;
+    if (fattn_require_int32(t) || fattn_same_device(t, q)) return -1;
     REQUIRE(n < 0 ? x->shape[0] >= 1 : x->shape[0] == n, PyExc_ValueError,
             n < 0 ? "%s: needs at least one entry" : "%s: expected %lld entries, got %lld", t->arg, (long long)n,
             (long long)x->shape[0]);

@@ -17,6 +17,8 @@ int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
 /* The user's words for a DLPack device ("cpu", "cuda:1") and dtype ("float64", "int32", "bfloat16"). */
 void fattn_device_str(DLDevice dev, char *buf, size_t n);
 void fattn_dtype_str(DLDataType dt, char *buf, size_t n);
+/* 0 if index array t is int32, else -1 with a TypeError naming its argument and dtype. */
+int fattn_require_int32(const fattn_tensor *t);
 
 /* An int / float argument with range checks; `arg` names it in errors.  NULL obj: the default stays. */
 int fattn_arg_long(PyObject *obj, const char *arg, long lo, long hi, long *v);
@@ -31,9 +33,10 @@ int fattn_arg_stream(PyObject *obj, void **stream);
  * `stream` only when the producer is on a CUDA device. */
 int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
 
-/* The same through DLPack only, whatever the framework: index arrays (int32), which the lean torch path does not
- * describe. */
-int fattn_take_dlpack(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
+/* The same for arguments with dtype rules of their own (index arrays, alibi_slopes, sinks, the workspace): torch
+ * tensors of a dtype the lean path describes go that way, anything else through DLPack, so that the argument's own
+ * check names a dtype it refuses (float64, int64). */
+int fattn_take_any(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
 
 /* The forward call's tensors, taken and checked.  ts: q, k, v, out, lse (lse may be empty). */
 typedef struct {

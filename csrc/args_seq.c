@@ -144,9 +144,7 @@ int fattn_take_pages(const fattn_tensor *t, const fattn_tensor *q_t, int64_t bat
                      fattn_pages *pages, int check, void *stream) {
     const DLTensor *x = t->t;
     REQUIRE(x->ndim == 2, PyExc_ValueError, "%s: expected a 2-D int32 array (B, max_pages), got %d-D", t->arg, x->ndim);
-    REQUIRE(x->dtype.code == kDLInt && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
-            "%s: dtype must be int32", t->arg);
-    if (fattn_same_device(t, q_t)) return -1;
+    if (fattn_require_int32(t) || fattn_same_device(t, q_t)) return -1;
     REQUIRE(x->shape[0] == batch, PyExc_ValueError, "%s: %lld rows, but q has batch %lld", t->arg,
             (long long)x->shape[0], (long long)batch);
     REQUIRE(x->shape[1] >= 1, PyExc_ValueError, "%s: needs at least one page per sequence", t->arg);

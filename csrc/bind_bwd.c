@@ -64,8 +64,8 @@ static int take_sinks(module_state *st, PyObject **a, PyObject *stream_obj, int 
         return -1;
     }
     bhsd_view o;
-    if (fattn_take_dlpack(&st->names, a[B_SINKS], "sinks", stream_obj, &c->sinks[0]) ||
-        fattn_take_dlpack(&st->names, a[B_DSINKS], "dsinks", stream_obj, &c->sinks[1]) ||
+    if (fattn_take_any(&st->names, a[B_SINKS], "sinks", stream_obj, &c->sinks[0]) ||
+        fattn_take_any(&st->names, a[B_DSINKS], "dsinks", stream_obj, &c->sinks[1]) ||
         fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks[0], layout, &o, &c->sp) ||
         fattn_take_sink_grads(&c->ts[5], &c->sinks[1], &c->ts[3], layout, &o, &c->sp))
         return -1;
@@ -116,21 +116,6 @@ static int take_workspace(call *c) {
     return 0;
 }
 
-/* The workspace, of any dtype: a torch tensor the lean path describes (float32 -- as fattn's torch integration
- * allocates it --, float16, bfloat16) goes that way, anything else through DLPack.  (Through torch's
- * __dlpack__(stream) it cost more host time than the rest of the call's arguments together.) */
-static int take_any(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
-    if (fattn_is_torch(names, obj)) {
-        PyObject *dtype = PyObject_GetAttr(obj, names->s_dtype);
-        if (!dtype) return -1;
-        int known = 0;
-        for (int i = 0; i < 3; i++) known |= dtype == names->torch_dtypes[i];
-        Py_DECREF(dtype);
-        if (known) return fattn_tensor_from_torch(names, obj, arg, out);
-    }
-    return fattn_take_dlpack(names, obj, arg, stream, out);
-}
-
 static int call_take(module_state *st, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
     /* a[] index of each entry of c->ts */
@@ -155,12 +140,12 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     for (int i = 0; i < NTENSORS; i++) { /* the workspace may have any dtype */
         PyObject *x = a[order[i]];
         if (x && x != Py_None &&
-            (order[i] == B_WORKSPACE ? take_any : fattn_take)(&st->names, x, fattn_backward_arg_names[order[i]],
+            (order[i] == B_WORKSPACE ? fattn_take_any : fattn_take)(&st->names, x, fattn_backward_arg_names[order[i]],
                                                                     stream_obj, &c->ts[i]))
             return -1;
     }
     if (a[B_ALIBI] && a[B_ALIBI] != Py_None &&
-        fattn_take_dlpack(&st->names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
+        fattn_take_any(&st->names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
         return -1;
     o.alibi_slopes = &c->alibi;
     PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};

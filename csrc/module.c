@@ -11,7 +11,7 @@
  *   variants(device_type, device_id) -> [(name, summary), ...]   the variants that run there
  *   cuda_device_count() -> int          RuntimeError when no driver / device can be used
  *   device_info(device_id) -> (name, compute capability, multiprocessors)
- *   register_torch(torch.Tensor, float32, float16, bfloat16)   the lean torch path, once
+ *   register_torch(torch.Tensor, float32, float16, bfloat16, int32)   the lean torch path, once
  *   cuda_compiled                       1 if built with CUDA
  * Developer hooks (tests, bench, tuner) live in fattn._C._dev (dev.c).
  */
@@ -40,7 +40,7 @@ static PyObject *py_longest_sequence(PyObject *module, PyObject *const *args, Py
     fattn_tensor t;
     memset(&t, 0, sizeof t);
     int64_t longest = 0;
-    const int rc = fattn_take_dlpack(&st->names, args[0], "cu_seqlens", stream_obj, &t) ||
+    const int rc = fattn_take_any(&st->names, args[0], "cu_seqlens", stream_obj, &t) ||
                    fattn_longest_sequence(&t, &longest, stream);
     fattn_tensor_release(&t);
     return rc ? NULL : PyLong_FromLongLong(longest);
@@ -90,11 +90,12 @@ static PyObject *py_variants(PyObject *module, PyObject *const *args, Py_ssize_t
     return list;
 }
 
-/* register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16): enables the lean torch path. */
+/* register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.int32): enables the lean torch
+ * path. */
 static PyObject *py_register_torch(PyObject *module, PyObject *args) {
-    PyObject *type, *f32, *f16, *bf16;
-    if (!PyArg_ParseTuple(args, "OOOO:register_torch", &type, &f32, &f16, &bf16)) return NULL;
-    if (fattn_register_torch(&fattn_state(module)->names, type, f32, f16, bf16)) return NULL;
+    PyObject *type, *f32, *f16, *bf16, *i32;
+    if (!PyArg_ParseTuple(args, "OOOOO:register_torch", &type, &f32, &f16, &bf16, &i32)) return NULL;
+    if (fattn_register_torch(&fattn_state(module)->names, type, f32, f16, bf16, i32)) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -172,6 +173,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(st->names.max_version);
     Py_VISIT(st->names.torch_type);
     for (int i = 0; i < 3; i++) Py_VISIT(st->names.torch_dtypes[i]);
+    Py_VISIT(st->names.torch_int32);
     return 0;
 }
 
@@ -193,6 +195,7 @@ static int module_clear(PyObject *module) {
     for (int i = 0; i < FATTN_BACKWARD_ARGS; i++) Py_CLEAR(st->backward_args[i]);
     Py_CLEAR(n->torch_type);
     for (int i = 0; i < 3; i++) Py_CLEAR(n->torch_dtypes[i]);
+    Py_CLEAR(n->torch_int32);
     return 0;
 }
 

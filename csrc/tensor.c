@@ -118,7 +118,8 @@ int fattn_tensor_take(const fattn_names *n, PyObject *obj, const char *arg, PyOb
     return 0;
 }
 
-int fattn_register_torch(fattn_names *n, PyObject *tensor_type, PyObject *f32, PyObject *f16, PyObject *bf16) {
+int fattn_register_torch(fattn_names *n, PyObject *tensor_type, PyObject *f32, PyObject *f16, PyObject *bf16,
+                         PyObject *i32) {
     if (!PyType_Check(tensor_type)) {
         PyErr_SetString(PyExc_TypeError, "register_torch: expected torch.Tensor");
         return -1;
@@ -127,6 +128,7 @@ int fattn_register_torch(fattn_names *n, PyObject *tensor_type, PyObject *f32, P
     Py_XSETREF(n->torch_dtypes[FATTN_F32], Py_NewRef(f32));
     Py_XSETREF(n->torch_dtypes[FATTN_F16], Py_NewRef(f16));
     Py_XSETREF(n->torch_dtypes[FATTN_BF16], Py_NewRef(bf16));
+    Py_XSETREF(n->torch_int32, Py_NewRef(i32));
     return 0;
 }
 
@@ -136,19 +138,31 @@ int fattn_find_torch(fattn_names *n) {
     if (!torch) return PyErr_Occurred() ? -1 : 0;
     PyObject *t = PyObject_GetAttrString(torch, "Tensor"), *f32 = PyObject_GetAttrString(torch, "float32");
     PyObject *f16 = PyObject_GetAttrString(torch, "float16"), *bf16 = PyObject_GetAttrString(torch, "bfloat16");
+    PyObject *i32 = PyObject_GetAttrString(torch, "int32");
     Py_DECREF(torch);
     int rc = 0;
-    if (t && f32 && f16 && bf16) rc = fattn_register_torch(n, t, f32, f16, bf16);
+    if (t && f32 && f16 && bf16 && i32) rc = fattn_register_torch(n, t, f32, f16, bf16, i32);
     else PyErr_Clear(); /* a partly imported or foreign "torch": the DLPack path still works */
     Py_XDECREF(t);
     Py_XDECREF(f32);
     Py_XDECREF(f16);
     Py_XDECREF(bf16);
+    Py_XDECREF(i32);
     return rc;
 }
 
 int fattn_is_torch(const fattn_names *n, PyObject *obj) {
     return n->torch_type && PyObject_TypeCheck(obj, (PyTypeObject *)n->torch_type);
+}
+
+int fattn_is_torch_described(const fattn_names *n, PyObject *obj) {
+    if (!fattn_is_torch(n, obj)) return 0;
+    PyObject *dtype = PyObject_GetAttr(obj, n->s_dtype);
+    if (!dtype) return -1;
+    int known = dtype == n->torch_int32;
+    for (int i = 0; i < 3; i++) known |= dtype == n->torch_dtypes[i];
+    Py_DECREF(dtype);
+    return known;
 }
 
 /* A tuple of ints (torch.Size or the stride() tuple) into dst; returns its length, or -1 if not ints. */
@@ -168,10 +182,10 @@ int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg
     DLTensor *t = &out->local;
     PyObject *dtype = PyObject_GetAttr(obj, n->s_dtype);
     if (!dtype) return -1;
-    int dt = -1;
+    int dt = -1, i32 = dtype == n->torch_int32;
     for (int i = 0; i < 3; i++)
         if (dtype == n->torch_dtypes[i]) dt = i;
-    if (dt < 0) {
+    if (dt < 0 && !i32) {
         PyObject *text = PyObject_Str(dtype); /* "torch.float64": said as "float64" */
         const char *name = text ? PyUnicode_AsUTF8(text) : NULL;
         if (name && !strncmp(name, "torch.", 6)) name += 6;
@@ -182,8 +196,8 @@ int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg
         return -1;
     }
     Py_DECREF(dtype);
-    t->dtype.code = dt == FATTN_BF16 ? kDLBfloat : kDLFloat;
-    t->dtype.bits = dt == FATTN_F32 ? 32 : 16;
+    t->dtype.code = i32 ? kDLInt : dt == FATTN_BF16 ? kDLBfloat : kDLFloat;
+    t->dtype.bits = i32 || dt == FATTN_F32 ? 32 : 16;
     t->dtype.lanes = 1;
 
     PyObject *ptr = PyObject_CallMethodNoArgs(obj, n->s_data_ptr);

@@ -27,6 +27,7 @@ typedef struct {
     PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *max_version;
     PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device, *s_torch;
     PyObject *torch_type, *torch_dtypes[3]; /* torch.Tensor; torch.float32, float16, bfloat16 (fattn_dtype order) */
+    PyObject *torch_int32;                  /* torch.int32: index arrays */
 } fattn_names;
 
 /* The (device_type, device_id) of `obj` from __dlpack_device__() (or from a capsule). 0 with an exception set
@@ -40,13 +41,19 @@ int fattn_tensor_take(const fattn_names *n, PyObject *obj, const char *arg, PyOb
 /* Registers torch's tensor type and dtypes once torch is in sys.modules (never imports it).  0, or -1 with an
  * exception set. */
 int fattn_find_torch(fattn_names *n);
-int fattn_register_torch(fattn_names *n, PyObject *tensor_type, PyObject *f32, PyObject *f16, PyObject *bf16);
+int fattn_register_torch(fattn_names *n, PyObject *tensor_type, PyObject *f32, PyObject *f16, PyObject *bf16,
+                         PyObject *i32);
 
 /* 1 if `obj` is a torch tensor (torch registered), read through the fast path. */
 int fattn_is_torch(const fattn_names *n, PyObject *obj);
 
+/* 1 if `obj` is a torch tensor of a dtype the fast path describes (float32, float16, bfloat16, int32), 0 if not, -1
+ * with an exception set if its dtype could not be read. */
+int fattn_is_torch_described(const fattn_names *n, PyObject *obj);
+
 /* Describes a torch tensor from its data_ptr(), shape, stride(), dtype and get_device(), without DLPack: the
- * lean call path (torch's __dlpack__ and __dlpack_device__ are Python code, several microseconds each).
+ * lean call path (torch's __dlpack__ and __dlpack_device__ are Python code, several microseconds each; given a
+ * stream, __dlpack__ looks up torch's current and default streams too).  float32, float16, bfloat16 and int32.
  * Returns 0, or -1 with an exception naming `arg`. */
 int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg, fattn_tensor *out);
 

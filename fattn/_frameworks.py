@@ -68,7 +68,7 @@ def register_torch(C):
     is_compiling = torch.compiler.is_compiling
     grad_enabled = torch.is_grad_enabled
     is_capturing = torch.cuda.is_current_stream_capturing
-    C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16)
+    C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.int32)
     torch_tensor = torch.Tensor
     is_tracing = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, without building a Stream object

@@ -89,3 +89,30 @@ def test_misaligned_pointer_rejected():
     k = np.zeros(shape, np.float16)
     with pytest.raises(ValueError, match="q: data pointer is not aligned"):
         fattn.attention(c, k, k, out=np.empty(shape, np.float16))
+
+
+def test_torch_index_arrays_skip_dlpack(monkeypatch):
+    """torch tensors of the dtypes the lean path describes -- int32 index arrays, float32 alibi_slopes and sinks among
+    them -- are read without torch's __dlpack__ (Python code that, given a stream, also looks up torch's streams);
+    other dtypes still go through DLPack, so their own checks name the dtype; results match the NumPy path."""
+    from conftest import packed
+    calls = []
+    real = torch.Tensor.__dlpack__
+
+    def counted(self, *a, **kw):
+        calls.append(self.dtype)
+        return real(self, *a, **kw)
+    monkeypatch.setattr(torch.Tensor, "__dlpack__", counted)
+    q, k, v, cq, ck = packed([3, 9, 1], [5, 9, 4], 4, 2, 32, torch.float32, "cpu", 0)
+    slopes, sinks = torch.rand(4), torch.randn(4)
+    got = fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=9, max_seqlen_k=9, alibi_slopes=slopes, sinks=sinks)
+    kc = torch.randn(4, 16, 2, 32)
+    table, used = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32), torch.tensor([17, 3], dtype=torch.int32)
+    fattn.attention_with_kvcache(torch.randn(2, 1, 4, 32), kc, kc, cache_seqlens=used, block_table=table)
+    assert calls == []
+    want = fattn.attention_varlen(*(x.numpy() for x in (q, k, v, cq, ck)), max_seqlen_q=9, max_seqlen_k=9,
+                                  alibi_slopes=slopes.numpy(), sinks=sinks.numpy())
+    assert np.array_equal(got.numpy(), want)
+    with pytest.raises(TypeError, match="cu_seqlens_q: .*int64"):
+        fattn.attention_varlen(q, k, v, cq.long(), ck, max_seqlen_q=9, max_seqlen_k=9)
+    assert calls == [torch.int64]
