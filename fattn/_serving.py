@@ -15,9 +15,9 @@ class _Lengths:
     whether its cu_seqlens are still to be checked: not with check_indices=False, nor when an earlier call checked
     these same, unchanged arrays against the same row counts and max_seqlen arguments (fattn/_indices.py).
     Remembered only where a stale entry could at worst skip a check: both max_seqlen given (one read from the arrays
-    would go stale with them), no seqused_k (the call reads it itself); through autograd only eagerly (fattn/_torch.py:
-    the eager backward trusts the forward's check, torch refusing it if the arrays were written since; the op that
-    torch.compile traces checks as told).  need: which of (max_q, max_k) the caller must know; a checking call works
+    would go stale with them), no seqused_k (the call reads it itself), not under torch.compile (the traced op checks
+    as told).  Through autograd, eager or compiled, the backward trusts the forward's check (fattn/_torch.py: torch
+    refuses it if the arrays were written since).  need: which of (max_q, max_k) the caller must know; a checking call works
     out the others itself from the one read it makes (None here), a read saved."""
 
     def __init__(self, cu_q, cu_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, rememberable, stream,
@@ -65,9 +65,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             given: their values are trusted (no host sync, in the backward of a call that records gradients too; an
             offset outside the arrays is then undefined behaviour, as in flash-attention).
 
-    Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  Called
-    eagerly with gradients, the backward trusts the forward's check of cu_seqlens and reads nothing: torch refuses
-    the backward ("modified by an inplace operation") if they were written in place since the forward.  On the
+    Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  Through
+    autograd (eager or compiled) the backward trusts the forward's check of cu_seqlens and reads nothing: torch
+    refuses the backward ("modified by an inplace operation") if they were written in place since the forward.  On the
     GPU both run v3 on Hopper (v2 elsewhere; at head dim 64 a backward with a softcap or ALiBi runs v2's).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)

@@ -13,8 +13,8 @@ sink-adjusted ones (csrc/sinks.h); without, dsinks is an empty tensor.  alibi_sl
 constants: no gradient.  check_indices=False (packed batches, max_seqlen given) reads no index back in either op:
 no host sync per layer.  The forward's autograd formula saves q, k, v, out, lse (sinks, alibi_slopes) and calls the
 backward op; lse is not differentiable.  Eager calls (nothing traced) take the same forward and backward through
-_EagerAttention, a plain autograd.Function, without the op's per-call overhead (attention_call picks); it also saves
-cu_seqlens, so its backward trusts the forward's check of them (torch refuses a backward whose saved tensors were
+_EagerAttention, a plain autograd.Function, without the op's per-call overhead (attention_call picks).  Both save
+cu_seqlens, so the backward trusts the forward's check of them (torch refuses a backward whose saved tensors were
 written in place since) and reads nothing back.  Both ops
 have fake (meta) implementations that only give shapes.
 Imported, and torch's types registered with the C side (the lean call path), by fattn.attention the first time a
@@ -118,16 +118,16 @@ def _(dout, q, k, v, out, lse, *args):
 _CU = slice(6, 8)
 
 
-def _setup_context(ctx, inputs, output, watch_indices=False):
-    """Saves what the backward needs.  watch_indices (eager calls): cu_seqlens are saved too, so torch refuses the
-    backward if they were written in place since the forward (its saved-tensor version check) and the backward
-    can trust the forward's check instead of reading them back again."""
+def _setup_context(ctx, inputs, output):
+    """Saves what the backward needs, cu_seqlens among them: torch then refuses the backward if they were written in
+    place since the forward (its saved-tensor version check; compiled graphs' saved inputs too), so the backward
+    trusts the forward's check instead of reading them back again."""
     q, k, v, *params = inputs
     out, lse = output
     sinks = params[_SINKS] if len(params) > _SINKS else None
     alibi_slopes = params[_SINKS + 1] if len(params) > _SINKS + 1 else None
     ctx.check_indices = params[_SINKS + 2] if len(params) > _SINKS + 2 else True
-    cu = tuple(params[_CU]) if watch_indices and _watchable_indices(params[_CU]) else ()
+    cu = tuple(params[_CU]) if _watchable_indices(params[_CU]) else ()
     ctx.save_for_backward(q, k, v, out, lse, sinks, alibi_slopes, *cu)
     ctx.params = params[:_SINKS]
     ctx.n_inputs = len(inputs)
@@ -171,7 +171,7 @@ class _EagerAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, sinks, rest):
         inputs = (q, k, v, *rest[:_SINKS], sinks, *rest[_SINKS:])  # the op's order (_attention)
         out, lse = _attention(*inputs)
-        _setup_context(ctx, inputs, (out, lse), watch_indices=True)
+        _setup_context(ctx, inputs, (out, lse))
         return out, lse
 
     @staticmethod
