@@ -163,10 +163,13 @@ def test_varlen_compiled_not_remembered(device):
         compiled(q, cu)
 
 
-def test_varlen_compiled_backward_trusts_forward(monkeypatch):
+@pytest.mark.parametrize("device", devices())
+def test_varlen_compiled_backward_trusts_forward(device, monkeypatch):
     """Compiled with gradients, the forward checks cu_seqlens each run (nothing remembered) and the backward trusts
     it, reading nothing; a write between the two is refused by torch (the compiled graph's saved inputs)."""
-    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, torch.float32, "cpu", 0)
+    require(device)
+    dt = torch.float32 if device == "cpu" else torch.float16
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, 0)
     kw = dict(max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right", deterministic=True)
     compiled = torch.compile(lambda q, k, v, cq, ck: fattn.attention_varlen(q, k, v, cq, ck, **kw), fullgraph=True)
     dout = torch.randn_like(q)
@@ -179,7 +182,7 @@ def test_varlen_compiled_backward_trusts_forward(monkeypatch):
         assert reads.take() == (0, 1)
         y.backward(dout)
         assert reads.take() == (0, 0)
-        assert all(torch.allclose(a, b.grad, atol=1e-5) for a, b in zip(want, leafs))
+        assert all(torch.allclose(a, b.grad, atol=1e-5 if device == "cpu" else 2e-3) for a, b in zip(want, leafs))
     y = compiled(*leafs, cq, ck)
     cq[1] = cq[1]
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
