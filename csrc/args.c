@@ -144,19 +144,31 @@ int fattn_arg_stream(PyObject *obj, void **stream) {
 
 /* ---- tensors ------------------------------------------------------------------------------------------------- */
 
+/* rc of a take; a taken array of some elements must have memory: a meta tensor gives data_ptr() 0 (and
+ * get_device() -1, which reads as cpu), and a NULL pointer reads as "not given" further on (alibi_slopes, sinks). */
+static int has_data(int rc, const fattn_tensor *t) {
+    if (rc) return rc;
+    int64_t numel = 1;
+    for (int i = 0; i < t->t->ndim; i++) numel *= t->t->shape[i];
+    if (t->t->data || !numel) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: the array has no data (a meta or fake tensor?); fattn computes on cpu or cuda "
+                 "arrays", t->arg);
+    return -1;
+}
+
 int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
-    if (fattn_is_torch(names, obj)) return fattn_tensor_from_torch(names, obj, arg, out);
+    if (fattn_is_torch(names, obj)) return has_data(fattn_tensor_from_torch(names, obj, arg, out), out);
     int type = 0, id = 0;
     if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
-    return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
+    return has_data(fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out), out);
 }
 
 int fattn_take_any(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
     const int lean = fattn_is_torch_described(names, obj);
-    if (lean) return lean < 0 ? -1 : fattn_tensor_from_torch(names, obj, arg, out);
+    if (lean) return lean < 0 ? -1 : has_data(fattn_tensor_from_torch(names, obj, arg, out), out);
     int type = 0, id = 0;
     if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
-    return fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out);
+    return has_data(fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out), out);
 }
 
 int fattn_dtype_of(const fattn_tensor *t, fattn_dtype *dt) {
@@ -201,12 +213,7 @@ int fattn_view_4d(const fattn_tensor *t, int layout, bhsd_view *v) {
                      (long long)st[3]);
         return -1;
     }
-    v->data = (char *)x->data + x->byte_offset;
-    if (!x->data && !empty && v->d) {
-        PyErr_Format(PyExc_ValueError, "%s: the array has no data (a meta or fake tensor?); fattn computes on cpu or "
-                     "cuda arrays", t->arg);
-        return -1;
-    }
+    v->data = (char *)x->data + x->byte_offset; /* not NULL unless empty (fattn_take) */
     const size_t esize = v->dtype == FATTN_F32 ? 4 : 2;
     if ((uintptr_t)v->data % esize) {
         PyErr_Format(PyExc_ValueError, "%s: data pointer is not aligned to its %zu-byte elements", t->arg, esize);

@@ -130,7 +130,7 @@ def sinks_arg(sinks, q, fw, heads):
     if shape != (heads,):
         raise ValueError(f"sinks: expected a 1-D array of H={heads} entries, got shape {shape}")
     if not str(sinks.dtype).endswith("float32"):
-        raise TypeError(f"sinks: dtype must be float32, got {sinks.dtype}")
+        raise TypeError(f"sinks: dtype must be float32, got {str(sinks.dtype).removeprefix('torch.')}")
     if device_of(fw, sinks) != device_of(fw, q):
         raise ValueError("sinks: not on q's device; all arrays must be on one device")
     return sinks.detach() if fw == "torch" else sinks

@@ -67,7 +67,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
 
     Differentiable with torch autograd (the registered op) and through :func:`attention_varlen_backward`.  Through
     autograd (eager or compiled) the backward trusts the forward's check of cu_seqlens and reads nothing: torch
-    refuses the backward ("modified by an inplace operation") if they were written in place since the forward.  On the
+    refuses the backward ("modified by an inplace operation") if they were written in place since the forward;
+    under saved-tensor hooks (``torch.autograd.graph.save_on_cpu``), where torch checks no version, the backward
+    checks them again.  On the
     GPU both run v3 on Hopper (v2 elsewhere; at head dim 64 a backward with a softcap or ALiBi runs v2's).
     """
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)

@@ -135,8 +135,16 @@ def _setup_context(ctx, inputs, output):
 
 
 def _watchable_indices(cu):
-    """cu_seqlens that autograd can save (an inference tensor cannot be)."""
-    return cu[0] is not None and not any(c.is_inference() for c in cu)
+    """cu_seqlens whose in-place writes torch's saved-tensor check will refuse: saveable (an inference tensor is not)
+    and saved without saved-tensor hooks (torch.autograd.graph.save_on_cpu and other saved_tensors_hooks: with
+    hooks torch checks no version)."""
+    return cu[0] is not None and not _saved_tensor_hooks() and not any(c.is_inference() for c in cu)
+
+
+def _saved_tensor_hooks():
+    """True if saved-tensor hooks are active (or torch cannot say)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
 
 
 def _grads(ctx, dout, backward):

@@ -116,3 +116,12 @@ def test_torch_index_arrays_skip_dlpack(monkeypatch):
     with pytest.raises(TypeError, match="cu_seqlens_q: .*int64"):
         fattn.attention_varlen(q, k, v, cq.long(), ck, max_seqlen_q=9, max_seqlen_k=9)
     assert calls == [torch.int64]
+    # meta tensors (data_ptr() 0) are refused, not read, nor taken for "not given"
+    meta = dict(cu_seqlens_q=cq.to("meta"), alibi_slopes=slopes.to("meta"), sinks=sinks.to("meta"))
+    for name, x in meta.items():
+        kw = dict(cu_seqlens_q=cq, alibi_slopes=None, sinks=None, max_seqlen_q=9, max_seqlen_k=9)
+        kw[name] = x
+        with pytest.raises(ValueError, match=f"{name}: the array has no data"):
+            fattn.attention_varlen(q, k, v, cu_seqlens_k=ck, **kw)
+    with pytest.raises(ValueError, match="cu_seqlens_q: the array has no data"):
+        fattn.attention_varlen(q, k, v, cq.to("meta"), ck)  # max_seqlen read from the arrays

@@ -124,6 +124,15 @@ def test_varlen_autograd_backward_trusts_forward(device, seed, monkeypatch):
     reads.take()
     fattn.attention_varlen(*leafs, cqi, cki, **kw).backward(dout)
     assert reads.take() == (0, 2)
+    # saved-tensor hooks (save_on_cpu, offloading): torch checks no version through them, so the backward checks
+    with torch.autograd.graph.save_on_cpu():
+        cu = cq.clone()
+        y = fattn.attention_varlen(*leafs, cu, ck, **kw)
+    assert reads.take() == (0, 1)
+    cu[2] = 2  # decreasing now
+    with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
+        y.backward(dout)
+    assert reads.take() == (0, 1)
 
 
 def test_varlen_new_arrays_remembered_only_while_alive(monkeypatch):
