@@ -16,8 +16,8 @@ class _Lengths:
     these same, unchanged arrays against the same row counts and max_seqlen arguments (fattn/_indices.py).
     Remembered only where a stale entry could at worst skip a check: both max_seqlen given (one read from the arrays
     would go stale with them), no seqused_k (the call reads it itself), not under torch.compile (the traced op checks
-    as told).  Through autograd, eager or compiled, the backward trusts the forward's check (fattn/_torch.py: torch
-    refuses it if the arrays were written since).  need: which of (max_q, max_k) the caller must know; a checking call works
+    as told), with gradients only where the backward can trust the forward's check (fattn/_torch.py: torch
+    refuses it if the arrays were written since; not under saved-tensor hooks).  need: which of (max_q, max_k) the caller must know; a checking call works
     out the others itself from the one read it makes (None here), a read saved."""
 
     def __init__(self, cu_q, cu_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, rememberable, stream,
@@ -79,11 +79,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     if fw == "torch":
         _args.torch_registered()
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
-            lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, True, None)
+            from . import _torch
+
+            # remembered only where the backward may trust the forward (fattn/_torch.py); never when traced
+            watched = not _args.traced_or_fake(q) and _torch.watchable_indices((cu_seqlens_q, cu_seqlens_k))
+            lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, watched, None)
             if seqused_k is not None:
                 raise ValueError("seqused_k: not taken with gradients or under torch.compile (a KV cache is "
                                  "inference only)")
-            from . import _torch
 
             alibi_slopes = _args.alibi_arg(alibi_slopes, fw)
             _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

@@ -127,18 +127,19 @@ def _setup_context(ctx, inputs, output):
     sinks = params[_SINKS] if len(params) > _SINKS else None
     alibi_slopes = params[_SINKS + 1] if len(params) > _SINKS + 1 else None
     ctx.check_indices = params[_SINKS + 2] if len(params) > _SINKS + 2 else True
-    cu = tuple(params[_CU]) if _watchable_indices(params[_CU]) else ()
+    cu = tuple(params[_CU]) if watchable_indices(params[_CU]) else ()
     ctx.save_for_backward(q, k, v, out, lse, sinks, alibi_slopes, *cu)
     ctx.params = params[:_SINKS]
     ctx.n_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
 
 
-def _watchable_indices(cu):
-    """cu_seqlens whose in-place writes torch's saved-tensor check will refuse: saveable (an inference tensor is not)
-    and saved without saved-tensor hooks (torch.autograd.graph.save_on_cpu and other saved_tensors_hooks: with
-    hooks torch checks no version)."""
-    return cu[0] is not None and not _saved_tensor_hooks() and not any(c.is_inference() for c in cu)
+def watchable_indices(cu):
+    """True for cu_seqlens (a pair) whose in-place writes torch's saved-tensor check will refuse: torch tensors,
+    saveable (an inference tensor is not), saved without saved-tensor hooks (torch.autograd.graph.save_on_cpu,
+    checkpointing and other saved_tensors_hooks: with hooks torch checks no version).  Only such arrays may skip
+    the forward's check (remembered) or the backward's (saved)."""
+    return (all(isinstance(c, Tensor) and not c.is_inference() for c in cu) and not _saved_tensor_hooks())
 
 
 def _saved_tensor_hooks():

@@ -124,15 +124,27 @@ def test_varlen_autograd_backward_trusts_forward(device, seed, monkeypatch):
     reads.take()
     fattn.attention_varlen(*leafs, cqi, cki, **kw).backward(dout)
     assert reads.take() == (0, 2)
-    # saved-tensor hooks (save_on_cpu, offloading): torch checks no version through them, so the backward checks
+    # saved-tensor hooks (save_on_cpu, offloading, checkpointing): torch checks no version through them, so the
+    # forward checks even remembered arrays and the backward checks again
+    cu = cq.clone()
+    fattn.attention_varlen(q, k, v, cu, ck, **kw)  # checked, remembered
+    assert reads.take() == (0, 1)
     with torch.autograd.graph.save_on_cpu():
-        cu = cq.clone()
         y = fattn.attention_varlen(*leafs, cu, ck, **kw)
     assert reads.take() == (0, 1)
     cu[2] = 2  # decreasing now
     with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
         y.backward(dout)
     assert reads.take() == (0, 1)
+    # non-reentrant checkpointing (saved-tensor hooks): the gradients of a plain call
+    cu, cu_k = cq.clone(), ck.clone()
+    leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+    y = torch.utils.checkpoint.checkpoint(lambda *x: fattn.attention_varlen(*x, cu, cu_k, **kw), *leafs,
+                                          use_reentrant=False)
+    y.backward(dout)
+    out, lse = fattn.attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)
+    want = fattn.attention_varlen_backward(dout, q, k, v, out, lse, cq, ck, **kw)
+    assert all(torch.equal(a, b.grad) for a, b in zip(want, leafs))
 
 
 def test_varlen_new_arrays_remembered_only_while_alive(monkeypatch):
