@@ -12,6 +12,8 @@ cd "$OUT"
 mv fattn fattn_old
 sed -i 's/"fattn\._C"/"fattn_old._C"/' setup.py
 grep -q '"fattn_old._C"' setup.py || { echo "old_tree.sh: setup.py does not name fattn._C"; exit 1; }
+# its torch ops under their own namespace, so both trees' autograd can run in one process
+if [ -f fattn_old/_torch.py ]; then sed -i 's/^_LIB = "fattn"$/_LIB = "fattn_old"/' fattn_old/_torch.py; fi
 FATTN_CUDA_ARCHS="${FATTN_CUDA_ARCHS:-arch=compute_90,code=sm_90}" python3 setup.py build_ext --inplace > build.log 2>&1 \
   || { tail -20 build.log; exit 1; }
 python3 -c 'import sys; sys.path.insert(0, "."); import fattn_old; print("fattn_old built:", fattn_old.variants("cuda"))'
