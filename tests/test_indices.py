@@ -91,7 +91,9 @@ def test_varlen_checked_arrays_remembered(device, seed, monkeypatch):
 def test_varlen_autograd_backward_trusts_forward(device, seed, monkeypatch):
     """Eager autograd saves cu_seqlens for the backward, which then reads nothing back: the forward checked them (or
     was told not to), and torch refuses the backward if they were written in place since.  Gradients match the
-    checked backward's; an inference tensor (which autograd cannot save) is checked by the backward again."""
+    checked backward's.  Checked by the backward again: an inference tensor (which autograd cannot save), and any
+    array under saved-tensor hooks (save_on_cpu, non-reentrant checkpointing: torch checks no version there), where
+    the forward does not take remembered arrays on trust either."""
     require(device)
     dt = torch.float32 if device == "cpu" else torch.float16
     q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, seed)
