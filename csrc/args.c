@@ -157,15 +157,10 @@ static int has_data(int rc, const fattn_tensor *t) {
 }
 
 int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
-    if (fattn_is_torch(names, obj)) return has_data(fattn_tensor_from_torch(names, obj, arg, out), out);
-    int type = 0, id = 0;
-    if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
-    return has_data(fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out), out);
-}
-
-int fattn_take_any(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
-    const int lean = fattn_is_torch_described(names, obj);
-    if (lean) return lean < 0 ? -1 : has_data(fattn_tensor_from_torch(names, obj, arg, out), out);
+    if (fattn_is_torch(names, obj)) {
+        const int rc = fattn_tensor_from_torch(names, obj, arg, out);
+        if (rc <= 0) return has_data(rc, out);
+    }
     int type = 0, id = 0;
     if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
     return has_data(fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out), out);
@@ -294,6 +289,7 @@ int fattn_read_int32s(int n, const fattn_tensor *const *t, int32_t **host, void 
     const void *src[FATTN_MAX_READS];
     size_t bytes[FATTN_MAX_READS];
     int reads = 0, device = 0;
+    const char *first = NULL; /* the first array read from the device, named if the read is refused */
     for (int i = 0; i < n; i++) host[i] = NULL;
     for (int i = 0; i < n; i++) {
         const DLTensor *x = t[i]->t;
@@ -308,10 +304,16 @@ int fattn_read_int32s(int n, const fattn_tensor *const *t, int32_t **host, void 
             memcpy(host[i], from, size);
             continue;
         }
+        if (!first) first = t[i]->arg;
         dst[reads] = host[i]; /* every array is on q's device (fattn_take_int32) */
         src[reads] = from;
         bytes[reads++] = size;
         device = x->device.device_id;
+    }
+    if (reads && fattn_gpu_stream_capturing(stream)) { /* refused before any CUDA call, so the capture goes on */
+        PyErr_Format(PyExc_RuntimeError, "%s: cannot be read back to be checked while the stream is being captured "
+                     "into a CUDA graph; pass check_indices=False to trust the index arrays as given", first);
+        goto fail;
     }
     if (reads && fattn_gpu_read_many(reads, dst, src, bytes, device, stream)) {
         PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());

@@ -29,14 +29,10 @@ int fattn_arg_window(PyObject *obj, int64_t *left, int64_t *right);
 /* stream: None (0) or an int handle. */
 int fattn_arg_stream(PyObject *obj, void **stream);
 
-/* Takes argument `obj` into `out`: torch tensors through the lean path, anything else through DLPack, which is told
- * `stream` only when the producer is on a CUDA device. */
+/* Takes argument `obj` into `out`: torch tensors of the dtypes the lean path describes (fattn_tensor_from_torch) that
+ * way, anything else through DLPack, which is told `stream` only when the producer is on a CUDA device -- so a dtype
+ * an argument refuses (float64, int64) is named by that argument's own check. */
 int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
-
-/* The same for arguments with dtype rules of their own (index arrays, alibi_slopes, sinks, the workspace): torch
- * tensors of a dtype the lean path describes go that way, anything else through DLPack, so that the argument's own
- * check names a dtype it refuses (float64, int64). */
-int fattn_take_any(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out);
 
 /* The forward call's tensors, taken and checked.  ts: q, k, v, out, lse (lse may be empty). */
 typedef struct {

@@ -103,7 +103,7 @@ int fattn_take_varlen_args(const fattn_names *names, PyObject **objs, PyObject *
     o->max_seqlen_q = mq;
     o->max_seqlen_k = mk;
     for (int i = 0; i < 3; i++)
-        if (objs[i] && objs[i] != Py_None && fattn_take_any(names, objs[i], arg_names[i], stream, &ts[i]))
+        if (objs[i] && objs[i] != Py_None && fattn_take(names, objs[i], arg_names[i], stream, &ts[i]))
             return -1;
     o->cu_seqlens_q = &ts[0];
     o->cu_seqlens_k = &ts[1];
@@ -147,7 +147,7 @@ static int take_cache_args(module_state *st, PyObject **a, PyObject *stream_obj,
     for (int i = 0; i < NCACHE; i++) {
         PyObject *obj = a[A_CACHE_SEQLENS + i];
         if (!given(obj)) continue;
-        if (i < 2 ? fattn_take_any(&st->names, obj, names[i], stream_obj, &c->cache[i])
+        if (i < 2 ? fattn_take(&st->names, obj, names[i], stream_obj, &c->cache[i])
                   : fattn_take(&st->names, obj, names[i], stream_obj, &c->cache[i]))
             return -1;
     }
@@ -209,10 +209,10 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     for (int i = 0; i < 5; i++)
         if (given(a[i]) && fattn_take(&st->names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))
             return -1;
-    if (given(a[A_ALIBI]) && fattn_take_any(&st->names, a[A_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
+    if (given(a[A_ALIBI]) && fattn_take(&st->names, a[A_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
         return -1;
     o.alibi_slopes = &c->alibi;
-    if (given(a[A_SINKS]) && fattn_take_any(&st->names, a[A_SINKS], "sinks", stream_obj, &c->sinks)) return -1;
+    if (given(a[A_SINKS]) && fattn_take(&st->names, a[A_SINKS], "sinks", stream_obj, &c->sinks)) return -1;
     if (fattn_take_varlen_args(&st->names, a + A_CU_Q, a[A_MAX_Q], a[A_MAX_K], stream_obj, c->seqs, &o) ||
         (cache && take_cache_args(st, a, stream_obj, c, &o)) || fattn_build_params(c->ts, &o, &c->p, c->stream))
         return -1;

@@ -64,8 +64,8 @@ static int take_sinks(module_state *st, PyObject **a, PyObject *stream_obj, int 
         return -1;
     }
     bhsd_view o;
-    if (fattn_take_any(&st->names, a[B_SINKS], "sinks", stream_obj, &c->sinks[0]) ||
-        fattn_take_any(&st->names, a[B_DSINKS], "dsinks", stream_obj, &c->sinks[1]) ||
+    if (fattn_take(&st->names, a[B_SINKS], "sinks", stream_obj, &c->sinks[0]) ||
+        fattn_take(&st->names, a[B_DSINKS], "dsinks", stream_obj, &c->sinks[1]) ||
         fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks[0], layout, &o, &c->sp) ||
         fattn_take_sink_grads(&c->ts[5], &c->sinks[1], &c->ts[3], layout, &o, &c->sp))
         return -1;
@@ -139,13 +139,11 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     PyObject *stream_obj = a[B_STREAM] ? a[B_STREAM] : Py_None;
     for (int i = 0; i < NTENSORS; i++) { /* the workspace may have any dtype */
         PyObject *x = a[order[i]];
-        if (x && x != Py_None &&
-            (order[i] == B_WORKSPACE ? fattn_take_any : fattn_take)(&st->names, x, fattn_backward_arg_names[order[i]],
-                                                                    stream_obj, &c->ts[i]))
+        if (x && x != Py_None && fattn_take(&st->names, x, fattn_backward_arg_names[order[i]], stream_obj, &c->ts[i]))
             return -1;
     }
     if (a[B_ALIBI] && a[B_ALIBI] != Py_None &&
-        fattn_take_any(&st->names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
+        fattn_take(&st->names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
         return -1;
     o.alibi_slopes = &c->alibi;
     PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};

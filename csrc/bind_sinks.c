@@ -115,8 +115,7 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
     bhsd_view o;
     for (int i = 0; i < S_N; i++) {
         if (i == S_LAYOUT || i == S_STREAM || !a[i] || a[i] == Py_None) continue;
-        if ((i == S_OUT || i == S_DOUT ? fattn_take : fattn_take_any)(&st->names, a[i], names[i], stream_obj, &ts[i]))
-            goto done;
+        if (fattn_take(&st->names, a[i], names[i], stream_obj, &ts[i])) goto done;
     }
     if (fattn_take_sink_rows(&ts[S_OUT], &ts[S_LSE], &ts[S_SINKS], (int)layout, &o, &p)) goto done;
     if (!backward && ts[S_OUT].readonly) {

@@ -95,6 +95,39 @@ static fattn_status leave_device(int prev, int device, fattn_status st) {
     return st;
 }
 
+/* ---- CUDA graph capture: on this stream, and in other threads ------------------------------------------------ */
+
+/* 1 if the stream is being captured into a CUDA graph (or capture status cannot be had). */
+static int capturing(void *stream) {
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cap) != cudaSuccess) {
+        cudaGetLastError(); /* the legacy stream while another stream captures: treat as capturing */
+        return 1;
+    }
+    return cap != cudaStreamCaptureStatusNone;
+}
+
+int fattn_gpu_stream_capturing(void *stream) { return capturing(stream); }
+
+/* While another thread captures a CUDA graph in cudaStreamCaptureModeGlobal (torch.cuda.graph's default), CUDA
+ * refuses this thread's cudaMalloc, cudaFree and cudaHostAlloc -- and invalidates that thread's capture.  The memory
+ * allocated and freed here never belongs to a stream being captured (its callers check the stream first), so those
+ * calls cannot reach that graph: they are made with this thread's mode set to relaxed (relax_capture_mode), and the
+ * mode it had is put back after (restore_capture_mode).  -1: the mode could not be changed (nothing to restore). */
+static int relax_capture_mode(void) {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return (int)mode;
+}
+
+static void restore_capture_mode(int mode) {
+    enum cudaStreamCaptureMode m = (enum cudaStreamCaptureMode)mode;
+    if (mode >= 0 && cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess) cudaGetLastError();
+}
+
 /* Reads land in one page-locked buffer, kept and grown as calls need (a pageable destination makes each copy a
  * staged one); the lock keeps two threads' reads apart.  Where no page-locked memory can be had, the copies go
  * straight to the destinations. */
@@ -128,6 +161,7 @@ fattn_status fattn_gpu_read_many(int n, void *const *dst, const void *const *src
     size_t total = 0;
     for (int i = 0; i < n; i++) total += READ_ALIGN(bytes[i]);
     pthread_mutex_lock(&read_lock);
+    const int mode = relax_capture_mode(); /* the buffer's allocation, the copies and the wait: not captured */
     unsigned char *buf = read_buffer(total);
     cudaError_t e = cudaSuccess;
     size_t off = 0;
@@ -137,6 +171,7 @@ fattn_status fattn_gpu_read_many(int n, void *const *dst, const void *const *src
     off = 0;
     for (int i = 0; i < n && e == cudaSuccess && buf; off += READ_ALIGN(bytes[i]), i++)
         memcpy(dst[i], buf + off, bytes[i]);
+    restore_capture_mode(mode);
     pthread_mutex_unlock(&read_lock);
     if (e != cudaSuccess)
         st = FATTN_FAIL(FATTN_ERR_CUDA, "reading %zu bytes from cuda:%d: %s", total, device, cudaGetErrorString(e));
@@ -259,8 +294,8 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
  * words, plan.h: zeroed on the stream when allocated; a kernel that counts on them leaves them zero).  The table
  * holds WORKSPACES streams; a program that uses more (or creates and drops streams) has its least recently used
  * entry's memory freed to make room.  The Python entry points hold the GIL from taking a buffer to launching on it,
- * so no other call frees it in between.  Not handled: an allocation or free here while another thread captures a
- * graph in cudaStreamCaptureModeGlobal invalidates that capture (as any cudaMalloc / cudaFree then does). */
+ * so no other call frees it in between.  Allocations and frees here may happen while another thread captures a
+ * graph (relax_capture_mode). */
 typedef struct {
     int device;
     unsigned long long stream; /* cudaStreamGetId's: never reused, unlike a handle (a stream destroyed while its work
@@ -275,16 +310,6 @@ static workspace ws_table[WORKSPACES];
 static int ws_count;
 static unsigned long long ws_tick;
 
-/* 1 if the stream is being captured into a CUDA graph (or capture status cannot be had). */
-static int capturing(void *stream) {
-    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing((cudaStream_t)stream, &cap) != cudaSuccess) {
-        cudaGetLastError(); /* the legacy stream while another stream captures: treat as capturing */
-        return 1;
-    }
-    return cap != cudaStreamCaptureStatusNone;
-}
-
 /* Frees an entry's memory on its own device and clears it.  cudaFree synchronises the device, so no queued kernel
  * still uses the memory; never reached under capture (workspace_entry's callers return first). */
 static void workspace_release(workspace *w) {
@@ -292,8 +317,10 @@ static void workspace_release(workspace *w) {
         int cur = w->device;
         cudaGetDevice(&cur);
         if (cur != w->device) cudaSetDevice(w->device);
+        const int mode = relax_capture_mode();
         if (w->buf) cudaFree(w->buf);
         if (w->counters) cudaFree(w->counters);
+        restore_capture_mode(mode);
         if (cur != w->device) cudaSetDevice(cur);
         cudaGetLastError(); /* a failed free leaves nothing pending */
     }
@@ -339,6 +366,7 @@ static unsigned *counters_get(int device, void *stream) {
     workspace *w = workspace_entry(device, stream);
     if (w && !w->counters) {
         void *c = NULL;
+        const int mode = relax_capture_mode();
         if (cudaMalloc(&c, FATTN_COUNTERS * sizeof(unsigned)) != cudaSuccess) {
             cudaGetLastError();
         } else if (cudaMemsetAsync(c, 0, FATTN_COUNTERS * sizeof(unsigned), (cudaStream_t)stream) != cudaSuccess) {
@@ -347,6 +375,7 @@ static unsigned *counters_get(int device, void *stream) {
         } else {
             w->counters = (unsigned *)c;
         }
+        restore_capture_mode(mode);
     }
     unsigned *out = w ? w->counters : NULL;
     pthread_mutex_unlock(&dev_lock);
@@ -363,6 +392,7 @@ static void *workspace_get(int device, void *stream, size_t bytes) {
     if (w && w->bytes < bytes) {
         const size_t grow = bytes > 2 * w->bytes ? bytes : 2 * w->bytes;
         void *nb = NULL;
+        const int mode = relax_capture_mode();
         if (cudaMalloc(&nb, grow) != cudaSuccess) {
             cudaGetLastError();
         } else {
@@ -370,6 +400,7 @@ static void *workspace_get(int device, void *stream, size_t bytes) {
             w->buf = nb;
             w->bytes = grow;
         }
+        restore_capture_mode(mode);
     }
     if (w && w->bytes >= bytes) out = w->buf;
     pthread_mutex_unlock(&dev_lock);
@@ -482,6 +513,10 @@ fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan,
 #else /* built without CUDA */
 
 int fattn_gpu_compiled(void) { return 0; }
+int fattn_gpu_stream_capturing(void *stream) {
+    (void)stream;
+    return 0;
+}
 
 static fattn_status not_built(void) {
     return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "fattn was built without CUDA support (nvcc was not found at build time)");

@@ -40,7 +40,7 @@ static PyObject *py_longest_sequence(PyObject *module, PyObject *const *args, Py
     fattn_tensor t;
     memset(&t, 0, sizeof t);
     int64_t longest = 0;
-    const int rc = fattn_take_any(&st->names, args[0], "cu_seqlens", stream_obj, &t) ||
+    const int rc = fattn_take(&st->names, args[0], "cu_seqlens", stream_obj, &t) ||
                    fattn_longest_sequence(&t, &longest, stream);
     fattn_tensor_release(&t);
     return rc ? NULL : PyLong_FromLongLong(longest);

@@ -79,6 +79,16 @@ static PyObject *call_dlpack(const fattn_names *n, PyObject *obj, const char *ar
     Py_XDECREF(kw);
     Py_XDECREF(empty);
     Py_DECREF(method);
+    if (!capsule && PyErr_ExceptionMatches(PyExc_BufferError)) { /* the producer cannot export it: its dtype (NumPy's
+                                                                    bfloat16, object), byte order or memory */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_TypeError, "%s: this %.200s cannot be passed through DLPack (its library says: %S)", arg,
+                     Py_TYPE(obj)->tp_name, value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
     return capsule;
 }
 
@@ -155,16 +165,6 @@ int fattn_is_torch(const fattn_names *n, PyObject *obj) {
     return n->torch_type && PyObject_TypeCheck(obj, (PyTypeObject *)n->torch_type);
 }
 
-int fattn_is_torch_described(const fattn_names *n, PyObject *obj) {
-    if (!fattn_is_torch(n, obj)) return 0;
-    PyObject *dtype = PyObject_GetAttr(obj, n->s_dtype);
-    if (!dtype) return -1;
-    int known = dtype == n->torch_int32;
-    for (int i = 0; i < 3; i++) known |= dtype == n->torch_dtypes[i];
-    Py_DECREF(dtype);
-    return known;
-}
-
 /* A tuple of ints (torch.Size or the stride() tuple) into dst; returns its length, or -1 if not ints. */
 static int int_tuple(PyObject *tup, int64_t *dst) {
     if (!tup || !PyTuple_Check(tup) || PyTuple_GET_SIZE(tup) > FATTN_MAX_NDIM) return -1;
@@ -185,17 +185,9 @@ int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg
     int dt = -1, i32 = dtype == n->torch_int32;
     for (int i = 0; i < 3; i++)
         if (dtype == n->torch_dtypes[i]) dt = i;
-    if (dt < 0 && !i32) {
-        PyObject *text = PyObject_Str(dtype); /* "torch.float64": said as "float64" */
-        const char *name = text ? PyUnicode_AsUTF8(text) : NULL;
-        if (name && !strncmp(name, "torch.", 6)) name += 6;
-        if (name)
-            PyErr_Format(PyExc_TypeError, "%s: dtype %s is not supported; use float16, bfloat16 or float32", arg, name);
-        Py_XDECREF(text);
-        Py_DECREF(dtype);
-        return -1;
-    }
     Py_DECREF(dtype);
+    if (dt < 0 && !i32) return 1; /* not described here: DLPack describes it, and the argument's own check says why
+                                     it is refused */
     t->dtype.code = i32 ? kDLInt : dt == FATTN_BF16 ? kDLBfloat : kDLFloat;
     t->dtype.bits = i32 || dt == FATTN_F32 ? 32 : 16;
     t->dtype.lanes = 1;

@@ -47,14 +47,11 @@ int fattn_register_torch(fattn_names *n, PyObject *tensor_type, PyObject *f32, P
 /* 1 if `obj` is a torch tensor (torch registered), read through the fast path. */
 int fattn_is_torch(const fattn_names *n, PyObject *obj);
 
-/* 1 if `obj` is a torch tensor of a dtype the fast path describes (float32, float16, bfloat16, int32), 0 if not, -1
- * with an exception set if its dtype could not be read. */
-int fattn_is_torch_described(const fattn_names *n, PyObject *obj);
-
 /* Describes a torch tensor from its data_ptr(), shape, stride(), dtype and get_device(), without DLPack: the
  * lean call path (torch's __dlpack__ and __dlpack_device__ are Python code, several microseconds each; given a
  * stream, __dlpack__ looks up torch's current and default streams too).  float32, float16, bfloat16 and int32.
- * Returns 0, or -1 with an exception naming `arg`. */
+ * Returns 0; 1 (no exception) for a tensor of another dtype, which the caller takes through DLPack instead; or -1
+ * with an exception naming `arg`. */
 int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg, fattn_tensor *out);
 
 /* Calls the producer's deleter and drops the capsule; safe on an empty view. */

@@ -115,8 +115,12 @@ const fattn_bwd_variant *fattn_find_bwd_variant(const char *name);
 
 /* 1 if fattn was built with CUDA support. */
 int fattn_gpu_compiled(void);
+/* 1 if `stream` is being captured into a CUDA graph, or its capture status cannot be had (0 without CUDA). */
+int fattn_gpu_stream_capturing(void *stream);
 /* Copies n pieces of device memory (on `device`), bytes[i] from src[i] to dst[i] on the host, ordered after the work
- * queued on `stream`, and waits for them once (small synchronous reads: the index arrays' checks). */
+ * queued on `stream`, and waits for them once (small synchronous reads: the index arrays' checks).  Not on a stream
+ * being captured into a CUDA graph (the read would fail and end the capture): callers ask
+ * fattn_gpu_stream_capturing first. */
 fattn_status fattn_gpu_read_many(int n, void *const *dst, const void *const *src, const size_t *bytes, int device,
                                  void *stream);
 

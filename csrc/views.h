@@ -40,7 +40,8 @@ int fattn_same_dtype(const bhsd_view *x, const bhsd_view *q, const char *arg);
 int fattn_take_int32(const fattn_tensor *t, const fattn_tensor *q, int64_t n, int32_t **host, int64_t *count,
                      void *stream);
 /* The values of n (<= FATTN_MAX_READS) arrays that fattn_take_int32 described, each copied to host[i] (PyMem_Free
- * them; NULL on failure): those on a GPU in one read, one wait for `stream`. */
+ * them; NULL on failure): those on a GPU in one read, one wait for `stream`; refused (RuntimeError naming the first)
+ * on a stream being captured into a CUDA graph. */
 #define FATTN_MAX_READS 4
 int fattn_read_int32s(int n, const fattn_tensor *const *t, int32_t **host, void *stream);
 
