@@ -90,9 +90,9 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
             raise ValueError(f"q: expected a 4-D array ({'B, H, S, D' if layout_code == 0 else 'B, S, H, D'}), "
                              f"got {len(shape)}-D")
         if out is None:
-            out = EMPTY[fw](q, shape, False)
+            out = EMPTY[fw](q, shape, False, "out")
         if (want_lse or sinks is not None) and lse is None:
-            lse = EMPTY[fw](q, _args.bhs(shape, layout_code), True)  # the sinks need it even when not returned
+            lse = EMPTY[fw](q, _args.bhs(shape, layout_code), True, "lse")  # the sinks need it even when not returned
 
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
@@ -111,6 +111,7 @@ def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, determin
 
     alibi_slopes = _args.alibi_arg(alibi_slopes, "torch")
     _args.same_device(q, k=k, v=v, sinks=sinks, alibi_slopes=alibi_slopes)
+    _args.torch_results(q, layout, out, lse)
     left, right = window or (-1, -1)
     o, lse_out = _torch.attention_call(q, k, v, causal, scale, layout, left, right, softcap, None, None, 0, 0, variant,
                                        bool(deterministic), sinks, alibi_slopes, True)
@@ -174,15 +175,15 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
             if len(like.shape) != 4:
                 raise ValueError(f"{'q' if name == 'dq' else name[1]}: expected a 4-D array "
                                  f"({'B, H, S, D' if layout_code == 0 else 'B, S, H, D'}), got {len(like.shape)}-D")
-            given = EMPTY[fw](like, tuple(like.shape), False)
+            given = EMPTY[fw](like, tuple(like.shape), False, name)
         grads.append(given)
     workspace, stream = None, None
     if dev_type == CUDA:
         stream = current_stream(fw, dev_id)
         nbytes = _C.backward_workspace_bytes(*_args.bhs(q.shape, layout_code), q.shape[3], bool(deterministic))
-        workspace = EMPTY[fw](q, (nbytes // 4,), True)
+        workspace = EMPTY[fw](q, (nbytes // 4,), True, "workspace", False)
     sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
-    dsinks = EMPTY[fw](q, (sinks.shape[0],), True) if sinks is not None else None
+    dsinks = EMPTY[fw](q, (sinks.shape[0],), True, "dsinks", False) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,
                 softcap=softcap, variant=variant, stream=stream, deterministic=bool(deterministic),
                 workspace=workspace, alibi_slopes=_args.alibi_arg(alibi_slopes, fw), sinks=sinks, dsinks=dsinks)

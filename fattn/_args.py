@@ -7,11 +7,15 @@ CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
 LAYOUT = {"bhsd": 0, "bshd": 1}
 
 
-def causal_code(causal):
+def causal_code(causal, true="top_left"):
+    """causal's code for fattn._C.  `true`: the alignment causal=True (or any true non-string value, e.g. NumPy's
+    True) means for the caller -- "top_left" for attention (torch SDPA's is_causal), "bottom_right" for packed
+    sequences and KV caches (flash-attention's, where a sequence's or cache's queries are its last positions)."""
     try:
-        return CAUSAL[causal]
+        code = CAUSAL[causal]
     except (KeyError, TypeError):
         raise ValueError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+    return CAUSAL[true] if code and not isinstance(causal, str) else code
 
 
 def layout_code(layout):
@@ -72,9 +76,11 @@ def bhs(shape, layout_code):
     return (shape[0], shape[1], shape[2]) if layout_code == 0 else (shape[0], shape[2], shape[1])
 
 
-def call_options(causal, scale, window, softcap, variant):
-    """(causal code, scale, window, softcap, variant) as fattn._C takes them, each checked naming its argument."""
-    return causal_code(causal), scale_value(scale), window_pair(window), softcap_value(softcap), variant_name(variant)
+def call_options(causal, scale, window, softcap, variant, causal_true="top_left"):
+    """(causal code, scale, window, softcap, variant) as fattn._C takes them, each checked naming its argument;
+    causal_true: what causal=True means (causal_code)."""
+    return (causal_code(causal, causal_true), scale_value(scale), window_pair(window), softcap_value(softcap),
+            variant_name(variant))
 
 
 def refuse_jax(**arrays):
@@ -113,9 +119,33 @@ def device_of(fw, q):
 
 
 def same_device(q, **others):
+    """Each of others (torch tensors or None) on q's device."""
     for name, t in others.items():
-        if t is not None and t.device != q.device:
+        if t is None:
+            continue
+        if framework_of(t) != "torch":
+            raise TypeError(f"{name}: expected a torch tensor like q, got {type(t).__module__}.{type(t).__name__}")
+        if t.device != q.device:
             raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
+
+
+def torch_results(q, layout, out, lse):
+    """out= and lse= (None: not taken) of a call through the registered op, which writes them by copy_ (that would
+    cast and broadcast), checked as the lean path's C intake checks them: torch tensors on q's device, out of q's
+    shape and dtype, lse float32 (B, H, Sq) in `layout`."""
+    same_device(q, out=out, lse=lse)
+    if out is not None:
+        if out.dtype != q.dtype:
+            raise TypeError(f"out: dtype {str(out.dtype)[6:]} differs from q's {str(q.dtype)[6:]}; q, k, v and out "
+                            "must share one dtype")
+        if out.shape != q.shape:
+            raise ValueError(f"out: shape {tuple(out.shape)} differs from q's {tuple(q.shape)}")
+    if lse is not None:
+        if str(lse.dtype) != "torch.float32":
+            raise TypeError("lse: dtype must be float32")
+        want = bhs(tuple(q.shape), layout)
+        if tuple(lse.shape) != want:
+            raise ValueError(f"lse: shape must be (B={want[0]}, H={want[1]}, Sq={want[2]}), got {tuple(lse.shape)}")
 
 
 def sinks_arg(sinks, q, fw, heads):

@@ -18,30 +18,36 @@ def framework_of(x):
     return "other"
 
 
-def _torch_empty(like, shape, float32):
+# EMPTY[framework](like, shape, float32, arg, settable): a new array of `shape` in like's dtype (float32: in float32)
+# on like's device, for the result `arg` -- which the public call also takes as a keyword when `settable` (the JAX
+# error says which to pass).
+
+
+def _torch_empty(like, shape, float32, arg="out", settable=True):
     # new_empty inherits dtype and device: one call, no torch.device object built per call
     return like.new_empty(shape, dtype=sys.modules["torch"].float32) if float32 else like.new_empty(shape)
 
 
-def _numpy_empty(like, shape, float32):
+def _numpy_empty(like, shape, float32, arg="out", settable=True):
     np = sys.modules["numpy"]
     return np.empty(shape, dtype=np.float32 if float32 else like.dtype)
 
 
-def _cupy_empty(like, shape, float32):
+def _cupy_empty(like, shape, float32, arg="out", settable=True):
     cp = sys.modules["cupy"]
     with like.device:
         return cp.empty(shape, dtype=cp.float32 if float32 else like.dtype)
 
 
-def _jax_empty(like, shape, float32):
-    raise TypeError(
-        "fattn: JAX arrays are immutable, so fattn cannot write its output into one; convert with "
-        "torch.from_dlpack / cupy.from_dlpack / numpy.from_dlpack, or pass a writable array as out="
-    )
+def _jax_empty(like, shape, float32, arg="out", settable=True):
+    how = (f"pass a writable torch / CuPy / NumPy array as {arg}=" if settable else
+           f"this call takes no {arg}= to write into instead")
+    raise TypeError(f"{arg}: JAX arrays are immutable, so fattn cannot make its {arg} one; {how}, use "
+                    "fattn.jax.attention, or convert the inputs with numpy.from_dlpack / cupy.from_dlpack / "
+                    "torch.from_dlpack")
 
 
-def _other_empty(like, shape, float32):
+def _other_empty(like, shape, float32, arg="out", settable=True):
     raise TypeError(
         f"fattn: cannot allocate an output like {type(like).__module__}.{type(like).__name__}; pass out= "
         "(and lse= with return_lse) as writable DLPack arrays"

@@ -40,9 +40,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     included); on Hopper v3 runs the calls with more than 64 queries (chunked prefill), paged caches of every page
     size included when cache_seqlens is given (TMA loads of each page's rows through the block table).
     """
-    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
-    if causal is True:
-        causal_code = _args.CAUSAL["bottom_right"]  # a cache's queries are its last positions
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant,
+                                                                      "bottom_right")
     fw = framework_of(q)
     shape = tuple(getattr(q, "shape", ()))
     if len(shape) != 4:
@@ -52,6 +51,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
         if _args.traced_or_fake(q):  # torch.compile, fake or meta tensors: the op that declares its cache writes
             from . import _torch
 
+            _args.torch_results(q, None, out, None)
             left, right = window or (-1, -1)
             o, lse = _torch.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
                                                    causal_code, left, right, softcap, scale, variant,
@@ -64,8 +64,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(out=out, k_cache=k_cache if k_new is not None else None)
     if out is None:
-        out = EMPTY[fw](q, shape, False)
-    lse = EMPTY[fw](q, (shape[0], shape[2], shape[1]), True) if return_lse or sinks is not None else None
+        out = EMPTY[fw](q, shape, False, "out")
+    lse = EMPTY[fw](q, (shape[0], shape[2], shape[1]), True, "lse", False) if return_lse or sinks is not None else None
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None

@@ -1,13 +1,22 @@
 """fattn's API for packed variable-length batches (flash-attention's conventions, what vLLM, SGLang and packed
 training call): attention_varlen() and attention_varlen_backward()."""
+import operator
+
 from . import _C, _args, _indices, _tuned
 from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 
 def _given(value, name):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+    """A max_seqlen argument as a Python int (any integer scalar: NumPy's too, e.g. np.diff(cu).max()) or None."""
+    if value is None:
+        return None
+    try:
+        n = None if isinstance(value, bool) or type(value).__name__ == "bool_" else operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < 0:
         raise TypeError(f"{name}: expected an int >= 0 or None, got {value!r}")
-    return value
+    return n
 
 
 class _Lengths:
@@ -51,8 +60,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             (non-decreasing, within the arrays): on a GPU that reads them back (a small synchronous copy).
         max_seqlen_q, max_seqlen_k: the longest sequences (computed from cu_seqlens when None).
         seqused_k: optional int32 ``(batch,)``: sequence b uses only its first ``seqused_k[b]`` keys (vLLM's).
-        causal, scale, window, softcap, variant, deterministic, sinks: as for :func:`fattn.attention`, per sequence
-            (causal and windows bottom-right aligned within each sequence).
+        causal, scale, window, softcap, variant, deterministic, sinks: as for :func:`fattn.attention`, per sequence,
+            except that ``causal=True`` means ``"bottom_right"`` here (flash-attention's varlen convention: each
+            sequence's queries are its last positions); ``"top_left"`` still asks for top-left.  Windows are
+            bottom-right aligned within each sequence.
         alibi_slopes: optional float32 ``(H,)`` or ``(batch, H)`` (one row per sequence): ALiBi as for
             :func:`fattn.attention`, positions counted within each sequence.
         out: optional ``(total_q, H, D)`` array to write; return_lse: also return the LSE, float32 ``(H, total_q)``.
@@ -72,7 +83,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     checks them again.  On the
     GPU both run v3 on Hopper (v2 elsewhere; at head dim 64 a backward with a softcap or ALiBi runs v2's).
     """
-    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant,
+                                                                      "bottom_right")
     fw = framework_of(q)
     if len(getattr(q, "shape", ())) != 3:
         raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
@@ -91,6 +103,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             alibi_slopes = _args.alibi_arg(alibi_slopes, fw)
             _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               alibi_slopes=alibi_slopes)
+            _args.torch_results(q, None, out, None)
             left, right = window or (-1, -1)
             o, lse = _torch.attention_call(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
                                            cu_seqlens_k, lens.max_q, lens.max_k, variant, bool(deterministic), sinks,
@@ -106,8 +119,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
                     stream, need=(False, False))
     _args.refuse_jax(out=out)
     if out is None:
-        out = EMPTY[fw](q, tuple(q.shape), False)
-    lse = EMPTY[fw](q, (q.shape[1], q.shape[0]), True) if return_lse or sinks is not None else None
+        out = EMPTY[fw](q, tuple(q.shape), False, "out")
+    lse = EMPTY[fw](q, (q.shape[1], q.shape[0]), True, "lse", False) if return_lse or sinks is not None else None
     if (dev_type, dev_id) not in _tuned.LOADED:
         _tuned.ensure(dev_type, dev_id)
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
@@ -127,7 +140,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     (``return_lse=True``); the other arguments must be the forward's.  With sinks, ``(dq, dk, dv, dsinks)``.
     check_indices=False (max_seqlen_q / max_seqlen_k given): cu_seqlens are trusted, no host sync; checked ones are
     remembered as in :func:`attention_varlen`."""
-    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant)
+    causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant,
+                                                                      "bottom_right")
     fw = framework_of(q)
     if fw == "torch":
         _args.torch_registered()
@@ -136,14 +150,15 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, True, stream,
                     need=(dev_type == CUDA, False))  # the GPU workspace's size
     _args.refuse_jax(dq=dq, dk=dk, dv=dv)
-    grads = [g if g is not None else EMPTY[fw](x, tuple(x.shape), False) for g, x in ((dq, q), (dk, k), (dv, v))]
+    grads = [g if g is not None else EMPTY[fw](x, tuple(x.shape), False, name)
+             for g, x, name in ((dq, q, "dq"), (dk, k, "dk"), (dv, v, "dv"))]
     workspace = None
     if dev_type == CUDA:
         nseq = cu_seqlens_q.shape[0] - 1
         nbytes = _C.backward_workspace_bytes(nseq, q.shape[1], lens.max_q, q.shape[2], bool(deterministic))
-        workspace = EMPTY[fw](q, (nbytes // 4,), True)
+        workspace = EMPTY[fw](q, (nbytes // 4,), True, "workspace", False)
     sinks = _args.sinks_arg(sinks, q, fw, q.shape[1])
-    dsinks = EMPTY[fw](q, (sinks.shape[0],), True) if sinks is not None else None
+    dsinks = EMPTY[fw](q, (sinks.shape[0],), True, "dsinks", False) if sinks is not None else None
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, window=window, softcap=softcap,
                 variant=variant, stream=stream, deterministic=bool(deterministic), workspace=workspace,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=lens.max_q, max_seqlen_k=lens.max_k,

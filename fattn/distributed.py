@@ -54,6 +54,8 @@ No step materialises the S x S scores or the whole sequence's Q; allgather holds
 
 This module is the API, the checks and the communicator; the strategies themselves are fattn/_cp_strategies.py.
 """
+import struct
+
 import torch
 import torch.distributed as dist
 
@@ -90,26 +92,30 @@ def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", s
         layout: ``"bshd"`` (default) or ``"bhsd"``.
         strategy: ``"ring"``, ``"allgather"`` or ``"auto"`` (:func:`choose_strategy`: allgather on up to four
             ranks or when ``H_kv * 4 <= H``, else ring); see the module's docstring.
-        check: all-gather the shards' shapes first and raise the same ValueError on every rank if they differ (one
-            small collective; on a GPU it waits for the device).  With False, unequal shards are undefined behaviour.
+        check: all-gather the shards' shapes and dtypes and the call's arguments first, and raise the same
+            ValueError on every rank if they differ between ranks (one small collective; on a GPU it waits for the
+            device).  With False, shards or arguments that differ between ranks are undefined behaviour.
 
     Differentiable through torch autograd: the backward is distributed as well, so every rank must run it.
 
     Raises:
         ValueError naming the argument: no initialised process group (``group``), this process not in the group,
         bad layout / strategy / causal, q/k/v shapes that do not agree (a layout mix-up), an odd S_local when
-        causal, or shards of unequal shapes across the ranks.
+        causal, shards of unequal shapes or dtypes across the ranks, or ranks whose causal, scale, softcap, layout
+        or strategy differ.  TypeError: k or v of another dtype than q (as :func:`fattn.attention`).  With check,
+        every rank raises: the rank whose shards are bad its own error, the others a ValueError naming that rank.
     """
     comm = _Comm(group)
     causal = _causal_flag(causal)
     softcap = _args.softcap_value(softcap)
+    scale = _args.scale_value(scale)
     _check_choice("layout", layout, tuple(SEQ_DIM))
     _check_choice("strategy", strategy, STRATEGIES)
     problem = _local_problem(q, k, v, causal, layout)
     if check:
-        _agree_across_ranks(comm, q, k, problem)
+        _agree_across_ranks(comm, q, k, v, problem, causal, scale, softcap, layout, strategy)
     elif problem:
-        raise ValueError(problem)
+        raise problem
     if strategy == "auto":
         strategy = choose_strategy(q.shape[HEAD_DIM[layout]], k.shape[HEAD_DIM[layout]], comm.size)
     return _Attention.apply(q, k, v, comm, causal, scale, layout, strategy, softcap)
@@ -134,6 +140,7 @@ def shard(x, group=None, dim=1, causal=False):
     comm = _Comm(group)
     n, r = comm.size, comm.rank
     pieces = 2 * n if causal else n
+    dim = _dim_index(x, dim)
     length = x.shape[dim]
     if length % pieces:
         raise ValueError(f"x: length {length} along dim {dim} does not divide into {pieces} equal chunks "
@@ -145,13 +152,32 @@ def shard(x, group=None, dim=1, causal=False):
 
 
 def unshard(x_local, group=None, dim=1, causal=False):
-    """The full sequence from every rank's shard ``x_local`` (all of equal shape), in order: all-gathers and undoes
-    :func:`shard`'s layout.  Every rank gets the whole; not differentiable (for evaluation and tests)."""
+    """The full sequence from every rank's shard ``x_local`` (all of equal shape and dtype), in order: all-gathers
+    and undoes :func:`shard`'s layout.  Every rank gets the whole; not differentiable (for evaluation and tests).
+    Shards of unequal shapes or dtypes raise the same ValueError on every rank (one small collective first)."""
     comm = _Comm(group)
-    if causal and x_local.shape[dim] % 2:
+    dim = _dim_index(x_local, dim)
+    odd = bool(causal and x_local.shape[dim] % 2)
+    shape = list(x_local.shape[:_MAX_NDIM]) + [-1] * (_MAX_NDIM - min(x_local.ndim, _MAX_NDIM))
+    rows = comm.all_gather(_row(x_local.device, int(odd), x_local.ndim, _dtype_code(x_local.dtype), shape)).tolist()
+    if odd:
         raise ValueError(f"x_local: length {x_local.shape[dim]} along dim {dim} is odd; a causal shard holds two "
                          "equal zigzag chunks")
+    if any(row[0] for row in rows):
+        raise ValueError(f"x_local: the shards of rank(s) {[r for r, row in enumerate(rows) if row[0]]} are "
+                         "invalid (see the error raised there)")
+    if any(row != rows[0] for row in rows):
+        got = "; ".join(f"rank {r}: {tuple(row[3:3 + min(row[1], _MAX_NDIM)])} {_dtype_name(row[2])}"
+                        for r, row in enumerate(rows))
+        raise ValueError(f"x_local: shards must have equal shapes and dtypes on every rank; got {got}")
     return _global_order(comm.all_gather(x_local.detach()), causal, dim)
+
+
+def _dim_index(x, dim):
+    """dim as a non-negative index of x's dimensions (ValueError naming dim if it is not one)."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"dim: expected an int in [{-x.ndim}, {x.ndim}) for a {x.ndim}-D tensor, got {dim!r}")
+    return dim % x.ndim
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,41 +251,84 @@ def _check_choice(name, value, choices):
 
 
 def _local_problem(q, k, v, causal, layout):
-    """The message of what is wrong with this rank's q, k, v (None if nothing)."""
+    """What is wrong with this rank's q, k, v, as the exception to raise (ValueError; TypeError for k or v of
+    another dtype than q, as fattn.attention's), or None."""
     names = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            return f"{name}: expected a 4-D torch tensor {names} for layout {layout!r}"
+            return ValueError(f"{name}: expected a 4-D torch tensor {names} for layout {layout!r}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            return TypeError(f"{name}: dtype {str(t.dtype)[6:]} differs from q's {str(q.dtype)[6:]}; q, k and v "
+                             "must share one dtype")
     if tuple(k.shape) != tuple(v.shape):
-        return f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}"
+        return ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
     s, h = SEQ_DIM[layout], HEAD_DIM[layout]
     if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or k.shape[s] != q.shape[s] or q.shape[h] % k.shape[h]:
-        return (f"k: shape {tuple(k.shape)} does not fit q's {tuple(q.shape)} in layout {layout!r} {names}: "
-                "same batch, sequence shard length and head dim, and kv heads dividing q's heads (are q, k, v all "
-                "in one layout?)")
+        return ValueError(f"k: shape {tuple(k.shape)} does not fit q's {tuple(q.shape)} in layout {layout!r} "
+                          f"{names}: same batch, sequence shard length and head dim, and kv heads dividing q's heads "
+                          "(are q, k, v all in one layout?)")
     if causal and q.shape[s] % 2:
-        return (f"q: local sequence length {q.shape[s]} is odd; causal context parallelism holds two equal zigzag "
-                "chunks per rank")
+        return ValueError(f"q: local sequence length {q.shape[s]} is odd; causal context parallelism holds two equal "
+                          "zigzag chunks per rank")
     return None
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_MAX_NDIM = 8  # unshard compares this many leading sizes of a shard's shape
+
+
+def _dtype_code(dtype):
+    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+
+
+def _dtype_name(code):
+    return str(_DTYPES[code])[6:] if 0 <= code < len(_DTYPES) else "another dtype"
 
 
 def _shape4(t):
     return list(t.shape) if isinstance(t, torch.Tensor) and t.dim() == 4 else [-1] * 4
 
 
-def _agree_across_ranks(comm, q, k, problem):
-    """Raise the same ValueError on every rank if any rank's shard is bad or the shards' shapes differ."""
-    mine = torch.tensor(_shape4(q) + _shape4(k) + [int(problem is not None)], dtype=torch.int64,
-                        device=q.device if isinstance(q, torch.Tensor) else "cpu")
-    rows = comm.all_gather(mine).tolist()
+def _bits(x):
+    """A float (or None) as an int64, to be compared exactly across ranks."""
+    return -1 if x is None else struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _row(device, *values):
+    flat = [x for v in values for x in (v if isinstance(v, list) else [v])]
+    return torch.tensor(flat, dtype=torch.int64, device=device)
+
+
+def _agree_across_ranks(comm, q, k, v, problem, causal, scale, softcap, layout, strategy):
+    """Raise the same ValueError on every rank if any rank's shard is bad, or the shards' shapes or dtypes or the
+    call's arguments differ between ranks (they would make the collectives mismatch: a hang, a crash or a wrong
+    result)."""
+    dtypes = [_dtype_code(t.dtype) if isinstance(t, torch.Tensor) else -1 for t in (q, k, v)]
+    args = [int(causal), _bits(scale), _bits(softcap), tuple(SEQ_DIM).index(layout), STRATEGIES.index(strategy)]
+    device = q.device if isinstance(q, torch.Tensor) else "cpu"
+    rows = comm.all_gather(_row(device, _shape4(q), _shape4(k), _shape4(v), dtypes, args,
+                                int(problem is not None))).tolist()
     if problem:
-        raise ValueError(problem)
+        raise problem
     bad = [r for r, row in enumerate(rows) if row[-1]]
     if bad:
         raise ValueError(f"q: the shards of rank(s) {bad} are invalid (see the error raised there)")
-    if any(row != rows[0] for row in rows):
-        shapes = "; ".join(f"rank {r}: q {tuple(row[:4])}, k {tuple(row[4:8])}" for r, row in enumerate(rows))
-        raise ValueError(f"q: shards must have equal shapes on every rank (equal sequence lengths); got {shapes}")
+    fields = [(name, 4 * i, 4 * i + 4) for i, name in enumerate("qkv")] + \
+             [(f"{name} dtype", 12 + i, 13 + i) for i, name in enumerate("qkv")] + \
+             [(name, 15 + i, 16 + i) for i, name in enumerate(("causal", "scale", "softcap", "layout", "strategy"))]
+    for name, a, b in fields:
+        if any(row[a:b] != rows[0][a:b] for row in rows):
+            arg = name.split()[0]
+            if b - a == 4:  # a shape
+                got = "; ".join(f"rank {r}: {tuple(row[a:b])}" for r, row in enumerate(rows))
+                raise ValueError(f"{arg}: shards must have equal shapes on every rank (equal sequence lengths); "
+                                 f"got {got}")
+            if name.endswith("dtype"):
+                got = "; ".join(f"rank {r}: {_dtype_name(row[a])}" for r, row in enumerate(rows))
+                raise ValueError(f"{arg}: shards must have one dtype on every rank; got {got}")
+            raise ValueError(f"{arg}: every rank must pass the same {arg}; the ranks' values differ (rank(s) "
+                             f"{[r for r, row in enumerate(rows) if row[a:b] != rows[0][a:b]]} differ from rank 0)")
 
 
 # ----------------------------------------------------------------------------------------------------------------

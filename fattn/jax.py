@@ -30,6 +30,9 @@ def _host(x, name):
     x.block_until_ready()  # fattn runs on its own stream: the producer must be done
     platform = next(iter(x.devices())).platform
     if platform == "cpu":
+        if x.dtype == jax.numpy.bfloat16:
+            raise TypeError(f"{name}: bfloat16 is not taken on the CPU (fattn.jax reads JAX's CPU buffers as NumPy "
+                            "arrays, which DLPack cannot give in bfloat16); use float32 or float16 there, or a GPU")
         return np.from_dlpack(x)
     if platform == "gpu":
         try:
@@ -90,8 +93,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
               sinks=None):
     """Scaled dot-product attention of jax.Arrays, differentiable in q, k, v and sinks (jax.grad / jax.vjp).
     Arguments as for :func:`fattn.attention` (alibi_slopes a float32 jax.Array, whose gradient is zero: the slopes
-    are constants; sinks a float32 (H,) jax.Array of attention-sink logits); float16, bfloat16 or float32 on the
-    CPU, float16 or bfloat16 on a GPU."""
+    are constants; sinks a float32 (H,) jax.Array of attention-sink logits); float16 or float32 on the CPU (not
+    bfloat16: a TypeError says so), float16 or bfloat16 on a GPU."""
     _, scale, window, softcap, _ = _args.call_options(causal, scale, window, softcap, None)
     _args.layout_code(layout)
     opts = (("causal", causal), ("scale", scale), ("layout", layout), ("window", window), ("softcap", softcap))

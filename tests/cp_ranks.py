@@ -43,7 +43,9 @@ MATCH_CASES["ring-causal-hkv2-softcap"] = _case("ring", True, 2, softcap=1.0)
 MATCH_CASES["allgather-full-hkv4-softcap"] = _case("allgather", False, 4, softcap=1.0)
 
 ERROR_CASES = ["unequal_lengths", "odd_causal_length", "layout_mismatch", "one_rank_bad", "bad_strategy",
-               "bad_layout", "shard_indivisible"]
+               "bad_layout", "shard_indivisible", "k_heads_differ", "dtype_differs", "kv_dtype_mixed",
+               "causal_differs", "scale_differs", "softcap_differs", "strategy_differs", "unshard_unequal",
+               "shard_bad_dim"]
 ROUND_TRIP_CASES = ["round_trip"]
 GPU_CASES = {f"{s}-{'causal' if c else 'full'}-hkv{hk}": _case(s, c, hk, dtype="bf16")
              for s in ("ring", "allgather") for c in (False, True) for hk in (4, 2)}
@@ -178,6 +180,38 @@ def run_error(name, rank, world):
     elif name == "shard_indivisible":
         with pytest.raises(ValueError, match=r"x: length 10 along dim 1 does not divide"):
             fd.shard(torch.zeros(1, 10, 2, 8), causal=True)
+    # what differs between ranks, or within one, is refused on every rank before any transfer: before, these
+    # crashed gloo (another dtype), hung (another strategy) or gave a wrong result (another causal or scale)
+    elif name == "k_heads_differ":  # q alike on every rank, only k's (and v's) shards differ: named as k
+        with pytest.raises(ValueError, match=r"k: shards must have equal shapes on every rank .*got rank 0: "
+                           r"\(1, 8, 4, 32\); rank 1: \(1, 8, 2, 32\)"):
+            fd.attention(*qkv(8, kv=H if rank == 0 else H // 2))
+    elif name == "dtype_differs":
+        q, k, v = (t.to(torch.bfloat16) if rank == 1 else t for t in qkv(8))
+        with pytest.raises(ValueError, match=r"q: shards must have one dtype on every rank; got rank 0: float32; "
+                           r"rank 1: bfloat16"):
+            fd.attention(q, k, v)
+    elif name == "kv_dtype_mixed":  # within one rank: the single-process call's TypeError there, named elsewhere
+        q, k, v = qkv(8)
+        if rank == 1:
+            k = k.to(torch.bfloat16)
+        with pytest.raises(TypeError if rank == 1 else ValueError,
+                           match=r"k: dtype bfloat16 differs from q's float32" if rank == 1
+                           else r"q: the shards of rank\(s\) \[1\] are invalid"):
+            fd.attention(q, k, v)
+    elif name in ("causal_differs", "scale_differs", "softcap_differs", "strategy_differs"):
+        arg = name.split("_")[0]
+        kw = {"causal": {"causal": rank == 0}, "scale": {"scale": 0.1 * (rank + 1)},
+              "softcap": {"softcap": float(rank)}, "strategy": {"strategy": ("ring", "allgather")[rank % 2]}}[arg]
+        with pytest.raises(ValueError, match=rf"{arg}: every rank must pass the same {arg}.*rank\(s\) \[1\]"):
+            fd.attention(*qkv(8), **kw)
+    elif name == "unshard_unequal":
+        with pytest.raises(ValueError, match=r"x_local: shards must have equal shapes and dtypes on every rank; "
+                           r"got rank 0: \(1, 8, 2, 4\) float32; rank 1: \(1, 10, 2, 4\) float32"):
+            fd.unshard(torch.zeros(1, 8 if rank == 0 else 10, 2, 4))
+    elif name == "shard_bad_dim":
+        with pytest.raises(ValueError, match=r"dim: expected an int in \[-4, 4\) for a 4-D tensor, got 5"):
+            fd.shard(torch.zeros(1, 8, 2, 4), dim=5)
     else:
         raise KeyError(name)
 

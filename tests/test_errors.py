@@ -38,6 +38,8 @@ CASES = [
      r"out: dtype"),
     ("lse dtype", lambda: (t(1, 2, 4, 8),) * 3, {"lse": torch.empty(1, 2, 4, dtype=torch.half)}, TypeError, r"lse: dtype"),
     ("lse shape", lambda: (t(1, 2, 4, 8),) * 3, {"lse": torch.empty(1, 2, 5)}, ValueError, r"lse: shape"),
+    ("lse float64", lambda: (t(1, 2, 4, 8),) * 3, {"lse": torch.empty(1, 2, 4, dtype=torch.float64)}, TypeError,
+     r"lse: dtype must be float32"),  # not q's advice (float16, bfloat16 or float32): lse is float32 only
     ("not an array", lambda: ([[1.0]], t(1, 2, 4, 8), t(1, 2, 4, 8)), {}, TypeError, r"q: expected an array"),
     ("k not an array", lambda: (t(1, 2, 4, 8), "k", t(1, 2, 4, 8)), {}, TypeError, r"k: expected an array"),
 ]
@@ -145,3 +147,46 @@ def test_gpu_calls_without_a_gpu_say_why():
         assert "insufficient" not in msg
     else:
         assert "built without CUDA support" in msg
+
+
+def test_arrays_their_library_cannot_export_are_named():
+    """An array whose own library refuses to export it through DLPack (NumPy: bfloat16 from ml_dtypes, object
+    arrays, non-native byte order) gets a TypeError naming the argument and quoting the library, not the library's
+    bare BufferError."""
+    q = np.zeros((1, 2, 4, 16), np.float32)
+    for bad in (q.astype(">f4"), q.astype(object)):
+        with pytest.raises(TypeError, match=r"k: this numpy.ndarray cannot be passed through DLPack \(its library "
+                           r"says: DLPack only supports"):
+            fattn.attention(q, bad, q)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["lean", "autograd"])
+def test_out_and_lse_checked_on_both_torch_paths(requires_grad):
+    """out= and lse= are checked alike whether the call records gradients (the registered op, which writes them by
+    copy_: before, a float64 out of another batch size was cast and broadcast into) or not."""
+    q = t(1, 2, 6, 16).requires_grad_(requires_grad)
+    k, v = t(1, 2, 6, 16), t(1, 2, 6, 16)
+    for kw, exc, match in [({"out": torch.zeros(1, 2, 6, 16, dtype=torch.float64)}, TypeError, r"out: dtype float64"),
+                           ({"out": torch.zeros(3, 2, 6, 16)}, ValueError, r"out: shape"),
+                           ({"lse": torch.zeros(1, 2, 6, dtype=torch.float64)}, TypeError, r"lse: dtype must be float32"),
+                           ({"lse": torch.zeros(1, 2, 5)}, ValueError, r"lse: shape must be \(B=1, H=2, Sq=6\)")]:
+        with pytest.raises(exc, match=match):
+            fattn.attention(q, k, v, **kw)
+    if requires_grad:  # arrays of another library beside a torch q that records gradients: named, not an AttributeError
+        with pytest.raises(TypeError, match=r"out: expected a torch tensor like q, got numpy.ndarray"):
+            fattn.attention(q, k, v, out=np.zeros((1, 2, 6, 16), np.float32))
+        with pytest.raises(TypeError, match=r"k: expected a torch tensor like q, got numpy.ndarray"):
+            fattn.attention(q, k.numpy(), v.numpy())
+
+
+def test_max_seqlen_as_numpy_integers():
+    """max_seqlen_q / max_seqlen_k take any integer scalar -- np.diff(cu).max() is NumPy's -- and refuse bools,
+    negatives and floats naming the argument."""
+    q = np.random.default_rng(0).standard_normal((10, 2, 16)).astype(np.float32)
+    cu = np.array([0, 4, 10], np.int32)
+    want = fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
+    got = fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=np.diff(cu).max(), max_seqlen_k=np.int64(6))
+    assert np.array_equal(got, want)
+    for bad in (np.True_, True, -1, 2.0):
+        with pytest.raises(TypeError, match=r"max_seqlen_q: expected an int >= 0 or None"):
+            fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=bad)

@@ -71,6 +71,30 @@ def test_jax_under_jit_is_a_clear_error():
         fattn.jax.attention(np.zeros((1, 1, 4, 8), np.float32), q, q)
 
 
+def test_jax_arrays_in_fattn_attention_name_the_missing_result():
+    """fattn's array functions given JAX arrays cannot allocate their results like them (JAX arrays are immutable):
+    the error names the result and, where the call takes it as a keyword, says to pass it."""
+    q = jax.device_put(jnp.zeros((1, 1, 4, 8), jnp.float32), jax.devices("cpu")[0])
+    with pytest.raises(TypeError, match=r"out: JAX arrays are immutable.*pass a writable .* as out="):
+        fattn.attention(q, q, q)
+    with pytest.raises(TypeError, match=r"lse: JAX arrays are immutable.*pass a writable .* as lse="):
+        fattn.attention(q, q, q, out=np.empty((1, 1, 4, 8), np.float32), return_lse=True)
+    with pytest.raises(TypeError, match=r"dq: JAX arrays are immutable.*pass a writable .* as dq="):
+        fattn.attention_backward(q, q, q, q, q, jnp.zeros((1, 1, 4), jnp.float32))
+    p = jax.device_put(jnp.zeros((6, 1, 8), jnp.float32), jax.devices("cpu")[0])
+    cu = np.array([0, 2, 6], np.int32)
+    with pytest.raises(TypeError, match=r"lse: JAX arrays are immutable.*takes no lse= to write into"):
+        fattn.attention_varlen(p, p, p, cu, cu, out=np.empty((6, 1, 8), np.float32), return_lse=True)
+
+
+def test_jax_bfloat16_on_the_cpu_is_a_clear_error():
+    """bfloat16 on the CPU is refused naming the argument (NumPy, through which JAX's CPU buffers are read, has no
+    bfloat16 in DLPack); before, it failed inside NumPy with "Unsupported dtype in DLTensor"."""
+    q = jax.device_put(jnp.zeros((1, 1, 4, 8), jnp.bfloat16), jax.devices("cpu")[0])
+    with pytest.raises(TypeError, match="q: bfloat16 is not taken on the CPU"):
+        fattn.jax.attention(q, q, q)
+
+
 @pytest.mark.parametrize("window,softcap,alibi", [((20, 5), 0.0, False), ((-1, -1), 3.0, False),
                                                  ((-1, -1), 0.0, True), ((30, -1), 2.0, True)],
                          ids=["window", "softcap", "alibi", "all"])

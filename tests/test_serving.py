@@ -164,6 +164,31 @@ def test_serving_varlen_check_indices_false(device, seed):
         fattn._C.forward(q, k, v, torch.empty_like(q), cu_seqlens_q=cq, cu_seqlens_k=ck, check_indices=False)
 
 
+@pytest.mark.parametrize("true", [True, 1, "numpy"], ids=["True", "1", "np.True_"])
+def test_serving_causal_true_is_bottom_right(true):
+    """In attention_varlen (forward and backward) and attention_with_kvcache, causal=True -- or any true value that
+    is not a string, such as NumPy's True -- is bottom-right, flash-attention's convention there (a sequence's
+    queries are its last positions); "top_left" still gives top-left.  (Before, varlen took True as top-left, and
+    the cache took NumPy's True or 1 as top-left.)"""
+    import numpy as np
+    true = np.True_ if true == "numpy" else true
+    q, k, v, cq, ck = packed([2, 5], [6, 9], 2, 1, 16, torch.float32, "cpu", 3)  # Sq < Sk in each sequence
+    want = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right", return_lse=True)
+    got = fattn.attention_varlen(q, k, v, cq, ck, causal=true, return_lse=True)
+    top = fattn.attention_varlen(q, k, v, cq, ck, causal="top_left")
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and not torch.equal(top, want[0])
+    dout = randn(q.shape, torch.float32, "cpu", 9)
+    g_true = fattn.attention_varlen_backward(dout, q, k, v, *want, cq, ck, causal=true)
+    g_want = fattn.attention_varlen_backward(dout, q, k, v, *want, cq, ck, causal="bottom_right")
+    assert all(torch.equal(a, b) for a, b in zip(g_true, g_want))
+    qc = randn((2, 3, 2, 16), torch.float32, "cpu", 4)
+    kc, vc = randn((2, 8, 1, 16), torch.float32, "cpu", 5), randn((2, 8, 1, 16), torch.float32, "cpu", 6)
+    lens = torch.tensor([5, 8], dtype=torch.int32)
+    cache = fattn.attention_with_kvcache(qc, kc, vc, cache_seqlens=lens, causal=true)
+    assert torch.equal(cache, fattn.attention_with_kvcache(qc, kc, vc, cache_seqlens=lens, causal="bottom_right"))
+    assert not torch.equal(cache, fattn.attention_with_kvcache(qc, kc, vc, cache_seqlens=lens, causal="top_left"))
+
+
 @pytest.mark.gpu
 def test_serving_varlen_first_call_of_a_process():
     """attention_varlen as a process's first fattn call on a GPU (finding torch's current stream needs fattn's torch
@@ -184,9 +209,7 @@ def test_serving_varlen_first_call_of_a_process():
 @pytest.mark.gpu
 def test_serving_varlen_check_indices_false_captures(seed):
     """check_indices=False reads nothing back: the call can be captured in a CUDA graph (where a host read-back
-    fails) and replays to the checked call's result.  (The checked call's failed capture is not tested here: on the
-    H100 at db26266 that aborted capture left torch's CUDA generator broken for a later test, whose randn raised
-    "Offset increment outside graph capture encountered unexpectedly".)"""
+    fails) and replays to the checked call's result.  (A checked call under capture: the next test.)"""
     require("cuda")
     q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, torch.float16, "cuda", seed)
     want = fattn.attention_varlen(q, k, v, cq, ck, causal="bottom_right")
@@ -194,6 +217,32 @@ def test_serving_varlen_check_indices_false_captures(seed):
     kw = dict(max_seqlen_q=70, max_seqlen_k=70, causal="bottom_right", out=out)
     replay_captured(lambda: fattn.attention_varlen(q, k, v, cq, ck, check_indices=False, **kw), out)
     assert torch.equal(out, want)
+
+
+@pytest.mark.gpu
+def test_serving_varlen_checked_call_refused_under_capture(seed):
+    """A checked call being captured cannot read its cu_seqlens back: it is refused before any CUDA call, with a
+    RuntimeError naming the array and check_indices=False, so the capture goes on -- the same call with
+    check_indices=False is captured after it and replays to the eager result, and torch's CUDA generator still works
+    afterwards.  (Before, the read was attempted: it ended the capture, and at db26266 left torch's generator
+    raising "Offset increment outside graph capture encountered unexpectedly" in a later test.)"""
+    require("cuda")
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, torch.float16, "cuda", seed)
+    want = fattn.attention_varlen(q, k, v, cq, ck)
+    out, x = torch.full_like(q, float("nan")), torch.zeros(1, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        x += 1
+        with pytest.raises(RuntimeError, match=r"cu_seqlens_q: cannot be read back .* check_indices=False"):
+            fattn.attention_varlen(q, k, v, cq, ck, out=out)
+        fattn.attention_varlen(q, k, v, cq, ck, max_seqlen_q=70, max_seqlen_k=70, check_indices=False, out=out)
+        x += 1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert x.item() == 2 and torch.equal(out, want), "the replay differs from the eager call"
+    assert torch.randn(4, device="cuda").isfinite().all()
 
 
 @pytest.mark.gpu
