@@ -66,7 +66,7 @@ def capture_beside_code(package="fattn"):
     completed and replays; else what failed.  `package`: the fattn tree under test (bench/old_tree.sh builds
     fattn_old)."""
     return f"""
-import threading, torch
+import threading, traceback, torch
 import {package} as fattn
 from {package} import _C
 torch.manual_seed(0)
@@ -90,7 +90,6 @@ def calls(stream):
     _C._dev.backward(dout, qb, kb, vb, out_b, lse_b, *outs[2:5], stream=stream.cuda_stream, deterministic=True)
     with torch.cuda.stream(stream):
         fattn.attention_varlen(qv, qv, qv, cu, cu, out=outs[5])
-    stream.synchronize()
     return ran
 
 def capture():
@@ -101,8 +100,8 @@ def capture():
             if not finished.wait(120):
                 raise TimeoutError("the other thread's calls did not finish")
             y.add_(1)
-    except BaseException as e:
-        errors.append(repr(e))
+    except BaseException:
+        errors.append(traceback.format_exc())
     finally:
         inside.set()
 
@@ -111,10 +110,11 @@ t.start()
 inside.wait(120)
 try:
     ran = calls(mine)
-except BaseException as e:
-    ran = repr(e)
+except BaseException:
+    ran = traceback.format_exc()
 finished.set()
 t.join()
+mine.synchronize()
 replayed = False
 if not errors:
     graph.replay()
