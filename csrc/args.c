@@ -156,14 +156,22 @@ static int has_data(int rc, const fattn_tensor *t) {
     return -1;
 }
 
-int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
-    if (fattn_is_torch(names, obj)) {
-        const int rc = fattn_tensor_from_torch(names, obj, arg, out);
-        if (rc <= 0) return has_data(rc, out);
-    }
+static int take_dlpack(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
     int type = 0, id = 0;
     if (!fattn_dlpack_device(names, obj, arg, &type, &id)) return -1;
     return has_data(fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out), out);
+}
+
+int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
+    if (!fattn_is_torch(names, obj)) return take_dlpack(names, obj, arg, stream, out);
+    const int rc = fattn_tensor_from_torch(names, obj, arg, out);
+    if (rc <= 0) return has_data(rc, out);
+    /* another dtype: detached (torch exports no tensor that requires grad), so the argument's check names it */
+    PyObject *plain = PyObject_CallMethod(obj, "detach", NULL);
+    if (!plain) return -1;
+    const int taken = take_dlpack(names, plain, arg, stream, out);
+    Py_DECREF(plain); /* the capsule keeps the memory alive */
+    return taken;
 }
 
 int fattn_dtype_of(const fattn_tensor *t, fattn_dtype *dt) {
@@ -328,6 +336,32 @@ fail:
     return -1;
 }
 
+/* The bytes [*lo, *hi) a view spans (strides of any sign; empty if a size is 0). */
+static void view_bytes(const bhsd_view *x, const char **lo, const char **hi) {
+    const int64_t e = fattn_elem_bytes(x->dtype), n[3] = {x->b, x->h, x->s}, st[3] = {x->sb, x->sh, x->ss};
+    int64_t a = 0, b = x->d * e;
+    int empty = x->d == 0;
+    for (int i = 0; i < 3; i++) {
+        if (n[i] == 0) empty = 1;
+        else *(st[i] < 0 ? &a : &b) += (n[i] - 1) * st[i] * e;
+    }
+    *lo = x->data + a;
+    *hi = empty ? *lo : x->data + b;
+}
+
+/* 1 if two views share a byte (by their spans: a conservative test). */
+static int overlaps(const bhsd_view *x, const bhsd_view *y) {
+    const char *xl, *xh, *yl, *yh;
+    view_bytes(x, &xl, &xh);
+    view_bytes(y, &yl, &yh);
+    return xl < xh && yl < yh && xl < yh && yl < xh;
+}
+
+static int same_view(const bhsd_view *x, const bhsd_view *y) {
+    return x->data == y->data && x->b == y->b && x->h == y->h && x->s == y->s && x->d == y->d &&
+           (x->b < 2 || x->sb == y->sb) && (x->h < 2 || x->sh == y->sh) && (x->s < 2 || x->ss == y->ss);
+}
+
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
@@ -408,6 +442,10 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
             "out: shape differs from q's (B=%lld, H=%lld, Sq=%lld, D=%lld in layout %s)", (long long)q.b,
             (long long)q.h, (long long)q.s, (long long)q.d, o->layout ? "bshd" : "bhsd");
     REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
+    REQUIRE(!overlaps(&out, &k) && !overlaps(&out, &v), PyExc_ValueError, "out: shares memory with %s; the output "
+            "must not overlap k or v (nor q, except as q itself: out=q)", overlaps(&out, &k) ? "k" : "v");
+    REQUIRE(!overlaps(&out, &q) || same_view(&out, &q), PyExc_ValueError, "out: overlaps q without being q; the "
+            "output must not overlap q, k or v except as q itself (out=q)");
     if (!(o->softcap >= 0 && isfinite(o->softcap) && isfinite((float)o->softcap))) {
         char text[64];
         snprintf(text, sizeof text, "%g", o->softcap);

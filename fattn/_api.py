@@ -28,7 +28,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
 
             A query row that sees no key (bottom-right with Sq > Sk, or Sk = 0) gives output 0 and LSE -inf.
         scale: softmax scale; default ``1 / sqrt(D)``.  Any real number finite in float32, negative included
-            (a Python or NumPy scalar, or a 0-d array).
+            (a Python or NumPy scalar, or a 0-d array or tensor, read as a constant: no gradient reaches it, and
+            under torch.compile a tensor scale is read by .item(), so pass a number there).
         layout: ``"bhsd"`` or ``"bshd"``; applies to q, k, v and out alike.
         window: ``(left, right)`` sliding window in keys around each query's position p (bottom-right aligned,
             p = i + Sk - Sq; top-left with ``causal="top_left"``): query i sees keys j with
@@ -54,9 +55,10 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
             ones (csrc/sinks.h: v3 applies them in its epilogue, v2 where it merges key splits, the rest by a pass
             after the kernel).
 
-    Gradients: with torch tensors that require grad, the call goes through the registered op
-    ``torch.ops.fattn.attention`` (autograd, torch.compile, torch.export, FakeTensor and meta tensors all see it);
-    the backward is :func:`attention_backward`.  The LSE is not differentiable.  Other frameworks call
+    Gradients: with torch tensors that require grad, eager calls go through an autograd Function over fattn's
+    kernels, and traced ones (torch.compile, torch.export, FakeTensor and meta tensors) through the registered op
+    ``torch.ops.fattn.attention``; the backward is :func:`attention_backward` either way.  The LSE is not
+    differentiable, nor is forward-mode AD supported.  Other frameworks call
     :func:`attention_backward` themselves (JAX: ``fattn.jax.attention``).
 
     Returns:

@@ -1,6 +1,6 @@
 """fattn's KV-cache call for inference (flash-attention's flash_attn_with_kvcache conventions, what decoding
 servers call): attention_with_kvcache()."""
-from . import _C, _args, _indices, _tuned
+from . import _C, _args, _frameworks, _indices, _tuned
 from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 
@@ -34,8 +34,9 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             shapes and dtypes are still checked, the values are trusted (no host sync: what a decode loop over
             many layers wants; an out-of-range entry is then undefined behaviour, as in flash-attention).
 
-    Inference only: not differentiable.  Under torch.compile (and for fake / meta tensors) the call is the op
-    ``torch.ops.fattn.attention_with_kvcache``, which declares its writes into k_cache and v_cache.  On the GPU
+    Inference only: not differentiable (torch tensors that require grad are refused while grad mode is on).  Under
+    torch.compile (and for fake / meta tensors) the call is the op ``torch.ops.fattn.attention_with_kvcache``,
+    which declares its writes into k_cache and v_cache.  On the GPU
     v2 (tensor cores) runs these calls, paged or not, with split keys for small batches (a softcap and ALiBi
     included); on Hopper v3 runs the calls with more than 64 queries (chunked prefill), paged caches of every page
     size included when cache_seqlens is given (TMA loads of each page's rows through the block table).
@@ -48,6 +49,9 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
         raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(shape)}-D")
     if fw == "torch":
         _args.torch_registered()
+        if _frameworks.grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k_new, v_new)):
+            raise ValueError("q: attention_with_kvcache is inference only (not differentiable), but q, k_new or v_new "
+                             "requires grad; call it under torch.no_grad() or torch.inference_mode(), or detach them")
         if _args.traced_or_fake(q):  # torch.compile, fake or meta tensors: the op that declares its cache writes
             from . import _torch
 

@@ -7,14 +7,18 @@ from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 
 def _given(value, name):
-    """A max_seqlen argument as a Python int (any integer scalar: NumPy's too, e.g. np.diff(cu).max()) or None."""
+    """A max_seqlen argument: an int (under torch.compile a symbolic one, kept as it is: converting it would
+    specialise the graph on its value) or another integer scalar as an int (NumPy's, e.g. np.diff(cu).max()), or
+    None."""
     if value is None:
         return None
-    try:
-        n = None if isinstance(value, bool) or type(value).__name__ == "bool_" else operator.index(value)
-    except TypeError:
-        n = None
-    if n is None or n < 0:
+    n = value
+    if not isinstance(value, int) and type(value).__name__ != "bool_":
+        try:
+            n = operator.index(value)
+        except TypeError:
+            n = None
+    if n is None or isinstance(value, bool) or type(value).__name__ == "bool_" or n < 0:
         raise TypeError(f"{name}: expected an int >= 0 or None, got {value!r}")
     return n
 
@@ -93,8 +97,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             from . import _torch
 
+            traced = _args.traced_or_fake(q)
+            if traced and (max_seqlen_q is None or max_seqlen_k is None):
+                raise ValueError(f"{'max_seqlen_q' if max_seqlen_q is None else 'max_seqlen_k'}: needed (both "
+                                 "max_seqlen_q and max_seqlen_k) under torch.compile, torch.export and for fake or "
+                                 "meta tensors: cu_seqlens cannot be read while tracing")
             # remembered only where the backward may trust the forward (fattn/_torch.py); never when traced
-            watched = not _args.traced_or_fake(q) and _torch.watchable_indices((cu_seqlens_q, cu_seqlens_k))
+            watched = not traced and _torch.watchable_indices((cu_seqlens_q, cu_seqlens_k))
             lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, watched, None)
             if seqused_k is not None:
                 raise ValueError("seqused_k: not taken with gradients or under torch.compile (a KV cache is "

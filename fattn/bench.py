@@ -24,6 +24,7 @@ that passed validation) / fattn:X's p50, >1 = fattn faster.  --shape, --sk and -
 Exit status: 0; 1 when a fattn variant fails validation or cannot run a requested point; 2 for usage errors.
 """
 import argparse
+import os
 import sys
 
 import fattn
@@ -73,6 +74,17 @@ def parse_args(argv=None):
         ap.error("--reps must be >= 1")
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be >= 1")
+    if args.sk is not None and args.sk < 1:
+        ap.error(f"--sk {args.sk}: must be >= 1")
+    for flag, path in (("--json", args.json), ("--csv", args.csv), ("--md", args.md), ("--plot", args.plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):  # said before the run, not after it
+            ap.error(f"{flag} {path}: no folder {folder}")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            ap.error("--plot needs matplotlib (pip install matplotlib)")
     args.device = "cpu" if args.grid == "cpu" else args.device or ("cuda" if fattn.cuda_available() else "cpu")
     args.error = ap.error
     return args

@@ -32,7 +32,8 @@ def row_key(r):
 
 
 def label(r):
-    return grids.describe(r) + f" {r['dtype']} {r['causal'] or 'non-causal'}"
+    mode = r.get("mode", "fwd")
+    return grids.describe(r) + f" {r['dtype']} {r['causal'] or 'non-causal'}" + ("" if mode == "fwd" else f" {mode}")
 
 
 def compare(base_rows, rounds, threshold=0.03):
@@ -84,7 +85,7 @@ def points_of(rows, device):
             continue
         seen.add(k)
         pts.append(grids.point(r["grid"], r["B"], r["H"], r["Sq"], r["D"], Sk=r["Sk"], H_kv=r["H_kv"],
-                               causal=r["causal"], dtype=r["dtype"], device=device))
+                               causal=r["causal"], dtype=r["dtype"], device=device, mode=r.get("mode", "fwd")))
     return pts
 
 
@@ -96,8 +97,9 @@ def default_baseline(device):
             meta = json.load(open(path))["meta"]
         except (OSError, ValueError, KeyError):
             continue
-        if meta.get("device", "cuda") == device and (best is None or meta["date"] > best[0]):
-            best = (meta["date"], path)
+        date = meta.get("date")
+        if date and meta.get("device", "cuda") == device and (best is None or date > best[0]):
+            best = (date, path)
     return best[1] if best else None
 
 
@@ -147,6 +149,10 @@ def main(argv=None):
         rounds.append(rows)
         print(f"gate: round {n + 1}/{args.rounds} measured", flush=True)
     results = compare(base_rows, rounds, args.threshold)
+    if meta and base_meta.get("gpu") and meta.get("gpu") != base_meta.get("gpu"):
+        print(f"gate: WARNING: the baseline was measured on {base_meta['gpu']!r}, this run on {meta.get('gpu')!r}: "
+              "the ratios to torch compare two machines, so a 'slower' row may be the machine, not a regression; "
+              "pass a --baseline measured here", file=sys.stderr)
     print(format_results(results, args.threshold))
     if args.json:
         with open(args.json, "w") as f:

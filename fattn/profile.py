@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 
+from .testing import grids
+
 METRICS = {  # label -> ncu metric
     "duration_ns": "gpu__time_duration.sum",
     "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -143,25 +145,10 @@ def ceilings(args):
     return out
 
 
-def visible_pairs(sq, sk, causal, window=None):
-    """(query, key) pairs a call computes: half of Sq Sk when causal without a window (the grids' count), else
-    counted row by row under the window, bottom-right aligned (fattn.testing.reference.visible's rule)."""
-    if not window:
-        return sq * sk / (2 if causal else 1)
-    import numpy as np
-
-    left, right = window
-    right = 0 if causal else right
-    pos = np.arange(sq) + sk - sq
-    lo = np.maximum(pos - left, 0) if left >= 0 else np.zeros(sq, dtype=np.int64)
-    hi = np.minimum(pos + right, sk - 1) if right >= 0 else np.full(sq, sk - 1)
-    return float(np.maximum(hi - lo + 1, 0).sum())
-
-
 def summarize(rec, args, ceil):
     b, h, s, d = args.shape
     sk = args.sk or s
-    flops = FLOP_FACTOR[getattr(args, "mode", "fwd")] * 4 * b * h * d * visible_pairs(s, sk, args.causal,
+    flops = FLOP_FACTOR[getattr(args, "mode", "fwd")] * 4 * b * h * d * grids.visible_pairs(s, sk, args.causal,
                                                                                    getattr(args, "window", None))
     dur_s = rec.get(METRICS["duration_ns"], 0) * 1e-9
     m = {label: rec.get(name) for label, name in METRICS.items()}

@@ -162,16 +162,18 @@ def test_profile_backward_mode():
 
 @pytest.mark.parametrize("sq,sk,causal,window", [(64, 64, True, (10, 0)), (37, 90, False, (5, 3)),
                                                  (90, 37, True, (-1, 0)), (50, 50, False, (-1, 7)),
-                                                 (17, 17, True, None), (17, 40, False, None)])
+                                                 (17, 17, True, None), (17, 40, False, None), (17, 40, True, None),
+                                                 (40, 17, True, None)])
 def test_profile_counts_window_flops(sq, sk, causal, window):
-    """--window: the child gets the window and the FLOPs count the pairs the window leaves (the reference's rule,
-    bottom-right aligned); without one, the grids' count (half of Sq Sk when causal)."""
+    """--window: the child gets the window and the FLOPs count the pairs the window leaves (the reference's rule:
+    around i + Sk - Sq, or i when causal=True, which is top-left); without one, the grids' count (half of Sq Sk when
+    causal with Sq = Sk, else the pairs the mask leaves)."""
     from fattn import profile
-    from fattn.testing import reference
+    from fattn.testing import grids, reference
 
-    want = reference.visible(sq, sk, "bottom_right" if causal else False, window).sum() if window else (
-        sq * sk / (2 if causal else 1))
-    assert profile.visible_pairs(sq, sk, causal, window) == want
+    want = reference.visible(sq, sk, "top_left" if causal else False, window).sum() if window else (
+        sq * sk / 2 if causal and sq == sk else reference.visible(sq, sk, "top_left" if causal else False).sum())
+    assert grids.visible_pairs(sq, sk, causal, window) == want
 
     class Args:
         shape, sk, dtype, variant, mode = (1, 2, 64, 64), None, "fp16", None, "fwd"
@@ -298,3 +300,16 @@ def test_timer_flush_mode(monkeypatch):
     monkeypatch.setenv("FATTN_FLUSH", "clean")
     with pytest.raises(ValueError, match="FATTN_FLUSH: 'clean' is neither"):
         timer.flush_mode()
+
+
+@pytest.mark.parametrize("sq,sk", [(64, 200), (200, 64), (1, 300), (33, 33)])
+def test_bench_counts_causal_pairs_of_either_alignment(sq, sk):
+    """The bench's FLOPs under a causal mask with Sq != Sk count the pairs the alignment leaves (a bottom-right
+    decode step sees every key: not half of them); with Sq = Sk half of Sq Sk (BENCH.md's count)."""
+    from fattn.testing import grids, reference
+
+    for causal in ("top_left", "bottom_right"):
+        want = sq * sk / 2 if sq == sk else reference.visible(sq, sk, causal).sum()
+        assert grids.visible_pairs(sq, sk, causal) == want
+        p = grids.point("x", 2, 3, sq, 64, Sk=sk, causal=causal, mode="bwd")
+        assert grids.flops(p) == 4 * 2 * 3 * 64 * want * 2.5

@@ -45,11 +45,34 @@ def describe(p):
     return f"B={p['B']} {h} {s} D={p['D']}"
 
 
+def visible_pairs(sq, sk, causal, window=None):
+    """The (query, key) pairs a call computes.  Without a window: Sq Sk, halved when causal with Sq = Sk (BENCH.md's
+    count); causal with Sq != Sk, the pairs its alignment leaves (top-left for True / "top_left": query i sees keys
+    j <= i; "bottom_right": j <= i + Sk - Sq).  With a window, counted row by row around each query's position (i
+    when causal is top-left, else i + Sk - Sq: fattn.testing.reference.visible's rule), causal forcing right = 0."""
+    if not window:
+        if not causal:
+            return sq * sk
+        if sq == sk:
+            return sq * sk / 2
+        if causal == "bottom_right":  # query i sees keys up to i + Sk - Sq
+            return sq * (sk - sq) + sq * (sq + 1) // 2 if sq <= sk else sk * (sk + 1) // 2
+        return sq * (sq + 1) // 2 if sq <= sk else sk * (sk + 1) // 2 + (sq - sk) * sk
+    left, right = window
+    right = 0 if causal else right
+    shift = 0 if causal in (True, "top_left") else sk - sq
+    total = 0
+    for i in range(sq):
+        lo = max(i + shift - left, 0) if left >= 0 else 0
+        hi = min(i + shift + right, sk - 1) if right >= 0 else sk - 1
+        total += max(hi - lo + 1, 0)
+    return total
+
+
 def flops(p):
-    """Forward FLOPs 4 B H Sq Sk D, halved when causal; backward 2.5x that, forward + backward 3.5x (BENCH.md's
-    count)."""
-    f = 4 * p["B"] * p["H"] * p["Sq"] * p["Sk"] * p["D"] * MODES[p.get("mode", "fwd")]
-    return f / 2 if p["causal"] else f
+    """Forward FLOPs 4 B H D times the visible pairs (visible_pairs: Sq Sk, halved when causal with Sq = Sk);
+    backward 2.5x that, forward + backward 3.5x (BENCH.md's count)."""
+    return 4 * p["B"] * p["H"] * p["D"] * visible_pairs(p["Sq"], p["Sk"], p["causal"]) * MODES[p.get("mode", "fwd")]
 
 
 def key(p):

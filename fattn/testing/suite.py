@@ -354,7 +354,7 @@ def run(points, impls, *, reps=None, warmup=None, rounds=None, timer_name="event
                            max_abs_err=err, tol=bound, ratio_vs_best_torch=None, ratio_noise=None)
                 if bad(row):
                     print(f"WARNING: {impl} fails validation at {grids.describe(p)} causal={p['causal']} {p['dtype']}: "
-                          f"max_abs_err {err:.3g} > {tol:.3g}", file=sys.stderr)
+                          f"max_abs_err {err:.3g} > {bound:.3g}", file=sys.stderr)
                 point_rows.append(row)
             good_torch = [r["impl"] for r in point_rows if r["impl"].startswith("torch:") and not bad(r)]
             torch_p50 = [r["p50_us"] for r in point_rows if r["impl"] in good_torch]

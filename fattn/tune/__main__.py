@@ -15,6 +15,8 @@ Exit status: 0; 1 when no candidate passed; 2 for usage errors.
 import argparse
 import sys
 
+import fattn
+
 from . import search
 from .space import Problem
 
@@ -54,6 +56,10 @@ def parse(argv):
         b, h, s, d = (int(x) for x in args.shape.split(","))
     except ValueError:
         ap.error(f"--shape: expected B,H,S,D, got {args.shape!r}")
+    if min(b, h, s, d) < 1 or (args.sk is not None and args.sk < 1):
+        ap.error(f"--shape / --sk: every size must be >= 1, got {args.shape!r}" + (f", --sk {args.sk}" if args.sk else ""))
+    if args.device == "cuda" and not fattn.cuda_available():
+        ap.error("--device cuda (the default): no usable CUDA GPU here; tune the CPU backend with --device cpu")
     dtype = args.dtype or ("fp16" if args.device == "cuda" else "fp32")
     args.problem = Problem(b, h, s, args.sk or s, d, CAUSAL[args.causal], dtype, args.device, args.hkv)
     args.out = args.out or search.default_out_dir(args.problem)

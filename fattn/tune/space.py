@@ -10,6 +10,7 @@ import os
 
 from .. import _C
 from .._api import CAUSAL
+from ..testing import grids
 
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90 (sm_80: 163 KB; keep() is told the device's)
 
@@ -31,8 +32,7 @@ class Problem:
         return self.h_kv or self.h
 
     def flops(self):
-        f = 4 * self.b * self.h * self.sq * self.sk * self.d
-        return f / 2 if self.causal else f
+        return 4 * self.b * self.h * self.d * grids.visible_pairs(self.sq, self.sk, self.causal)
 
     def label(self):
         c = {False: "", True: "-causal", "top_left": "-causal", "bottom_right": "-causal_br"}[self.causal]
