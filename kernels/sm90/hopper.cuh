@@ -92,8 +92,6 @@ DEV void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\
 /* Waits until the committed stores / reductions have finished writing global memory. */
 DEV void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 DEV void tma_prefetch_map(const void *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
-/* Asks L2 for the line holding global address a (through the SM's load path, not the TMA unit's queue). */
-DEV void prefetch_l2(const void *a) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a)); }
 
 /* Counters between blocks: acquire load, release add. */
 DEV int ld_acquire(const int *a) {

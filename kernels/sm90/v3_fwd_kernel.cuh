@@ -152,7 +152,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             q_tile[QB] = v3_seq_tile(&p, BR, (int)blockIdx.x, &seqs, &w) ? make_int4((int)w.i0, w.b, w.h, 1)
                                                                            : make_int4(0, 0, 0, 0);
         }
-        if (V3_PREFETCHING(SEQ, CWG)) q_tile[0] = make_int4(-1, 0, 0, 0); /* v3_fwd_prefetch: no tile named yet */
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&v_full[s], 1);
@@ -168,8 +167,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         if (warp == 0 && lane < (PAGED ? v3_page_pieces(p.page_size, BC) : 1)) /* paged: a lane per piece */
             v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, PAGED>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step,
                                                                     head_group, split, tile_ctr, lane);
-        else if (V3_PREFETCHING(SEQ, CWG) && warp == 1) /* dense calls of short rows: the next keys into L2 */
-            v3_fwd_prefetch<T, DP, BR, BC>(p, (volatile int4 *)q_tile, lane);
         return;
     }
 

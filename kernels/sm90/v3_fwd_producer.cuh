@@ -40,51 +40,6 @@ DEV v3_tile v3_fwd_place(const attn_params *p, int br, int64_t tile, int64_t gro
     return FLAT ? v3_tile_place_wide(p, br, tile, group, split) : v3_tile_place(p, br, tile, group, split);
 }
 
-/* Short rows (dense calls of at most V3_PREFETCH_KEYS keys and a full head-dim bucket, the static schedule): the
- * producer's second warp asks L2 for K and V rows of each tile once the producer has issued the tile's Q -- about
- * a tile before the ring reads them -- the tile's share of them: it is the qi-th of its head's nq query tiles, and
- * head by head the blocks of a round that take that head's tiles each ask for one nq-th of its keys.  Without it
- * every block of a round started its tile at about the same time, and its first key blocks waited on DRAM together
- * (ncu at D=128 S=512: DRAM 52% busy, tensor pipe 55%).  (The TMA's own L2 prefetch, queued before the loads, ran
- * 0.64-0.71x at S=512: evidence/README.md.)  The producer names each tile in q_tile's first two entries (the
- * dynamic schedule's, unused by these kernels) -- (round, first row, batch, head) and (first key block, key
- * blocks), V3_PREFETCH_DONE after its last -- so this warp, at the producer's registers, places no tile itself; a
- * tile it misses (the producer two tiles on) is left to the ring. */
-#define V3_PREFETCH_KEYS 2048
-/* The kernels that prefetch: dense ones of two or three consumers (one block per SM, whose tiles start together;
- * one consumer runs two or three blocks per SM, and its producer has no registers to spare). */
-#define V3_PREFETCHING(SEQ, CWG) (!(SEQ) && (CWG) > 1)
-#define V3_PREFETCH_DONE 0x7fffffff
-/* Whether a dense call's tiles are prefetched (uniform over the grid; the producer and the warp ask alike). */
-template <int DP> DEV bool v3_prefetches(const attn_params &p) { return p.sk <= V3_PREFETCH_KEYS && p.d == DP; }
-
-template <typename T, int DP, int BR, int BC>
-DEV void v3_fwd_prefetch(const attn_params &p, volatile int4 *entry, int lane) {
-    constexpr int LINES = DP * (int)sizeof(T) / 128, STEP = 32 / LINES; /* 128-byte lines of a key row; rows a pass */
-    if (!v3_prefetches<DP>(p)) return;
-    const int nq = (int)((p.sq + BR - 1) / BR), sk = (int)p.sk;
-    for (int last = -1;;) {
-        const int round = entry[0].x; /* read first: what is read after it is at least as new */
-        if (round == V3_PREFETCH_DONE) return;
-        if (round <= last) {
-            __nanosleep(200);
-            continue;
-        }
-        last = round;
-        const int i0 = entry[0].y, b = entry[0].z, h = entry[0].w, n_min = entry[1].x, nblocks = entry[1].y;
-        const int k0 = n_min * BC, k1 = min((n_min + nblocks) * BC, sk), qi = i0 / BR;
-        const int to = k0 + (k1 - k0) * (qi + 1) / nq, hk = h / (int)p.h_per_kv;
-        const int r0 = k0 + (k1 - k0) * qi / nq + lane / LINES;
-        const int col = (lane % LINES) * (128 / (int)sizeof(T));
-        const T *k = (const T *)p.k + b * p.k_stride_b + hk * p.k_stride_h + r0 * p.k_stride_s + col;
-        const T *v = (const T *)p.v + b * p.v_stride_b + hk * p.v_stride_h + r0 * p.v_stride_s + col;
-        for (int r = r0; r < to; r += STEP, k += STEP * p.k_stride_s, v += STEP * p.v_stride_s) {
-            prefetch_l2(k);
-            prefetch_l2(v);
-        }
-    }
-}
-
 template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN, bool PAGED>
 DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                         const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group, int split,
@@ -115,16 +70,6 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
             for (int c = 0; c < PANELS; c++)
                 tma_load_4d(sm.q + qs * Q_TILE + c * BR * 64, tm_q, &sm.q_full[qs], c * 64, (int)(x.q0 + w.i0), w.h,
                             qb);
-            if (V3_PREFETCHING(SEQ, CWG) && v3_prefetches<DP>(p)) { /* v3_fwd_prefetch: this tile's keys, to L2 */
-                volatile int4 *e = (volatile int4 *)sm.q_tile; /* q_tile's first two entries (the dynamic schedule's) */
-                e[0].y = (int)w.i0; /* the tile first, its round last: seen last */
-                e[0].z = w.b;
-                e[0].w = w.h;
-                e[1].x = w.n_min;
-                e[1].y = w.nblocks;
-                __threadfence_block();
-                e[0].x = qr;
-            }
         }
         /* paged: this lane's piece of key block j -- its first row in the block, its page (none past the keys) */
         const int ps = (int)p.page_size, rows = PAGED ? v3_page_rows(ps, BC) : BC, r = lane * rows;
@@ -172,7 +117,6 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
             if (qr >= QB) mbar_wait(&sm.q_empty[qr % QB], (qr / QB - 1) & 1);
             load_tile(w, x, qr);
         }
-        if (V3_PREFETCHING(SEQ, CWG) && leader) ((volatile int4 *)sm.q_tile)->x = V3_PREFETCH_DONE;
         return;
     }
     /* dynamic: block x's first tile is number x, the next ones come from the counter (+ the grid), each number
