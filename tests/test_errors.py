@@ -190,3 +190,29 @@ def test_max_seqlen_as_numpy_integers():
     for bad in (np.True_, True, -1, 2.0):
         with pytest.raises(TypeError, match=r"max_seqlen_q: expected an int >= 0 or None"):
             fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=bad)
+
+
+def test_out_overlapping_the_inputs_is_refused():
+    """out= may be q itself (each tile reads its queries before writing them), but not share memory with k or v, nor
+    overlap q otherwise: refused naming out, before anything is written (before, out=v gave wrong values)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 200, 32, generator=g) for _ in range(3))
+    want = fattn.attention(q, k, v)
+    qq = q.clone()
+    assert torch.equal(fattn.attention(qq, k, v, out=qq), want)
+    for out, which in ((v, "v"), (k, "k")):
+        before = out.clone()
+        with pytest.raises(ValueError, match=f"out: shares memory with {which}"):
+            fattn.attention(q, k, v, out=out)
+        assert torch.equal(out, before)
+    big = torch.randn(1, 2, 201, 32, generator=g)
+    with pytest.raises(ValueError, match="out: overlaps q without being q"):
+        fattn.attention(big[:, :, :200], k, v, out=big[:, :, 1:])
+
+
+def test_float64_that_requires_grad_is_named_by_its_dtype():
+    """A float64 tensor that requires grad gets the dtype error (not torch's refusal to export a tensor that requires
+    grad through DLPack)."""
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(TypeError, match="q: dtype float64 is not supported"):
+        fattn.attention(q, q, q)

@@ -189,6 +189,31 @@ def test_serving_causal_true_is_bottom_right(true):
     assert not torch.equal(cache, fattn.attention_with_kvcache(qc, kc, vc, cache_seqlens=lens, causal="top_left"))
 
 
+def test_serving_varlen_traced_needs_max_seqlen():
+    """Traced (torch.compile, torch.export) or fake / meta tensors cannot read cu_seqlens: without max_seqlen_q and
+    max_seqlen_k the call says so, naming the missing one (before: a graph break, or under fullgraph an opaque
+    "marked as skipped" error)."""
+    q = torch.empty(17, 4, 32, device="meta")
+    cu = torch.tensor([0, 5, 17], dtype=torch.int32)
+    with pytest.raises(ValueError, match="max_seqlen_q: needed .* under torch.compile"):
+        fattn.attention_varlen(q, q, q, cu, cu)
+    with pytest.raises(ValueError, match="max_seqlen_k: needed"):
+        fattn.attention_varlen(q, q, q, cu, cu, max_seqlen_q=12)
+
+
+def test_serving_kvcache_refuses_tensors_that_require_grad():
+    """attention_with_kvcache is inference only: with grad mode on, a q (or k_new / v_new) that requires grad is
+    refused (before, eager calls returned a silently detached output and compiled ones failed in the backend);
+    under torch.no_grad the same call runs."""
+    q = torch.randn(1, 1, 2, 16, requires_grad=True)
+    kc, vc = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
+    lens = torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="inference only"):
+        fattn.attention_with_kvcache(q, kc, vc, cache_seqlens=lens)
+    with torch.no_grad():
+        assert fattn.attention_with_kvcache(q, kc, vc, cache_seqlens=lens).shape == q.shape
+
+
 @pytest.mark.gpu
 def test_serving_varlen_first_call_of_a_process():
     """attention_varlen as a process's first fattn call on a GPU (finding torch's current stream needs fattn's torch

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+import fattn
 from fattn import gate
 from fattn.testing import report
 
@@ -313,3 +314,61 @@ def test_bench_counts_causal_pairs_of_either_alignment(sq, sk):
         assert grids.visible_pairs(sq, sk, causal) == want
         p = grids.point("x", 2, 3, sq, 64, Sk=sk, causal=causal, mode="bwd")
         assert grids.flops(p) == 4 * 2 * 3 * 64 * want * 2.5
+
+
+def test_bench_bwd_row_failing_validation_is_flagged(tmp_path, monkeypatch):
+    """--mode bwd with a gradient past its bound: the row is marked and the run ends with rc 1, its files written --
+    not a crash formatting the tuple of bounds (as before)."""
+    import json
+
+    import fattn
+    from fattn import bench
+
+    real = fattn.attention_backward
+
+    def wrong(*a, **kw):
+        dq, dk, dv = real(*a, **kw)
+        dq += 1.0
+        return dq, dk, dv
+
+    monkeypatch.setattr(fattn, "attention_backward", wrong)
+    path = tmp_path / "r.json"
+    rc = bench.main(["--device", "cpu", "--shape", "1,2,40,16", "--mode", "bwd", "--torch-backends", "none",
+                     "--reps", "1", "--rounds", "1", "--warmup", "0", "--quiet", "--json", str(path)])
+    rows = json.loads(path.read_text())["rows"]
+    assert rc == 1 and rows and all(r["max_abs_err"] > r["tol"] for r in rows if r["impl"].startswith("fattn:"))
+
+
+def test_gate_keeps_modes_and_baselines_without_a_date(tmp_path, monkeypatch):
+    """The gate re-times a backward baseline as a backward (its points keep their mode, its labels say it), and a
+    JSON without a date in its meta is skipped when looking for the newest baseline, not a KeyError."""
+    import json
+
+    rows = [dict(row("fattn:cpu", 1.0, S=64, dtype="fp32"), mode="bwd")]
+    pts = gate.points_of(rows, "cpu")
+    assert pts[0]["mode"] == "bwd" and gate.label(pts[0]).endswith(" bwd")
+    bench_dir = tmp_path / "evidence" / "bench"
+    bench_dir.mkdir(parents=True)
+    (bench_dir / "nodate.json").write_text(json.dumps({"meta": {"device": "cpu"}, "rows": []}))
+    (bench_dir / "dated.json").write_text(json.dumps({"meta": {"device": "cpu", "date": "2026"}, "rows": []}))
+    monkeypatch.setattr(gate, "ROOT", str(tmp_path))
+    assert gate.default_baseline("cpu").endswith("dated.json")
+
+
+def test_cli_arguments_refused_before_the_run(tmp_path):
+    """Bad arguments that would only fail after a run (an output folder that does not exist) or give nonsense (a
+    non-positive --sk) are refused first, with rc 2; fattn.tune without a GPU says to use --device cpu."""
+    from fattn import bench
+    from fattn.tune import __main__ as tune_main
+
+    for argv in (["--sk", "-5"], ["--sk", "0"], ["--json", str(tmp_path / "nodir" / "r.json")]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--device", "cpu", "--shape", "1,2,40,16"] + argv)
+        assert e.value.code == 2
+    if not fattn.cuda_available():
+        with pytest.raises(SystemExit) as e:
+            tune_main.main(["micro", "--shape", "1,4,64,32"])
+        assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        tune_main.main(["evo", "--device", "cpu", "--shape", "1,4,0,64"])
+    assert e.value.code == 2
