@@ -14,4 +14,14 @@ from ._kvcache import attention_with_kvcache
 from ._serving import attention_varlen, attention_varlen_backward
 
 __version__ = "0.1.0"
-__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "attention_with_kvcache", "variants", "describe_variants", "cuda_available", "__version__"]
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "attention_with_kvcache",
+           "variants", "describe_variants", "cuda_available", "register_torch_ops", "__version__"]
+
+
+def register_torch_ops():
+    """Registers fattn's torch ops (torch.ops.fattn.*) now -- imports torch.  fattn registers them itself when the
+    first torch tensor reaches it; call this first where something else needs them before that, e.g.
+    torch.export.load of a program that calls fattn, in a fresh process."""
+    from . import _args
+
+    _args.torch_registered()

@@ -103,6 +103,18 @@ def traced_or_fake(q):
             or _frameworks.is_tracing())
 
 
+def refuse_dual(**tensors):
+    """NotImplementedError naming the first torch tensor that carries a forward-mode AD tangent (fattn would
+    silently give its output none)."""
+    fad = _frameworks.forward_ad
+    if fad is None or fad._current_level < 0:
+        return
+    for name, t in tensors.items():
+        if isinstance(t, _frameworks.torch_tensor) and fad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(f"{name}: forward-mode AD (a dual tensor) is not supported by fattn; use "
+                                      "reverse mode (backward / torch.autograd.grad)")
+
+
 def needs_torch_op(q, k, v):
     """True when a torch call must go through the registered op: traced_or_fake, or gradients to record.  Plain
     tensors take the lean path."""

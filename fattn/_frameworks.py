@@ -63,6 +63,7 @@ torch_tensor = None  # torch.Tensor once registered
 is_tracing = None    # torch.jit's "is a trace being recorded", once registered
 is_compiling = None  # torch.compiler.is_compiling, once registered
 grad_enabled = None  # torch.is_grad_enabled, once registered
+forward_ad = None    # torch.autograd.forward_ad, once registered
 is_capturing = None  # torch.cuda.is_current_stream_capturing, once registered
 
 
@@ -76,6 +77,8 @@ def register_torch(C):
     is_capturing = torch.cuda.is_current_stream_capturing
     C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.int32)
     torch_tensor = torch.Tensor
+    global forward_ad
+    import torch.autograd.forward_ad as forward_ad  # noqa: F811  (its _current_level: -1 outside dual_level)
     is_tracing = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, without building a Stream object
     _torch_raw_stream = raw or (lambda idx: torch.cuda.current_stream(idx).cuda_stream)

@@ -94,6 +94,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
     if fw == "torch":
         _args.torch_registered()
+        _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             from . import _torch
 

@@ -190,7 +190,7 @@ def main(argv=None):
     ap.add_argument("--sk", type=int)
     ap.add_argument("--variant", default=None, help="fattn variant (default: fattn's choice)")
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--window", help="LEFT,RIGHT: a sliding window (keys around the query's bottom-right position)")
+    ap.add_argument("--window", help="LEFT,RIGHT: a sliding window in keys around the query's position (i + Sk - Sq; i with --causal, which is top-left)")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     ap.add_argument("--out", default="profile_out", help="folder for ncu.csv and profile.json")
     ap.add_argument("--mode", default="fwd", choices=tuple(KERNELS),
@@ -198,16 +198,27 @@ def main(argv=None):
     ap.add_argument("--deterministic", action="store_true", help="--mode bwd: the deterministic backward")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.shape = tuple(int(x) for x in args.shape.split(","))
+    try:
+        args.shape = tuple(int(x) for x in args.shape.split(","))
+        assert len(args.shape) == 4 and min(args.shape) > 0
+    except (ValueError, AssertionError):
+        ap.error(f"--shape: expected B,H,S,D positive integers, got {args.shape!r}")
     if args.window:
-        args.window = tuple(int(x) for x in args.window.split(","))
-        if len(args.window) != 2:
-            ap.error("--window: LEFT,RIGHT")
+        try:
+            args.window = tuple(int(x) for x in args.window.split(","))
+            assert len(args.window) == 2
+        except (ValueError, AssertionError):
+            ap.error(f"--window: expected LEFT,RIGHT integers, got {args.window!r}")
     if args.child:
         return child(args)
     ncu = find_ncu()
     if not ncu:
         print("fattn.profile: ncu (Nsight Compute) not found: put it on PATH or set FATTN_NCU", file=sys.stderr)
+        return 2
+    import fattn
+
+    if not fattn.cuda_available():
+        print("fattn.profile: no usable CUDA GPU here (Nsight Compute profiles GPU kernels)", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "ncu.csv")

@@ -175,3 +175,32 @@ def test_training_a_transformer_block_matches_sdpa(device):
             losses.append(loss.item())
         assert math.isfinite(losses[0])
         assert abs(losses[0] - losses[1]) <= tol * abs(losses[1]), f"step {step}: {losses}"
+
+
+def test_forward_mode_ad_is_refused():
+    """Dual tensors (forward-mode AD) are refused naming the argument: fattn has no forward-mode rule, and before
+    the output silently carried no tangent (a zero directional derivative)."""
+    import torch.autograd.forward_ad as fwAD
+
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    with fwAD.dual_level():
+        dq = fwAD.make_dual(q, torch.ones_like(q))
+        with pytest.raises(NotImplementedError, match="q: forward-mode AD"):
+            fattn.attention(dq, k, v)
+        cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+        packed = fwAD.make_dual(torch.randn(8, 2, 16), torch.ones(8, 2, 16))
+        with pytest.raises(NotImplementedError, match="q: forward-mode AD"):
+            fattn.attention_varlen(packed, packed.detach(), packed.detach(), cu, cu)
+        assert fattn.attention(q, k, v).shape == q.shape  # plain tensors inside dual_level still run
+
+
+def test_register_torch_ops_makes_the_ops_available():
+    """fattn.register_torch_ops() registers torch.ops.fattn.* without a torch tensor having reached fattn (what
+    torch.export.load of a program using fattn needs in a fresh process)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, fattn; fattn.register_torch_ops(); "
+            "print(hasattr(torch.ops.fattn, 'attention') and hasattr(torch.ops.fattn, 'attention_backward'))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr[-2000:]
