@@ -5,6 +5,7 @@
 #include "views.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 
 /* ---- keyword arguments ------------------------------------------------------------------------------------- */
@@ -357,6 +358,28 @@ static int overlaps(const bhsd_view *x, const bhsd_view *y) {
     return xl < xh && yl < yh && xl < yh && yl < xh;
 }
 
+/* 1 if no two elements of the view share memory: its dims of more than one element, by stride, each step past all
+ * the dims inside it (a view written with a stride of 0, or rows closer than their length, would be written twice
+ * at once). */
+static int self_disjoint(const bhsd_view *x) {
+    if (!x->b || !x->h || !x->s || !x->d) return 1; /* nothing is written (its strides may be anything) */
+    int64_t n[3] = {x->b, x->h, x->s}, st[3] = {llabs(x->sb), llabs(x->sh), llabs(x->ss)};
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 3; j++)
+            if (st[j] < st[i]) {
+                const int64_t a = st[i], c = n[i];
+                st[i] = st[j], n[i] = n[j];
+                st[j] = a, n[j] = c;
+            }
+    int64_t extent = x->d; /* elements spanned by the dims inside */
+    for (int i = 0; i < 3; i++) {
+        if (n[i] <= 1) continue;
+        if (st[i] < extent) return 0;
+        extent = st[i] * (n[i] - 1) + extent;
+    }
+    return 1;
+}
+
 static int same_view(const bhsd_view *x, const bhsd_view *y) {
     return x->data == y->data && x->b == y->b && x->h == y->h && x->s == y->s && x->d == y->d &&
            (x->b < 2 || x->sb == y->sb) && (x->h < 2 || x->sh == y->sh) && (x->s < 2 || x->ss == y->ss);
@@ -446,6 +469,8 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
             "must not overlap k or v (nor q, except as q itself: out=q)", overlaps(&out, &k) ? "k" : "v");
     REQUIRE(!overlaps(&out, &q) || same_view(&out, &q), PyExc_ValueError, "out: overlaps q without being q; the "
             "output must not overlap q, k or v except as q itself (out=q)");
+    REQUIRE(self_disjoint(&out), PyExc_ValueError, "out: its elements overlap one another (a stride of 0, or rows "
+            "closer than their length): each would be written more than once");
     if (!(o->softcap >= 0 && isfinite(o->softcap) && isfinite((float)o->softcap))) {
         char text[64];
         snprintf(text, sizeof text, "%g", o->softcap);

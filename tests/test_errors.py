@@ -208,6 +208,10 @@ def test_out_overlapping_the_inputs_is_refused():
     big = torch.randn(1, 2, 201, 32, generator=g)
     with pytest.raises(ValueError, match="out: overlaps q without being q"):
         fattn.attention(big[:, :, :200], k, v, out=big[:, :, 1:])
+    row = torch.zeros(1, 2, 1, 32)
+    for bad in (row.expand(1, 2, 200, 32), torch.zeros(1, 2, 400 * 32).as_strided((1, 2, 200, 32), (0, 400 * 16, 16, 1))):
+        with pytest.raises(ValueError, match="out: its elements overlap one another"):
+            fattn.attention(q, k, v, out=bad)
 
 
 def test_float64_that_requires_grad_is_named_by_its_dtype():
