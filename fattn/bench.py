@@ -37,8 +37,10 @@ def parse_args(argv=None):
     ap.add_argument("--shape", default="1,8,512,64", help="B,H,S,D (default 1,8,512,64)")
     ap.add_argument("--sk", type=int, help="key length (default S)")
     ap.add_argument("--hkv", type=int, help="kv heads, dividing H (default H)")
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--causal-mode", choices=("top_left", "bottom_right"), help="alignment (default top_left)")
+    ap.add_argument("--causal", action="store_true",
+                    help="--shape runs: causal (grids choose their own; --both-causal runs a grid both ways)")
+    ap.add_argument("--causal-mode", choices=("top_left", "bottom_right"),
+                    help="the causal alignment (default top_left); on its own it also turns --causal on")
     ap.add_argument("--both-causal", action="store_true", help="run every point causal and non-causal")
     ap.add_argument("--dtype", choices=tuple(suite.DTYPES), help="default fp16 on cuda, fp32 on cpu")
     ap.add_argument("--device", choices=("cpu", "cuda"), help="default cuda if fattn.cuda_available()")
@@ -85,6 +87,9 @@ def parse_args(argv=None):
             import matplotlib  # noqa: F401
         except ImportError:
             ap.error("--plot needs matplotlib (pip install matplotlib)")
+    if args.grid and args.causal:
+        ap.error(f"--causal: applies to --shape runs; --grid {args.grid} runs its own points (add --both-causal to "
+                 "run each of them causal and non-causal)")
     args.device = "cpu" if args.grid == "cpu" else args.device or ("cuda" if fattn.cuda_available() else "cpu")
     args.error = ap.error
     return args

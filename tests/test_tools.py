@@ -365,6 +365,9 @@ def test_cli_arguments_refused_before_the_run(tmp_path):
         with pytest.raises(SystemExit) as e:
             bench.main(["--device", "cpu", "--shape", "1,2,40,16"] + argv)
         assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:  # a grid runs its own points: --causal would be silently ignored
+        bench.main(["--grid", "cpu", "--causal"])
+    assert e.value.code == 2
     if not fattn.cuda_available():
         with pytest.raises(SystemExit) as e:
             tune_main.main(["micro", "--shape", "1,4,64,32"])
