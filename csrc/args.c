@@ -350,34 +350,60 @@ static void view_bytes(const bhsd_view *x, const char **lo, const char **hi) {
     *hi = empty ? *lo : x->data + b;
 }
 
-/* 1 if two views share a byte (by their spans: a conservative test). */
-static int overlaps(const bhsd_view *x, const bhsd_view *y) {
-    const char *xl, *xh, *yl, *yh;
-    view_bytes(x, &xl, &xh);
-    view_bytes(y, &yl, &yh);
-    return xl < xh && yl < yh && xl < yh && yl < xh;
-}
-
-/* 1 if no two elements of the view share memory: its dims of more than one element, by stride, each step past all
- * the dims inside it (a view written with a stride of 0, or rows closer than their length, would be written twice
- * at once). */
-static int self_disjoint(const bhsd_view *x) {
-    if (!x->b || !x->h || !x->s || !x->d) return 1; /* nothing is written (its strides may be anything) */
-    int64_t n[3] = {x->b, x->h, x->s}, st[3] = {llabs(x->sb), llabs(x->sh), llabs(x->ss)};
+/* Dims of more than one element as (size, |stride| in bytes), largest stride first; returns how many. */
+static int dims_by_stride(const bhsd_view *x, int64_t *n, int64_t *st) {
+    const int64_t e = fattn_elem_bytes(x->dtype), sizes[3] = {x->b, x->h, x->s}, strides[3] = {x->sb, x->sh, x->ss};
+    int k = 0;
     for (int i = 0; i < 3; i++)
-        for (int j = i + 1; j < 3; j++)
-            if (st[j] < st[i]) {
+        if (sizes[i] > 1) {
+            n[k] = sizes[i];
+            st[k++] = llabs(strides[i]) * e;
+        }
+    for (int i = 0; i < k; i++)
+        for (int j = i + 1; j < k; j++)
+            if (st[j] > st[i]) {
                 const int64_t a = st[i], c = n[i];
                 st[i] = st[j], n[i] = n[j];
                 st[j] = a, n[j] = c;
             }
-    int64_t extent = x->d; /* elements spanned by the dims inside */
-    for (int i = 0; i < 3; i++) {
-        if (n[i] <= 1) continue;
+    return k;
+}
+
+/* 1 if no two elements of the view share memory: each dim's stride steps past all the dims inside it (a view
+ * written with a stride of 0, or rows closer than their length, would be written twice at once). */
+static int self_disjoint(const bhsd_view *x) {
+    if (!x->b || !x->h || !x->s || !x->d) return 1; /* nothing is written (its strides may be anything) */
+    int64_t n[3], st[3], extent = x->d * fattn_elem_bytes(x->dtype); /* bytes spanned by the dims inside */
+    for (int i = dims_by_stride(x, n, st) - 1; i >= 0; i--) {
         if (st[i] < extent) return 0;
-        extent = st[i] * (n[i] - 1) + extent;
+        extent += st[i] * (n[i] - 1);
     }
     return 1;
+}
+
+/* 1 if delta (bytes) is sum_i m_i st[i] + t, |m_i| < n[i], |t| < row: two views of these dims (largest stride
+ * first, nested as self_disjoint says), delta apart, share a byte.  Each dim's stride exceeds all that its inner
+ * dims can add, so only the quotients next to delta / st[0] need trying. */
+static int reaches(int64_t delta, const int64_t *n, const int64_t *st, int k, int64_t row) {
+    if (k == 0) return llabs(delta) < row;
+    for (int64_t m = delta / st[0] - 1; m <= delta / st[0] + 1; m++)
+        if (llabs(m) < n[0] && reaches(delta - m * st[0], n + 1, st + 1, k - 1, row)) return 1;
+    return 0;
+}
+
+/* 1 if two views share a byte.  Exact for views of one layout (same sizes and strides, nested: packed QKV slices
+ * are), by their spans otherwise (conservative). */
+static int overlaps(const bhsd_view *x, const bhsd_view *y) {
+    const char *xl, *xh, *yl, *yh;
+    view_bytes(x, &xl, &xh);
+    view_bytes(y, &yl, &yh);
+    if (!(xl < xh && yl < yh && xl < yh && yl < xh)) return 0;
+    const int alike = x->dtype == y->dtype && x->b == y->b && x->h == y->h && x->s == y->s && x->d == y->d &&
+                      (x->b < 2 || x->sb == y->sb) && (x->h < 2 || x->sh == y->sh) && (x->s < 2 || x->ss == y->ss);
+    if (!alike || !self_disjoint(x)) return 1;
+    int64_t n[3], st[3];
+    const int k = dims_by_stride(x, n, st);
+    return reaches((int64_t)(y->data - x->data), n, st, k, x->d * fattn_elem_bytes(x->dtype));
 }
 
 static int same_view(const bhsd_view *x, const bhsd_view *y) {

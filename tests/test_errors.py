@@ -208,6 +208,13 @@ def test_out_overlapping_the_inputs_is_refused():
     big = torch.randn(1, 2, 201, 32, generator=g)
     with pytest.raises(ValueError, match="out: overlaps q without being q"):
         fattn.attention(big[:, :, :200], k, v, out=big[:, :, 1:])
+    # slices of one packed buffer interleave but do not overlap: out beside q, k, v in a (B, S, 4, H, D) buffer
+    qkvo = torch.randn(1, 200, 4, 2, 32, generator=g)
+    pq, pk, pv, po = (qkvo[:, :, i] for i in range(4))
+    want_packed = fattn.attention(pq.clone(), pk.clone(), pv.clone(), layout="bshd")
+    assert torch.equal(fattn.attention(pq, pk, pv, layout="bshd", out=po), want_packed)
+    with pytest.raises(ValueError, match="out: shares memory with k"):  # half a row off: it overlaps k
+        fattn.attention(pq, pk, pv, layout="bshd", out=qkvo.view(-1)[16 + 64:].as_strided(pq.shape, pq.stride()))
     row = torch.zeros(1, 2, 1, 32)
     for bad in (row.expand(1, 2, 200, 32), torch.zeros(1, 2, 400 * 32).as_strided((1, 2, 200, 32), (0, 400 * 16, 16, 1))):
         with pytest.raises(ValueError, match="out: its elements overlap one another"):
@@ -220,3 +227,26 @@ def test_float64_that_requires_grad_is_named_by_its_dtype():
     q = torch.randn(1, 2, 8, 16, dtype=torch.float64, requires_grad=True)
     with pytest.raises(TypeError, match="q: dtype float64 is not supported"):
         fattn.attention(q, q, q)
+
+
+def test_out_overlap_matches_numpy_for_slices_of_one_buffer():
+    """For views of one layout (packed-buffer slices) the overlap test is exact: out is refused exactly when NumPy
+    says it shares memory with k or v (or with q without being q), over random offsets into one buffer."""
+    rng = np.random.default_rng(0)
+    buf = np.zeros(1 * 9 * 5 * 2 * 16 + 200, np.float32)
+    shape, strides = (1, 9, 2, 16), (9 * 5 * 2 * 16 * 4, 5 * 2 * 16 * 4, 16 * 4, 4)  # (B, S, H, D) in 5 slots
+
+    def view(offset):
+        return np.lib.stride_tricks.as_strided(buf[offset:], shape, strides)
+
+    q, k, v = view(0), view(32), view(64)
+    for offset in list(range(0, 200, 3)) + [96, 128, 0]:
+        out = view(offset)
+        shared = any(np.shares_memory(out, x) for x in (k, v)) or (np.shares_memory(out, q) and offset != 0)
+        try:
+            fattn.attention(q, k, v, layout="bshd", out=out)
+            refused = False
+        except ValueError as e:
+            assert "out:" in str(e)
+            refused = True
+        assert refused == shared, (offset, shared)
