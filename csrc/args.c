@@ -391,6 +391,14 @@ static int reaches(int64_t delta, const int64_t *n, const int64_t *st, int k, in
     return 0;
 }
 
+/* 1 if two views have one layout: dtype, sizes, and the strides of dims of more than one element. */
+static int same_layout(const bhsd_view *x, const bhsd_view *y) {
+    return x->dtype == y->dtype && x->b == y->b && x->h == y->h && x->s == y->s && x->d == y->d &&
+           (x->b < 2 || x->sb == y->sb) && (x->h < 2 || x->sh == y->sh) && (x->s < 2 || x->ss == y->ss);
+}
+
+static int same_view(const bhsd_view *x, const bhsd_view *y) { return x->data == y->data && same_layout(x, y); }
+
 /* 1 if two views share a byte.  Exact for views of one layout (same sizes and strides, nested: packed QKV slices
  * are), by their spans otherwise (conservative). */
 static int overlaps(const bhsd_view *x, const bhsd_view *y) {
@@ -398,17 +406,10 @@ static int overlaps(const bhsd_view *x, const bhsd_view *y) {
     view_bytes(x, &xl, &xh);
     view_bytes(y, &yl, &yh);
     if (!(xl < xh && yl < yh && xl < yh && yl < xh)) return 0;
-    const int alike = x->dtype == y->dtype && x->b == y->b && x->h == y->h && x->s == y->s && x->d == y->d &&
-                      (x->b < 2 || x->sb == y->sb) && (x->h < 2 || x->sh == y->sh) && (x->s < 2 || x->ss == y->ss);
-    if (!alike || !self_disjoint(x)) return 1;
+    if (!same_layout(x, y) || !self_disjoint(x)) return 1;
     int64_t n[3], st[3];
     const int k = dims_by_stride(x, n, st);
     return reaches((int64_t)(y->data - x->data), n, st, k, x->d * fattn_elem_bytes(x->dtype));
-}
-
-static int same_view(const bhsd_view *x, const bhsd_view *y) {
-    return x->data == y->data && x->b == y->b && x->h == y->h && x->s == y->s && x->d == y->d &&
-           (x->b < 2 || x->sb == y->sb) && (x->h < 2 || x->sh == y->sh) && (x->s < 2 || x->ss == y->ss);
 }
 
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
