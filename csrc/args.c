@@ -4,6 +4,7 @@
 #include "variants.h" /* fattn_gpu_read_many */
 #include "views.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -52,8 +53,16 @@ void fattn_device_str(DLDevice dev, char *buf, size_t n) {
     case kDLCUDA: snprintf(buf, n, "cuda:%d", dev.device_id); break;
     case kDLCUDAHost: snprintf(buf, n, "cuda pinned host memory"); break;
     case kDLCUDAManaged: snprintf(buf, n, "cuda managed memory"); break;
+    case FATTN_DEVICE_META: snprintf(buf, n, "meta"); break;
     default: snprintf(buf, n, "DLPack device type %d", dev.device_type);
     }
+}
+
+void fattn_shape_str(const DLTensor *t, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "(");
+    for (int i = 0; i < t->ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (used < n) snprintf(buf + used, n - used, t->ndim == 1 ? ",)" : ")");
 }
 
 void fattn_dtype_str(DLDataType dt, char *buf, size_t n) {
@@ -165,6 +174,7 @@ static int take_dlpack(const fattn_names *names, PyObject *obj, const char *arg,
 
 int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
     if (!fattn_is_torch(names, obj)) return take_dlpack(names, obj, arg, stream, out);
+    if (names->describe) return fattn_tensor_describe_torch(obj, arg, out);
     const int rc = fattn_tensor_from_torch(names, obj, arg, out);
     if (rc <= 0) return has_data(rc, out);
     /* another dtype: detached (torch exports no tensor that requires grad), so the argument's check names it */
@@ -412,6 +422,32 @@ static int overlaps(const bhsd_view *x, const bhsd_view *y) {
     return reaches((int64_t)(y->data - x->data), n, st, k, x->d * fattn_elem_bytes(x->dtype));
 }
 
+/* The softcap c: 0 (none), or c > 0 such that the kernels' c log2 e and its inverse are normal float32 numbers (a
+ * larger c overflowed to inf and gave NaN scores; a smaller one rounded to 0, silently no cap). */
+static int check_softcap(double c) {
+    const double c2 = c * 1.4426950408889634;
+    if (c == 0) return 0;
+    if (c > 0 && (float)c2 >= FLT_MIN && isfinite((float)c2) && 1.0 / c2 <= FLT_MAX) return 0;
+    char text[160];
+    snprintf(text, sizeof text, "softcap: must be 0 (none) or from %.3g to %.3g (float32's range), got %g",
+             FLT_MIN / 1.4426950408889634 * 1.0001, FLT_MAX / 1.4426950408889634 / 1.0001, c);
+    PyErr_SetString(PyExc_ValueError, text);
+    return -1;
+}
+
+/* -1 with the exception set when out shares memory with k or v, with q other than as q itself, or with itself. */
+static int out_overlaps(const bhsd_view *q, const bhsd_view *k, const bhsd_view *v, const bhsd_view *out,
+                        const char *k_arg, const char *v_arg) {
+    REQUIRE(!overlaps(out, k) && !overlaps(out, v), PyExc_ValueError, "out: shares memory with %s; the output "
+            "must not overlap %s or %s (nor q, except as q itself: out=q)", overlaps(out, k) ? k_arg : v_arg, k_arg,
+            v_arg);
+    REQUIRE(!overlaps(out, q) || same_view(out, q), PyExc_ValueError, "out: overlaps q without being q; the "
+            "output must not overlap q, k or v except as q itself (out=q)");
+    REQUIRE(self_disjoint(out), PyExc_ValueError, "out: its elements overlap one another (a stride of 0, or rows "
+            "closer than their length): each would be written more than once");
+    return 0;
+}
+
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
@@ -463,6 +499,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
                      fattn_view_4d(&ts[2], o->layout, &v) || fattn_view_4d(&ts[3], o->layout, &out))
         return -1;
     fattn_pages pages = {NULL, 0, 0};
+    const bhsd_view k_mem = k, v_mem = v; /* the memory k and v span: a paged cache's whole pool */
     if (o->block_table && o->block_table->t) {
         REQUIRE(!varlen, PyExc_ValueError, "block_table: not taken with cu_seqlens");
         REQUIRE(o->layout == 1, PyExc_ValueError, "block_table: a paged cache is (num_pages, page_size, H_kv, D): "
@@ -475,35 +512,39 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     const int has_lse = ts[4].t != NULL;
     for (int i = 1; i < 4 + has_lse; i++)
         if (fattn_same_device(&ts[i], &ts[0])) return -1;
-    if (fattn_same_dtype(&k, &q, "k") || fattn_same_dtype(&v, &q, "v") || fattn_same_dtype(&out, &q, "out")) return -1;
+    const char *k_arg = ts[1].arg, *v_arg = ts[2].arg; /* k, v; or k_cache, v_cache */
+    if (fattn_same_dtype(&k, &q, k_arg) || fattn_same_dtype(&v, &q, v_arg) || fattn_same_dtype(&out, &q, "out"))
+        return -1;
     REQUIRE(q.d % 8 == 0 && q.d >= 8 && q.d <= FATTN_MAX_HEADDIM, PyExc_ValueError,
             "q: head dim %lld is not supported; use a multiple of 8 from 8 to %d", (long long)q.d, FATTN_MAX_HEADDIM);
-    REQUIRE(k.d == q.d, PyExc_ValueError, "k: head dim %lld differs from q's %lld", (long long)k.d, (long long)q.d);
-    REQUIRE(v.d == q.d, PyExc_ValueError, "v: head dim %lld differs from q's %lld", (long long)v.d, (long long)q.d);
-    REQUIRE(k.b == q.b, PyExc_ValueError, "k: batch %lld differs from q's %lld", (long long)k.b, (long long)q.b);
-    REQUIRE(v.b == q.b && v.h == k.h && v.s == k.s, PyExc_ValueError,
-            "v: shape (B=%lld, H=%lld, S=%lld) differs from k's (B=%lld, H=%lld, S=%lld)", (long long)v.b,
-            (long long)v.h, (long long)v.s, (long long)k.b, (long long)k.h, (long long)k.s);
-    REQUIRE(k.h >= 1 || q.h == 0, PyExc_ValueError, "k: has 0 heads; k and v need at least one head");
-    REQUIRE(k.h == 0 || q.h % k.h == 0, PyExc_ValueError,
-            "k: %lld heads do not divide q's %lld heads (grouped-query attention needs H %% H_kv == 0)",
-            (long long)k.h, (long long)q.h);
-    REQUIRE(out.b == q.b && out.h == q.h && out.s == q.s && out.d == q.d, PyExc_ValueError,
-            "out: shape differs from q's (B=%lld, H=%lld, Sq=%lld, D=%lld in layout %s)", (long long)q.b,
-            (long long)q.h, (long long)q.s, (long long)q.d, o->layout ? "bshd" : "bhsd");
-    REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
-    REQUIRE(!overlaps(&out, &k) && !overlaps(&out, &v), PyExc_ValueError, "out: shares memory with %s; the output "
-            "must not overlap k or v (nor q, except as q itself: out=q)", overlaps(&out, &k) ? "k" : "v");
-    REQUIRE(!overlaps(&out, &q) || same_view(&out, &q), PyExc_ValueError, "out: overlaps q without being q; the "
-            "output must not overlap q, k or v except as q itself (out=q)");
-    REQUIRE(self_disjoint(&out), PyExc_ValueError, "out: its elements overlap one another (a stride of 0, or rows "
-            "closer than their length): each would be written more than once");
-    if (!(o->softcap >= 0 && isfinite(o->softcap) && isfinite((float)o->softcap))) {
-        char text[64];
-        snprintf(text, sizeof text, "%g", o->softcap);
-        PyErr_Format(PyExc_ValueError, "softcap: must be >= 0 and finite in float32 (0: none), got %s", text);
+    REQUIRE(k.d == q.d, PyExc_ValueError, "%s: head dim %lld differs from q's %lld", k_arg, (long long)k.d,
+            (long long)q.d);
+    REQUIRE(v.d == q.d, PyExc_ValueError, "%s: head dim %lld differs from q's %lld", v_arg, (long long)v.d,
+            (long long)q.d);
+    REQUIRE(k.b == q.b, PyExc_ValueError, "%s: batch %lld differs from q's %lld", k_arg, (long long)k.b,
+            (long long)q.b);
+    if (!(v.b == q.b && v.h == k.h && v.s == k.s)) {
+        char vs[96], ks[96];
+        fattn_shape_str(ts[2].t, vs, sizeof vs);
+        fattn_shape_str(ts[1].t, ks, sizeof ks);
+        PyErr_Format(PyExc_ValueError, "%s: shape %s differs from %s's %s", v_arg, vs, k_arg, ks);
         return -1;
     }
+    REQUIRE(k.h >= 1 || q.h == 0, PyExc_ValueError, "%s: has 0 heads; %s and %s need at least one head", k_arg, k_arg,
+            v_arg);
+    REQUIRE(k.h == 0 || q.h % k.h == 0, PyExc_ValueError,
+            "%s: %lld heads do not divide q's %lld heads (grouped-query attention needs H %% H_kv == 0)", k_arg,
+            (long long)k.h, (long long)q.h);
+    if (!(out.b == q.b && out.h == q.h && out.s == q.s && out.d == q.d)) {
+        char os[96], qs[96];
+        fattn_shape_str(ts[3].t, os, sizeof os);
+        fattn_shape_str(ts[0].t, qs, sizeof qs);
+        PyErr_Format(PyExc_ValueError, "out: shape %s differs from q's %s", os, qs);
+        return -1;
+    }
+    REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
+    if (!o->describe && out_overlaps(&q, &k_mem, &v_mem, &out, k_arg, v_arg)) return -1;
+    if (check_softcap(o->softcap)) return -1;
 
     memset(p, 0, sizeof *p);
     if (varlen && fattn_take_varlen(o, &ts[0], &q, &k, &v, &out, p, stream)) return -1;
@@ -525,7 +566,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     if (o->k_new && o->k_new->t) { /* set by the forward's cache arguments, which give o->append with it */
         if (fattn_take_new_kv(o->k_new, o->v_new, &ts[1], &ts[2], o->seqused_k, p, o->append)) return -1;
     } else {
-        REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "v_new: needed with k_new");
+        REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "k_new: needed with v_new (v_new was given alone)");
     }
     if (o->seqused_k && o->seqused_k->t &&
         fattn_take_seqused(o->seqused_k, &ts[0], p, !o->trust_indices, stream))

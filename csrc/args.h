@@ -17,6 +17,8 @@ int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
 /* The user's words for a DLPack device ("cpu", "cuda:1") and dtype ("float64", "int32", "bfloat16"). */
 void fattn_device_str(DLDevice dev, char *buf, size_t n);
 void fattn_dtype_str(DLDataType dt, char *buf, size_t n);
+/* An array's shape as the user wrote it: "(2, 32, 4, 64)". */
+void fattn_shape_str(const DLTensor *t, char *buf, size_t n);
 /* 0 if index array t is int32, else -1 with a TypeError naming its argument and dtype. */
 int fattn_require_int32(const fattn_tensor *t);
 
@@ -52,6 +54,8 @@ typedef struct {
     fattn_append *append;
     int trust_indices;       /* 1: cache_seqlens' and block_table's values are not read back and checked */
     const fattn_tensor *alibi_slopes; /* NULL or NULL .t: no ALiBi; float32 (H,) or (B, H) */
+    int describe; /* 1: the tensors are described, not taken (fattn_names.describe): the rules on addresses (out's
+                     overlaps) are not applied, and index values are not read (trust_indices) */
 } fattn_call_opts;
 
 /* Fills p from the taken tensors (q, k, v, out, and lse when ts[4].t is set); every mismatch raises naming the

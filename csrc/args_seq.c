@@ -73,8 +73,10 @@ int fattn_take_varlen(const fattn_call_opts *o, const fattn_tensor *q_t, bhsd_vi
     p->total_q = q->s;
     p->total_k = k->s;
     q->b = k->b = v->b = out->b = n - 1;
-    q->s = out->s = o->max_seqlen_q >= 0 ? o->max_seqlen_q : longest_q;
-    k->s = v->s = o->max_seqlen_k >= 0 ? o->max_seqlen_k : longest_k;
+    /* a given longest length past the packed rows (a generous bound) sizes the call by the rows: no sequence is
+     * longer than the array that holds it */
+    q->s = out->s = o->max_seqlen_q >= 0 ? (o->max_seqlen_q < q->s ? o->max_seqlen_q : q->s) : longest_q;
+    k->s = v->s = o->max_seqlen_k >= 0 ? (o->max_seqlen_k < k->s ? o->max_seqlen_k : k->s) : longest_k;
     p->cu_seqlens_q = (const int32_t *)((const char *)o->cu_seqlens_q->t->data + o->cu_seqlens_q->t->byte_offset);
     p->cu_seqlens_k = (const int32_t *)((const char *)o->cu_seqlens_k->t->data + o->cu_seqlens_k->t->byte_offset);
     rc = 0;

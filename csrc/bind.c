@@ -6,6 +6,8 @@
  *              check_indices=True, alibi_slopes=None, sinks=None)
  *   _C._dev.forward(..., config=None, splits=0, order=0) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan(...)                                   -> the plan a call would run, without running it
+ *   _C.check_forward(...)                               -> None: forward()'s arguments checked, nothing run; its
+ *                                                          torch tensors may be fake or meta (torch's fake kernels)
  *
  * q, k, v, out (and lse) are DLPack arrays (or capsules) on one device; causal is 0 (none), 1 (top-left) or 2
  * (bottom-right); layout 0 is (B, H, S, D), 1 is (B, S, H, D); window a (left, right) pair; softcap c > 0 caps
@@ -138,8 +140,9 @@ static void call_release(call *c) {
 static int given(PyObject *obj) { return obj && obj != Py_None; }
 
 /* A KV cache's arguments (attention_with_kvcache): cache_seqlens in the seqused_k slot, the pages, the new keys. */
-static int take_cache_args(module_state *st, PyObject **a, PyObject *stream_obj, call *c, fattn_call_opts *o) {
-    static const char *names[NCACHE] = {"cache_seqlens", "block_table", "k_new", "v_new"};
+static int take_cache_args(const fattn_names *names, PyObject **a, PyObject *stream_obj, call *c,
+                           fattn_call_opts *o) {
+    static const char *arg_names[NCACHE] = {"cache_seqlens", "block_table", "k_new", "v_new"};
     if (given(a[A_CACHE_SEQLENS]) && given(a[A_USED_K])) {
         PyErr_SetString(PyExc_TypeError, "cache_seqlens: not taken with seqused_k (give one)");
         return -1;
@@ -147,9 +150,7 @@ static int take_cache_args(module_state *st, PyObject **a, PyObject *stream_obj,
     for (int i = 0; i < NCACHE; i++) {
         PyObject *obj = a[A_CACHE_SEQLENS + i];
         if (!given(obj)) continue;
-        if (i < 2 ? fattn_take(&st->names, obj, names[i], stream_obj, &c->cache[i])
-                  : fattn_take(&st->names, obj, names[i], stream_obj, &c->cache[i]))
-            return -1;
+        if (fattn_take(names, obj, arg_names[i], stream_obj, &c->cache[i])) return -1;
     }
     if (c->cache[0].t) o->seqused_k = &c->cache[0];
     o->block_table = &c->cache[1];
@@ -187,7 +188,8 @@ int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_o
     return 0;
 }
 
-static int call_take(module_state *st, PyObject **a, call *c) {
+/* names->describe: a check-only call (the tensors described, not taken; index values not read). */
+static int call_take(const fattn_names *names, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
     static const char *tensor_names[5] = {"q", "k", "v", "out", "lse"};
     static const char *cache_names[5] = {"q", "k_cache", "v_cache", "out", "lse"};
@@ -205,16 +207,18 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     if (fattn_arg_variant(a[A_VARIANT], &c->variant)) return -1;
     /* cu_seqlens, seqused_k / cache_seqlens and block_table: trusted when check_indices is false */
     if (fattn_arg_check_indices(a[A_CHECK_INDICES], &o.trust_indices)) return -1;
+    o.describe = names->describe;
+    o.trust_indices |= o.describe;
     PyObject *stream_obj = a[A_STREAM] ? a[A_STREAM] : Py_None;
     for (int i = 0; i < 5; i++)
-        if (given(a[i]) && fattn_take(&st->names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))
+        if (given(a[i]) && fattn_take(names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))
             return -1;
-    if (given(a[A_ALIBI]) && fattn_take(&st->names, a[A_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
+    if (given(a[A_ALIBI]) && fattn_take(names, a[A_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
         return -1;
     o.alibi_slopes = &c->alibi;
-    if (given(a[A_SINKS]) && fattn_take(&st->names, a[A_SINKS], "sinks", stream_obj, &c->sinks)) return -1;
-    if (fattn_take_varlen_args(&st->names, a + A_CU_Q, a[A_MAX_Q], a[A_MAX_K], stream_obj, c->seqs, &o) ||
-        (cache && take_cache_args(st, a, stream_obj, c, &o)) || fattn_build_params(c->ts, &o, &c->p, c->stream))
+    if (given(a[A_SINKS]) && fattn_take(names, a[A_SINKS], "sinks", stream_obj, &c->sinks)) return -1;
+    if (fattn_take_varlen_args(names, a + A_CU_Q, a[A_MAX_Q], a[A_MAX_K], stream_obj, c->seqs, &o) ||
+        (cache && take_cache_args(names, a, stream_obj, c, &o)) || fattn_build_params(c->ts, &o, &c->p, c->stream))
         return -1;
     if (c->sinks.t) {
         if (!c->ts[4].t) {
@@ -285,21 +289,32 @@ static fattn_status append_kv(const call *c) {
     return FATTN_OK;
 }
 
-/* run: 0 plans only; 1 runs.  want_plan: return the plan dict (else None). */
+enum { PLAN, RUN, CHECK }; /* what forward() does with a call */
+
+/* mode PLAN plans only, RUN runs, CHECK checks the arguments only (their tensors may be fake or meta: described by
+ * shape, strides, dtype and device; index arrays not read), so that a traced call is refused as the eager one is.
+ * want_plan: return the plan dict (else None). */
 static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int nnames,
-                         int run, int want_plan) {
+                         int mode, int want_plan) {
+    static const char *fnames[3] = {"plan", "forward", "check_forward"};
     module_state *st = fattn_state(module);
     PyObject *a[NARGS_DEV];
-    if (fattn_parse_args(run ? "forward" : "plan", args, nargs, kwnames, fattn_forward_arg_names, st->forward_args,
-                         nnames, 4, a) ||
+    if (fattn_parse_args(fnames[mode], args, nargs, kwnames, fattn_forward_arg_names, st->forward_args, nnames, 4, a) ||
         fattn_find_torch(&st->names))
         return NULL;
     for (int i = nnames; i < NARGS_DEV; i++) a[i] = NULL;
+    const int run = mode == RUN;
+    fattn_names names = st->names;
+    names.describe = mode == CHECK;
     call c;
     PyObject *result = NULL;
     fattn_plan plan;
     memset(&plan, 0, sizeof plan);
-    if (call_take(st, a, &c)) goto done;
+    if (call_take(&names, a, &c)) goto done;
+    if (mode == CHECK) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
     const attn_params *p = &c.p;
     fattn_status s = FATTN_OK;
     if (p->b * p->h * p->sq == 0) { /* nothing to compute; new keys are still appended */
@@ -341,13 +356,17 @@ done:
 }
 
 PyObject *fattn_py_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    return forward(module, args, nargs, kwnames, NARGS_PUBLIC, 1, 0);
+    return forward(module, args, nargs, kwnames, NARGS_PUBLIC, RUN, 0);
+}
+
+PyObject *fattn_py_check_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return forward(module, args, nargs, kwnames, NARGS_PUBLIC, CHECK, 0);
 }
 
 PyObject *fattn_dev_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    return forward(module, args, nargs, kwnames, NARGS_DEV, 1, 1);
+    return forward(module, args, nargs, kwnames, NARGS_DEV, RUN, 1);
 }
 
 PyObject *fattn_dev_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    return forward(module, args, nargs, kwnames, NARGS_DEV, 0, 1);
+    return forward(module, args, nargs, kwnames, NARGS_DEV, PLAN, 1);
 }

@@ -6,12 +6,14 @@
  *               dsinks=None)
  *   _C._dev.backward(..., config=None) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan_backward(...)         -> the plan a call would run, without running it
+ *   _C.check_backward(...)             -> None: backward()'s arguments checked, nothing run; its torch tensors may
+ *                                         be fake or meta (torch's fake kernels)
  *   _C.backward_workspace_bytes(b, h, sq, d, deterministic=False) -> the bytes a GPU backward's workspace needs
  *                                      (deterministic mode at head dim 256 keeps two copies of dQ's accumulator)
  *
  * The forward's arguments mean what they mean in forward() (bind.c) and must be those of the call that produced
  * out and lse; dq, dk, dv (q's, k's and v's shapes and dtype, any strides with a contiguous last dimension) are
- * written.  variant names the forward variant whose backward runs (its table row's bwd); config overrides a GPU
+ * written, in packed calls their rows outside every sequence too (zeros; csrc/varlen_rows.h).  variant names the forward variant whose backward runs (its table row's bwd); config overrides a GPU
  * backward's config index or the CPU's (br, bc, threads).  workspace: a writable array on the call's device of at
  * least backward_workspace_bytes(b, h, sq, d, deterministic) bytes (GPU only; None: one cached per device and
  * stream, which cannot be had while the stream is being captured into a CUDA graph).  sinks (float32 (H,)) and
@@ -22,6 +24,7 @@
 
 #include "cpu_attn.h"
 #include "sinks.h"
+#include "varlen_rows.h"
 #include "variants.h"
 
 const char *const fattn_backward_arg_names[FATTN_BACKWARD_ARGS] = {
@@ -56,7 +59,7 @@ static void call_release(call *c) {
 }
 
 /* sinks and dsinks, together or neither: into c->sp (the pass's view of out, lse, dO) and the params. */
-static int take_sinks(module_state *st, PyObject **a, PyObject *stream_obj, int layout, call *c) {
+static int take_sinks(const fattn_names *names, PyObject **a, PyObject *stream_obj, int layout, call *c) {
     const int n = (a[B_SINKS] && a[B_SINKS] != Py_None) + (a[B_DSINKS] && a[B_DSINKS] != Py_None);
     if (n == 0) return 0;
     if (n == 1) {
@@ -64,8 +67,8 @@ static int take_sinks(module_state *st, PyObject **a, PyObject *stream_obj, int 
         return -1;
     }
     bhsd_view o;
-    if (fattn_take(&st->names, a[B_SINKS], "sinks", stream_obj, &c->sinks[0]) ||
-        fattn_take(&st->names, a[B_DSINKS], "dsinks", stream_obj, &c->sinks[1]) ||
+    if (fattn_take(names, a[B_SINKS], "sinks", stream_obj, &c->sinks[0]) ||
+        fattn_take(names, a[B_DSINKS], "dsinks", stream_obj, &c->sinks[1]) ||
         fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks[0], layout, &o, &c->sp) ||
         fattn_take_sink_grads(&c->ts[5], &c->sinks[1], &c->ts[3], layout, &o, &c->sp))
         return -1;
@@ -116,7 +119,8 @@ static int take_workspace(call *c) {
     return 0;
 }
 
-static int call_take(module_state *st, PyObject **a, call *c) {
+/* names->describe: a check-only call (the tensors described, not taken; index values not read). */
+static int call_take(const fattn_names *names, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
     /* a[] index of each entry of c->ts */
     static const int order[NTENSORS] = {B_Q, B_K, B_V, B_OUT, B_LSE, B_DOUT, B_DQ, B_DK, B_DV, B_WORKSPACE};
@@ -130,6 +134,8 @@ static int call_take(module_state *st, PyObject **a, call *c) {
         return -1;
     if (a[B_DETERMINISTIC] && (deterministic = PyObject_IsTrue(a[B_DETERMINISTIC])) < 0) return -1;
     if (fattn_arg_check_indices(a[B_CHECK_INDICES], &o.trust_indices)) return -1; /* cu_seqlens, as forward() */
+    o.describe = names->describe;
+    o.trust_indices |= o.describe;
     o.causal = (int)causal;
     o.layout = (int)layout;
     if (!a[B_LSE] || a[B_LSE] == Py_None) {
@@ -139,20 +145,20 @@ static int call_take(module_state *st, PyObject **a, call *c) {
     PyObject *stream_obj = a[B_STREAM] ? a[B_STREAM] : Py_None;
     for (int i = 0; i < NTENSORS; i++) { /* the workspace may have any dtype */
         PyObject *x = a[order[i]];
-        if (x && x != Py_None && fattn_take(&st->names, x, fattn_backward_arg_names[order[i]], stream_obj, &c->ts[i]))
+        if (x && x != Py_None && fattn_take(names, x, fattn_backward_arg_names[order[i]], stream_obj, &c->ts[i]))
             return -1;
     }
     if (a[B_ALIBI] && a[B_ALIBI] != Py_None &&
-        fattn_take(&st->names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
+        fattn_take(names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
         return -1;
     o.alibi_slopes = &c->alibi;
     PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};
     attn_params fwd;
-    if (fattn_take_varlen_args(&st->names, seq_objs, a[B_MAX_Q], a[B_MAX_K], stream_obj, c->seqs, &o) ||
+    if (fattn_take_varlen_args(names, seq_objs, a[B_MAX_Q], a[B_MAX_K], stream_obj, c->seqs, &o) ||
         fattn_build_params(c->ts, &o, &fwd, c->stream) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, &fwd, &c->p))
         return -1;
     c->p.deterministic = deterministic;
-    if (take_sinks(st, a, stream_obj, o.layout, c)) return -1;
+    if (take_sinks(names, a, stream_obj, o.layout, c)) return -1;
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
     if (take_workspace(c)) return -1;
     if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
@@ -189,29 +195,48 @@ static int plan_gpu(const module_state *st, const call *c, fattn_plan *plan) {
                                    &c->ov);
 }
 
+/* A packed call's gradient rows outside every sequence: zeros (csrc/varlen_rows.h). */
+static fattn_status zero_uncovered(const call *c) {
+    if (!c->p.fwd.cu_seqlens_q) return FATTN_OK;
+    if (c->gpu) return fattn_gpu_zero_uncovered(&c->p, c->device, c->stream);
+    fattn_cpu_zero_uncovered(&c->p);
+    return FATTN_OK;
+}
+
 static fattn_status sinks_on_cpu(const fattn_sink_params *sp) {
     fattn_cpu_sinks_backward(sp);
     return FATTN_OK;
 }
 
+enum { PLAN, RUN, CHECK }; /* what backward() does with a call, as forward()'s modes (bind.c) */
+
 static PyObject *backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int nnames,
-                          int run, int want_plan) {
+                          int mode, int want_plan) {
+    static const char *fnames[3] = {"plan_backward", "backward", "check_backward"};
     module_state *st = fattn_state(module);
     PyObject *a[FATTN_BACKWARD_ARGS];
-    if (fattn_parse_args(run ? "backward" : "plan_backward", args, nargs, kwnames, fattn_backward_arg_names,
-                         st->backward_args, nnames, 9, a) ||
+    if (fattn_parse_args(fnames[mode], args, nargs, kwnames, fattn_backward_arg_names, st->backward_args, nnames, 9,
+                         a) ||
         fattn_find_torch(&st->names))
         return NULL;
     for (int i = nnames; i < FATTN_BACKWARD_ARGS; i++) a[i] = NULL;
+    const int run = mode == RUN;
+    fattn_names names = st->names;
+    names.describe = mode == CHECK;
     call c;
     PyObject *result = NULL;
     fattn_plan plan;
     memset(&plan, 0, sizeof plan);
-    if (call_take(st, a, &c)) goto done;
+    if (call_take(&names, a, &c)) goto done;
+    if (mode == CHECK) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
     const attn_params *f = &c.p.fwd;
     fattn_status s = FATTN_OK;
     if (f->b * f->h * f->sq == 0 && f->b * f->h_kv * f->sk == 0) { /* nothing to compute but dsinks' zeros */
         if (run && c.p.dsinks) s = c.gpu ? fattn_gpu_sinks(&c.sp, 1, c.device, c.stream) : sinks_on_cpu(&c.sp);
+        if (run && !s) s = zero_uncovered(&c);
         result = s ? NULL : Py_NewRef(Py_None);
         if (s) fattn_raise_status();
         goto done;
@@ -220,6 +245,7 @@ static PyObject *backward(PyObject *module, PyObject *const *args, Py_ssize_t na
         if (plan_gpu(st, &c, &plan)) goto done;
         if (run) s = fattn_run_gpu_bwd(&c.p, &plan, c.stream);
         if (run && !s && c.p.dsinks && !plan.sinks_fused) s = fattn_gpu_sinks(&c.sp, 1, c.device, c.stream);
+        if (run && !s) s = zero_uncovered(&c);
     } else {
         if (c.variant && strcmp(c.variant, "cpu")) {
             PyErr_Format(PyExc_ValueError, "variant: '%s' does not run on the CPU; fattn.variants('cpu') lists what does",
@@ -231,6 +257,7 @@ static PyObject *backward(PyObject *module, PyObject *const *args, Py_ssize_t na
             Py_BEGIN_ALLOW_THREADS
             s = fattn_cpu_backward(&c.p, &plan.cpu);
             if (!s && c.p.dsinks) fattn_cpu_sinks_backward(&c.sp);
+            if (!s) s = zero_uncovered(&c);
             Py_END_ALLOW_THREADS
         }
     }
@@ -245,15 +272,19 @@ done:
 }
 
 PyObject *fattn_py_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    return backward(module, args, nargs, kwnames, NARGS_PUBLIC, 1, 0);
+    return backward(module, args, nargs, kwnames, NARGS_PUBLIC, RUN, 0);
+}
+
+PyObject *fattn_py_check_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return backward(module, args, nargs, kwnames, NARGS_PUBLIC, CHECK, 0);
 }
 
 PyObject *fattn_dev_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    return backward(module, args, nargs, kwnames, FATTN_BACKWARD_ARGS, 1, 1);
+    return backward(module, args, nargs, kwnames, FATTN_BACKWARD_ARGS, RUN, 1);
 }
 
 PyObject *fattn_dev_plan_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    return backward(module, args, nargs, kwnames, FATTN_BACKWARD_ARGS, 0, 1);
+    return backward(module, args, nargs, kwnames, FATTN_BACKWARD_ARGS, PLAN, 1);
 }
 
 PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {

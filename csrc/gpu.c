@@ -8,6 +8,7 @@
 
 #include "kvcache.h"
 #include "sinks.h"
+#include "varlen_rows.h"
 #include "tuned.h"
 #include "variants.h"
 
@@ -183,6 +184,13 @@ fattn_status fattn_gpu_append_kv(const attn_params *p, const fattn_append *a, in
     fattn_status st = enter_device(device, &prev);
     if (st) return st;
     return leave_device(prev, device, fattn_launch_append_kv(p, a, stream));
+}
+
+fattn_status fattn_gpu_zero_uncovered(const attn_bwd_params *p, int device, void *stream) {
+    int prev;
+    fattn_status st = enter_device(device, &prev);
+    if (st) return st;
+    return leave_device(prev, device, fattn_launch_zero_uncovered(p, stream));
 }
 
 fattn_status fattn_gpu_sinks(const fattn_sink_params *p, int backward, int device, void *stream) {
@@ -555,6 +563,10 @@ fattn_status fattn_run_gpu_bwd(const attn_bwd_params *p, const fattn_plan *plan,
 }
 fattn_status fattn_gpu_append_kv(const attn_params *p, const fattn_append *a, int device, void *stream) {
     (void)p; (void)a; (void)device; (void)stream;
+    return not_built();
+}
+fattn_status fattn_gpu_zero_uncovered(const attn_bwd_params *p, int device, void *stream) {
+    (void)p; (void)device; (void)stream;
     return not_built();
 }
 fattn_status fattn_gpu_sinks(const fattn_sink_params *p, int backward, int device, void *stream) {

@@ -6,6 +6,8 @@
  *            deterministic, workspace)                                                  bind_bwd.c
  *   backward_workspace_bytes(b, h, sq, d, deterministic=False) -> bytes a GPU backward's workspace needs
  *                                                                      bind_bwd.c
+ *   check_forward(...), check_backward(...): forward's / backward's arguments checked, nothing run (torch's fake
+ *            kernels: fake and meta tensors)                                          bind.c, bind_bwd.c
  *   sinks(out, lse, sinks, *, layout, stream, dout, dsinks): attention sinks            bind_sinks.c
  *   dlpack_device(x) -> (device_type, device_id) of an array or a DLPack capsule
  *   variants(device_type, device_id) -> [(name, summary), ...]   the variants that run there
@@ -28,19 +30,20 @@ static PyObject *py_dlpack_device(PyObject *module, PyObject *obj) {
 }
 
 static PyObject *py_longest_sequence(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "longest_sequence(cu_seqlens, stream=None)");
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "longest_sequence(cu_seqlens, stream=None, name='cu_seqlens')");
         return NULL;
     }
     module_state *st = fattn_state(module);
     if (fattn_find_torch(&st->names)) return NULL;
     void *stream = NULL;
     PyObject *stream_obj = nargs > 1 ? args[1] : Py_None;
-    if (fattn_arg_stream(stream_obj, &stream)) return NULL;
+    const char *name = nargs > 2 ? PyUnicode_AsUTF8(args[2]) : "cu_seqlens"; /* the caller's argument name */
+    if (!name || fattn_arg_stream(stream_obj, &stream)) return NULL;
     fattn_tensor t;
     memset(&t, 0, sizeof t);
     int64_t longest = 0;
-    const int rc = fattn_take(&st->names, args[0], "cu_seqlens", stream_obj, &t) ||
+    const int rc = fattn_take(&st->names, args[0], name, stream_obj, &t) ||
                    fattn_longest_sequence(&t, &longest, stream);
     fattn_tensor_release(&t);
     return rc ? NULL : PyLong_FromLongLong(longest);
@@ -108,6 +111,12 @@ static PyMethodDef module_methods[] = {
      "stream=None, deterministic=False, workspace=None, softcap=0, cu_seqlens_q=None, cu_seqlens_k=None, "
      "max_seqlen_q=None, max_seqlen_k=None, alibi_slopes=None, check_indices=True, sinks=None, dsinks=None): dq, dk, "
      "dv (and dsinks) of the forward call that gave out and lse."},
+    {"check_forward", (PyCFunction)(void (*)(void))fattn_py_check_forward, METH_FASTCALL | METH_KEYWORDS,
+     "check_forward(<forward's arguments>): raises as forward() would for them, runs nothing; torch tensors may be "
+     "fake or meta (described by shape, strides, dtype and device; index arrays are not read)."},
+    {"check_backward", (PyCFunction)(void (*)(void))fattn_py_check_backward, METH_FASTCALL | METH_KEYWORDS,
+     "check_backward(<backward's arguments>): raises as backward() would for them, runs nothing; torch tensors may "
+     "be fake or meta."},
     {"sinks", (PyCFunction)(void (*)(void))fattn_py_sinks, METH_FASTCALL | METH_KEYWORDS,
      "sinks(out, lse, sinks, *, layout=0, stream=None, dout=None, dsinks=None): attention sinks applied to a "
      "forward's out and lse in place, or (with dout, dsinks) their gradient."},
@@ -115,7 +124,8 @@ static PyMethodDef module_methods[] = {
      "backward_workspace_bytes(b, h, sq, d, deterministic=False) -> bytes of workspace a GPU backward needs."},
     {"dlpack_device", py_dlpack_device, METH_O, "dlpack_device(array or capsule) -> (device_type, device_id)."},
     {"longest_sequence", (PyCFunction)(void (*)(void))py_longest_sequence, METH_FASTCALL,
-     "longest_sequence(cu_seqlens, stream=None) -> the longest sequence of int32 prefix sums (checked)."},
+     "longest_sequence(cu_seqlens, stream=None, name='cu_seqlens') -> the longest sequence of int32 prefix sums "
+     "(checked; errors name the array `name`)."},
     {"variants", (PyCFunction)(void (*)(void))py_variants, METH_FASTCALL,
      "variants(device_type, device_id): [(name, summary)] of the variants that run there."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of CUDA devices; RuntimeError if none usable."},

@@ -228,6 +228,90 @@ int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg
     return 0;
 }
 
+/* A torch dtype as DLPack names it, from the dtype's own properties (torch.bool as DLPack's bool). */
+static int describe_dtype(PyObject *dtype, DLDataType *dt) {
+    PyObject *fp = PyObject_GetAttrString(dtype, "is_floating_point");
+    PyObject *cx = fp ? PyObject_GetAttrString(dtype, "is_complex") : NULL;
+    PyObject *sg = cx ? PyObject_GetAttrString(dtype, "is_signed") : NULL;
+    PyObject *sz = sg ? PyObject_GetAttrString(dtype, "itemsize") : NULL;
+    PyObject *name = sz ? PyObject_Str(dtype) : NULL;
+    int ok = name != NULL;
+    if (ok) {
+        const long bytes = PyLong_AsLong(sz);
+        const char *text = PyUnicode_AsUTF8(name);
+        ok = bytes > 0 && text != NULL;
+        if (ok) {
+            dt->bits = (uint8_t)(8 * bytes);
+            dt->lanes = 1;
+            dt->code = !strcmp(text, "torch.bool")    ? kDLBool
+                       : !strcmp(text, "torch.bfloat16") ? kDLBfloat
+                       : PyObject_IsTrue(cx)           ? kDLComplex
+                       : PyObject_IsTrue(fp)           ? kDLFloat
+                       : PyObject_IsTrue(sg)           ? kDLInt
+                                                       : kDLUInt;
+        }
+    }
+    Py_XDECREF(fp);
+    Py_XDECREF(cx);
+    Py_XDECREF(sg);
+    Py_XDECREF(sz);
+    Py_XDECREF(name);
+    return ok ? 0 : -1;
+}
+
+/* A torch device as a DLPack one: cpu, cuda:N, or FATTN_DEVICE_META; another type raises naming `arg`. */
+static int describe_device(PyObject *device, const char *arg, DLDevice *dev) {
+    PyObject *type = PyObject_GetAttrString(device, "type");
+    PyObject *index = type ? PyObject_GetAttrString(device, "index") : NULL;
+    const char *text = index ? PyUnicode_AsUTF8(type) : NULL;
+    int ok = text != NULL;
+    if (ok) {
+        const long id = index == Py_None ? 0 : PyLong_AsLong(index);
+        ok = !PyErr_Occurred();
+        dev->device_id = (int32_t)id;
+        if (!strcmp(text, "cpu")) dev->device_type = kDLCPU;
+        else if (!strcmp(text, "cuda")) dev->device_type = kDLCUDA;
+        else if (!strcmp(text, "meta")) dev->device_type = FATTN_DEVICE_META;
+        else if (ok) {
+            PyErr_Format(PyExc_ValueError, "%s: on %s; fattn takes cpu or cuda tensors", arg, text);
+            ok = 0;
+        }
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(index);
+    return ok ? 0 : -1;
+}
+
+int fattn_tensor_describe_torch(PyObject *obj, const char *arg, fattn_tensor *out) {
+    memset(out, 0, sizeof *out);
+    out->arg = arg;
+    DLTensor *t = &out->local;
+    PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+    PyObject *device = dtype ? PyObject_GetAttrString(obj, "device") : NULL;
+    PyObject *shape = device ? PyObject_GetAttrString(obj, "shape") : NULL;
+    PyObject *stride = shape ? PyObject_CallMethod(obj, "stride", NULL) : NULL;
+    int ok = stride && !describe_dtype(dtype, &t->dtype) && !describe_device(device, arg, &t->device);
+    if (ok) {
+        const int nd = int_tuple(shape, out->local_shape), ns = int_tuple(stride, out->local_strides);
+        ok = !PyErr_Occurred() && nd >= 0 && nd == ns;
+        if (!ok && !PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "%s: could not read the tensor's shape and strides", arg);
+        t->ndim = nd;
+        t->shape = out->local_shape;
+        t->strides = out->local_strides;
+    }
+    Py_XDECREF(dtype);
+    Py_XDECREF(device);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    if (!ok) return -1;
+    /* no memory: a placeholder address, non-NULL (a pointer's presence says an optional array was given) and
+     * aligned; the rules that compare or use addresses do not run on described views (fattn_call_opts.describe) */
+    t->data = (void *)(uintptr_t)FATTN_DESCRIBED_DATA;
+    out->t = t;
+    return 0;
+}
+
 void fattn_tensor_release(fattn_tensor *t) {
     if (!t->capsule) return;
     /* A deleter may run Python code (dropping the producer's array): keep a pending exception out of its way. */

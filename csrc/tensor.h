@@ -28,6 +28,9 @@ typedef struct {
     PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device, *s_torch;
     PyObject *torch_type, *torch_dtypes[3]; /* torch.Tensor; torch.float32, float16, bfloat16 (fattn_dtype order) */
     PyObject *torch_int32;                  /* torch.int32: index arrays */
+    int describe; /* set in a per-call copy by the check-only calls (_C.check_forward / check_backward): torch
+                     tensors are described by shape, strides, dtype and device alone, with a placeholder data
+                     address (fake and meta tensors have no memory) */
 } fattn_names;
 
 /* The (device_type, device_id) of `obj` from __dlpack_device__() (or from a capsule). 0 with an exception set
@@ -53,6 +56,17 @@ int fattn_is_torch(const fattn_names *n, PyObject *obj);
  * Returns 0; 1 (no exception) for a tensor of another dtype, which the caller takes through DLPack instead; or -1
  * with an exception naming `arg`. */
 int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg, fattn_tensor *out);
+
+/* The device type of a meta tensor in a described view (not a DLPack code: nothing runs on it). */
+#define FATTN_DEVICE_META 0x7fff
+
+/* The data address of a described view (below): a placeholder, never dereferenced. */
+#define FATTN_DESCRIBED_DATA 4096
+
+/* Describes a torch tensor (any dtype) from its shape, stride(), dtype and device, reading no memory: data is
+ * FATTN_DESCRIBED_DATA.
+ * For the check-only calls, whose tensors may be fake or meta.  Returns 0, or -1 with an exception naming `arg`. */
+int fattn_tensor_describe_torch(PyObject *obj, const char *arg, fattn_tensor *out);
 
 /* Calls the producer's deleter and drops the capsule; safe on an empty view. */
 void fattn_tensor_release(fattn_tensor *t);

@@ -58,7 +58,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     Gradients: with torch tensors that require grad, eager calls go through an autograd Function over fattn's
     kernels, and traced ones (torch.compile, torch.export, FakeTensor and meta tensors) through the registered op
     ``torch.ops.fattn.attention``; the backward is :func:`attention_backward` either way.  The LSE is not
-    differentiable, nor is forward-mode AD supported.  Other frameworks call
+    differentiable, nor are forward-mode AD and torch.func.vmap supported (torch.func.grad and vjp are).  Other frameworks call
     :func:`attention_backward` themselves (JAX: ``fattn.jax.attention``).
 
     Returns:
@@ -76,6 +76,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
+        _args.refuse_transforms()
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             return _torch_op(q, k, v, causal_code, scale, layout_code, window, softcap, variant, deterministic, out,
                              lse, return_lse, sinks, alibi_slopes)

@@ -115,6 +115,26 @@ def refuse_dual(**tensors):
                                       "reverse mode (backward / torch.autograd.grad)")
 
 
+def refuse_vmap():
+    raise NotImplementedError("q: torch.func.vmap (also under jacrev, jacfwd, hessian) is not supported by fattn; "
+                              "put the batch in q's B dimension, or loop")
+
+
+def refuse_transforms():
+    """NotImplementedError inside torch.func's vmap (jacrev, jacfwd and hessian use it) or jvp: fattn has no batching
+    or forward-mode rule; torch.func.grad and vjp work."""
+    if _frameworks.functorch_top is None or _frameworks.is_compiling() or _frameworks.functorch_top() is None:
+        return  # (under torch.compile the traced op takes the call: no transform's interpreter to read)
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    kinds = {i.key().name for i in retrieve_all_functorch_interpreters()}
+    if "Vmap" in kinds:
+        refuse_vmap()
+    if "Jvp" in kinds:
+        raise NotImplementedError("q: forward-mode AD (torch.func.jvp, jacfwd) is not supported by fattn; use "
+                                  "reverse mode (torch.func.grad, vjp, or backward)")
+
+
 def needs_torch_op(q, k, v):
     """True when a torch call must go through the registered op: traced_or_fake, or gradients to record.  Plain
     tensors take the lean path."""

@@ -65,6 +65,8 @@ is_compiling = None  # torch.compiler.is_compiling, once registered
 grad_enabled = None  # torch.is_grad_enabled, once registered
 forward_ad = None    # torch.autograd.forward_ad, once registered
 is_capturing = None  # torch.cuda.is_current_stream_capturing, once registered
+increment_version = None  # torch.autograd.graph.increment_version, once registered
+functorch_top = None  # torch._C._functorch.peek_interpreter_stack (None: no torch.func transform), once registered
 
 
 def register_torch(C):
@@ -77,12 +79,23 @@ def register_torch(C):
     is_capturing = torch.cuda.is_current_stream_capturing
     C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.int32)
     torch_tensor = torch.Tensor
-    global forward_ad
+    global forward_ad, increment_version, functorch_top
     import torch.autograd.forward_ad as forward_ad  # noqa: F811  (its _current_level: -1 outside dual_level)
+    increment_version = torch.autograd.graph.increment_version
+    functorch_top = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
     is_tracing = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, without building a Stream object
     _torch_raw_stream = raw or (lambda idx: torch.cuda.current_stream(idx).cuda_stream)
     torch_ready = True
+
+
+def written_in_place(*tensors):
+    """Tells torch that fattn wrote these torch tensors in place (through their memory, where torch cannot see it):
+    their version counters advance, so autograd refuses a backward that saved them before (inference tensors keep
+    no version)."""
+    for t in tensors:
+        if isinstance(t, torch_tensor) and not t.is_inference():
+            increment_version(t)
 
 
 def current_stream(fw, device_id):

@@ -4,12 +4,14 @@ device-to-host copy that drains the stream.  A model's layers all take one batch
 first layer's call reads them, the others do not.  Only the check is skipped: a call still uses the arrays' values on
 the device as they are when it runs.
 
-Only arrays whose changes fattn can see are remembered: torch tensors (their version counter, which every in-place
-write made through torch advances, and their data pointer) and JAX arrays (immutable).  A tensor written behind
-torch's back -- by another library through DLPack, by a CUDA graph's replay, through `.data`, `.numpy()` or its raw
-pointer -- does not look changed: pass a new tensor or check_indices=False there.  Never remembered: torch's inference
-tensors (no version counter), tensor subclasses, calls under torch.compile or jit tracing (the traced call checks as
-it is told) and under CUDA graph capture (a captured call must say check_indices=False itself), CuPy and NumPy arrays.
+Only arrays whose read costs a sync and whose changes fattn can see are remembered: CUDA torch tensors (their version
+counter, which every in-place write made through torch advances, and their data pointer) and JAX arrays (immutable).
+A CUDA tensor written behind torch's back -- by another library through DLPack, by a CUDA graph's replay, through
+`.data` or its raw pointer -- does not look changed: pass a new tensor or check_indices=False there.  Never
+remembered: CPU tensors (read without a sync, so checked every call: one may share its memory with a NumPy array
+that changes it unseen), torch's inference tensors (no version counter), tensor subclasses, calls under torch.compile
+or jit tracing (the traced call checks as it is told) and under CUDA graph capture (a captured call must say
+check_indices=False itself), CuPy and NumPy arrays.
 
 A check's verdict also depends on what the arrays were checked against (row counts, max_seqlen arguments, the cache's
 shape, the new keys' count): the callers pass that as `against`, which must match too.  The arrays' state is taken
@@ -33,7 +35,7 @@ def _watchable(arrays):
         if fw == "torch":
             if type(a) is not _frameworks.torch_tensor or _frameworks.is_compiling() or _frameworks.is_tracing():
                 return False
-            if a.is_cuda and _frameworks.is_capturing():
+            if not a.is_cuda or _frameworks.is_capturing():
                 return False
         elif fw not in (None, "jax"):
             return False

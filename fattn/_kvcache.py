@@ -34,7 +34,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             shapes and dtypes are still checked, the values are trusted (no host sync: what a decode loop over
             many layers wants; an out-of-range entry is then undefined behaviour, as in flash-attention).
 
-    Inference only: not differentiable (torch tensors that require grad are refused while grad mode is on).  Under
+    Inference only: not differentiable (torch tensors that require grad are refused while grad mode is on).  The
+    cache's torch tensors are written in place and their version counters advance, as for a write through torch.  Under
     torch.compile (and for fake / meta tensors) the call is the op ``torch.ops.fattn.attention_with_kvcache``,
     which declares its writes into k_cache and v_cache.  On the GPU
     v2 (tensor cores) runs these calls, paged or not, with split keys for small batches (a softcap and ALiBi
@@ -49,9 +50,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
         raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(shape)}-D")
     if fw == "torch":
         _args.torch_registered()
-        if _frameworks.grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k_new, v_new)):
-            raise ValueError("q: attention_with_kvcache is inference only (not differentiable), but q, k_new or v_new "
-                             "requires grad; call it under torch.no_grad() or torch.inference_mode(), or detach them")
+        if _frameworks.grad_enabled():
+            _refuse_grad(q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, sinks=sinks)
         if _args.traced_or_fake(q):  # torch.compile, fake or meta tensors: the op that declares its cache writes
             from . import _torch
 
@@ -83,4 +83,15 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
                k_new=k_new, v_new=v_new, check_indices=check, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
                sinks=sinks)
     _indices.remember(arrays, against, stamped)
+    if fw == "torch" and k_new is not None:
+        _frameworks.written_in_place(k_cache, v_cache)
     return (out, lse) if return_lse else out
+
+
+def _refuse_grad(**tensors):
+    """ValueError naming the first torch tensor that requires grad: the call is not differentiable, and would write a
+    cache that autograd tracks behind its back."""
+    for name, t in tensors.items():
+        if getattr(t, "requires_grad", False):
+            raise ValueError(f"{name}: requires grad, but attention_with_kvcache is inference only (not "
+                             "differentiable); call it under torch.no_grad() or torch.inference_mode(), or detach it")

@@ -44,8 +44,9 @@ class _Lengths:
         self.against = tuple(getattr(x, "shape", (None,))[0] for x in (q, k)), given  # what the check compares
         self.check, self.stamps = _indices.to_check(self.arrays, self.against, check_indices,
                                                     rememberable and None not in given)
-        self.max_q, self.max_k = (g if g is not None else _C.longest_sequence(cu, stream) if needed else None
-                                  for g, cu, needed in zip(given, self.arrays, need))
+        self.max_q, self.max_k = (g if g is not None else _C.longest_sequence(cu, stream, name) if needed else None
+                                  for g, cu, needed, name in zip(given, self.arrays, need,
+                                                                 ("cu_seqlens_q", "cu_seqlens_k")))
 
     def checked(self):
         """After the call succeeded: the arrays it checked are remembered."""
@@ -95,6 +96,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
+        _args.refuse_transforms()
         if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             from . import _torch
 

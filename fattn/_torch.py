@@ -15,8 +15,9 @@ no host sync per layer.  The forward's autograd formula saves q, k, v, out, lse 
 backward op; lse is not differentiable.  Eager calls (nothing traced) take the same forward and backward through
 _EagerAttention, a plain autograd.Function, without the op's per-call overhead (attention_call picks).  Both save
 cu_seqlens, so the backward trusts the forward's check of them (torch refuses a backward whose saved tensors were
-written in place since) and reads nothing back.  Both ops
-have fake (meta) implementations that only give shapes.
+written in place since) and reads nothing back.  The ops' fake (meta) implementations give the shapes and, where
+the sizes are static, check the call by C's own rules (_C.check_forward / check_backward: the tensors described,
+index arrays not read), so that torch.compile and torch.export refuse what the eager call refuses.
 Imported, and torch's types registered with the C side (the lean call path), by fattn.attention the first time a
 torch tensor arrives; `import fattn` never imports torch.
 """
@@ -55,6 +56,21 @@ def _seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
             "max_seqlen_k": max_seqlen_k}
 
 
+def _call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+             max_seqlen_k, variant, alibi_slopes, check_indices):
+    """The keywords of _C.forward / _C.backward (and their check_ twins) for the op's arguments."""
+    return dict(causal=causal, scale=scale, layout=layout, window=_window(window_left, window_right), softcap=softcap,
+                variant=variant, alibi_slopes=alibi_slopes, check_indices=check_indices,
+                **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+
+
+def _static(*tensors):
+    """True when every shape and stride of the tensors (None: absent) is a plain int: the fake kernels then check
+    their call through C's own rules (_C.check_forward / check_backward).  Symbolic sizes (dynamic shapes) are not
+    read, which would specialise them; the op checks those calls when it runs."""
+    return all(type(x) is int for t in tensors if t is not None for x in (*t.shape, *t.stride()))
+
+
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None, layout: int, window_left: int,
                window_right: int, softcap: float, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
                max_seqlen_q: int, max_seqlen_k: int, variant: str | None, deterministic: bool,
@@ -62,10 +78,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None
                check_indices: bool = True) -> tuple[Tensor, Tensor]:
     out = torch.empty_like(q)
     lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
-    _C.forward(q, k, v, out, lse, causal=causal, scale=scale, layout=layout, window=_window(window_left, window_right),
-               softcap=softcap, variant=variant, stream=_stream(q), alibi_slopes=alibi_slopes,
-               check_indices=check_indices, sinks=None if sinks is None else sinks.detach(),
-               **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    _C.forward(q, k, v, out, lse, stream=_stream(q), sinks=None if sinks is None else sinks.detach(),
+               **_call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
+                          max_seqlen_q, max_seqlen_k, variant, alibi_slopes, check_indices))
     return out, lse
 
 
@@ -75,7 +90,13 @@ attention = torch.library.custom_op(f"{_LIB}::attention", mutates_args=())(_atte
 @attention.register_fake
 def _(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
       max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
-    return torch.empty_like(q), q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
+    out = torch.empty_like(q)
+    lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
+    if _static(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes):
+        _C.check_forward(q, k, v, out, lse, sinks=sinks,
+                         **_call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q,
+                                    cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant, alibi_slopes, check_indices))
+    return out, lse
 
 
 def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: int,
@@ -96,11 +117,10 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
         dout = dout.contiguous()
     dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
     sink_kw = {} if sinks is None else {"sinks": sinks.detach(), "dsinks": dsinks}
-    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, causal=causal, scale=scale, layout=layout,
-                window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
-                deterministic=deterministic, workspace=workspace,
-                alibi_slopes=alibi_slopes, check_indices=check_indices, **sink_kw,
-                **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, stream=_stream(q), deterministic=deterministic,
+                workspace=workspace, **sink_kw,
+                **_call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
+                           max_seqlen_q, max_seqlen_k, variant, alibi_slopes, check_indices))
     return dq, dk, dv, dsinks
 
 
@@ -108,10 +128,16 @@ attention_backward = torch.library.custom_op(f"{_LIB}::attention_backward", muta
 
 
 @attention_backward.register_fake
-def _(dout, q, k, v, out, lse, *args):
-    sinks = args[_SINKS] if len(args) > _SINKS else None
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            torch.empty_like(sinks) if sinks is not None else q.new_empty((0,), dtype=torch.float32))
+def _(dout, q, k, v, out, lse, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
+      max_seqlen_q, max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
+    if _static(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes):
+        sink_kw = {} if sinks is None else {"sinks": sinks, "dsinks": dsinks}
+        _C.check_backward(dout, q, k, v, out, lse, dq, dk, dv, **sink_kw,
+                          **_call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q,
+                                     cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant, alibi_slopes, check_indices))
+    return dq, dk, dv, dsinks
 
 
 # The op's parameters after q, k, v that hold cu_seqlens_q and cu_seqlens_k (None for dense calls).
@@ -135,11 +161,13 @@ def _setup_context(ctx, inputs, output):
 
 
 def watchable_indices(cu):
-    """True for cu_seqlens (a pair) whose in-place writes torch's saved-tensor check will refuse: torch tensors,
-    saveable (an inference tensor is not), saved without saved-tensor hooks (torch.autograd.graph.save_on_cpu,
-    checkpointing and other saved_tensors_hooks: with hooks torch checks no version).  Only such arrays may skip
-    the forward's check (remembered) or the backward's (saved)."""
-    return (all(isinstance(c, Tensor) and not c.is_inference() for c in cu) and not _saved_tensor_hooks())
+    """True for cu_seqlens (a pair) whose in-place writes torch's saved-tensor check will refuse and whose read costs
+    a sync: CUDA torch tensors, saveable (an inference tensor is not), saved without saved-tensor hooks
+    (torch.autograd.graph.save_on_cpu, checkpointing and other saved_tensors_hooks: with hooks torch checks no
+    version).  Only such arrays may skip the forward's check (remembered) or the backward's (saved).  CPU arrays are
+    read without a sync, so checked every time: one may share its memory with a NumPy array that changes it unseen."""
+    return (all(isinstance(c, Tensor) and c.is_cuda and not c.is_inference() for c in cu)
+            and not _saved_tensor_hooks())
 
 
 def _saved_tensor_hooks():
@@ -175,19 +203,48 @@ class _EagerAttention(torch.autograd.Function):
 
     # apply(q, k, v, sinks, rest): the op's other fourteen arguments in one tuple -- autograd's apply walks every
     # argument it is given (unwrap_dead_wrappers, the requires_grad checks): apply alone took 12.4 us with eighteen
-    # arguments and 7.8 with four on the 2-core machine
+    # arguments and 7.8 with four on the 2-core machine.  forward and setup_context apart: what torch.func's grad
+    # and vjp transforms need of a Function (their vmap and jvp are refused before: _args.refuse_transforms).
     @staticmethod
-    def forward(ctx, q, k, v, sinks, rest):
-        inputs = (q, k, v, *rest[:_SINKS], sinks, *rest[_SINKS:])  # the op's order (_attention)
-        out, lse = _attention(*inputs)
-        _setup_context(ctx, inputs, (out, lse))
-        return out, lse
+    def forward(q, k, v, sinks, rest):
+        return _attention(q, k, v, *rest[:_SINKS], sinks, *rest[_SINKS:])  # the op's order
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, sinks, rest = inputs
+        _setup_context(ctx, (q, k, v, *rest[:_SINKS], sinks, *rest[_SINKS:]), output)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        _args.refuse_vmap()
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        # create_graph=True (grad mode on here): the op, whose own backward is the clear double-backward error
-        g = _grads(ctx, dout, torch.ops.fattn.attention_backward if torch.is_grad_enabled() else _attention_backward)
+        # create_graph=True or torch.func.grad (grad mode on here): a backward whose own backward is the clear
+        # double-backward error
+        g = _grads(ctx, dout, _BackwardOnce.apply if torch.is_grad_enabled() else _attention_backward)
         return g[0], g[1], g[2], g[3 + _SINKS], None  # dq, dk, dv, dsinks (None without sinks), nothing for rest
+
+
+class _BackwardOnce(torch.autograd.Function):
+    """_attention_backward where its result could be differentiated again (create_graph=True, torch.func.grad): the
+    gradients' own gradient is refused clearly rather than taken as zero."""
+
+    @staticmethod
+    def forward(*args):
+        return _attention_backward(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _no_double_backward(ctx)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):  # torch.func.jacrev and hessian map vmap over the backward
+        _args.refuse_vmap()
 
 
 def attention_call(q, k, v, *params):
@@ -208,18 +265,30 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: T
     torch.compile and functionalization order it): returns (out, lse)."""
     out = torch.empty_like(q)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    _C.forward(q, k_cache, v_cache, out, lse, causal=causal, scale=scale, layout=1,
-               window=_window(window_left, window_right), softcap=softcap, variant=variant, stream=_stream(q),
-               cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new,
-               check_indices=check_indices, alibi_slopes=alibi_slopes,
-               sinks=None if sinks is None else sinks.detach())
+    _C.forward(q, k_cache, v_cache, out, lse, stream=_stream(q), sinks=None if sinks is None else sinks.detach(),
+               **_cache_kw(k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right, softcap, scale,
+                           variant, check_indices, alibi_slopes))
     return out, lse
+
+
+def _cache_kw(k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right, softcap, scale, variant,
+              check_indices, alibi_slopes):
+    """The keywords of _C.forward (and check_forward) for attention_with_kvcache's op arguments."""
+    return dict(causal=causal, scale=scale, layout=1, window=_window(window_left, window_right), softcap=softcap,
+                variant=variant, cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new,
+                check_indices=check_indices, alibi_slopes=alibi_slopes)
 
 
 @attention_with_kvcache.register_fake
 def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right, softcap,
       scale, variant, check_indices, sinks, alibi_slopes):
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    out = torch.empty_like(q)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    if _static(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, sinks, alibi_slopes):
+        _C.check_forward(q, k_cache, v_cache, out, lse, sinks=sinks,
+                         **_cache_kw(k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right,
+                                     softcap, scale, variant, check_indices, alibi_slopes))
+    return out, lse
 
 
 def _no_double_backward(ctx, *grads):

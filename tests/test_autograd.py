@@ -194,6 +194,68 @@ def test_forward_mode_ad_is_refused():
         assert fattn.attention(q, k, v).shape == q.shape  # plain tensors inside dual_level still run
 
 
+def test_torch_func_grad_and_vjp_work_vmap_and_jvp_refused():
+    """torch.func.grad and vjp give fattn's gradients (they need the Function's setup_context); vmap (and jacrev,
+    hessian, which map the backward) and jvp have no rule in fattn and are refused naming it."""
+    q, k, v, dout = inputs(1, 4, 2, 17, 23, 32, torch.float32, "cpu", 12)
+    f = lambda q, k, v: (fattn.attention(q, k, v, causal=True) * dout).sum()  # noqa: E731
+    got = torch.func.grad(f, argnums=(0, 1, 2))(q, k, v)
+    ls = leafs(q, k, v)
+    f(*ls).backward()
+    assert all(torch.equal(a, b.grad) for a, b in zip(got, ls))
+    out, vjp = torch.func.vjp(lambda q: fattn.attention(q, k, v, causal=True), q)
+    assert torch.equal(vjp(dout)[0], ls[0].grad)
+    with pytest.raises(NotImplementedError, match="torch.func.vmap"):
+        torch.func.vmap(lambda q: fattn.attention(q, k, v))(q[None])
+    with pytest.raises(NotImplementedError, match="torch.func.vmap"):
+        torch.func.jacrev(lambda q: fattn.attention(q, k, v).sum(-1))(q)
+    with pytest.raises(NotImplementedError, match="forward-mode AD"):
+        torch.func.jvp(lambda q: fattn.attention(q, k, v), (q,), (q,))
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.func.grad(lambda q: torch.func.grad(f)(q, k, v).sum())(q)
+
+
+def test_traced_calls_refused_as_eager_ones():
+    """The ops' fake kernels check a call by C's rules (_C.check_forward / check_backward), so torch.export, meta
+    and fake tensors refuse bad input at trace time with the eager message (they returned shapes for anything)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v, dout = inputs(1, 4, 2, 16, 16, 32, torch.float32, "cpu", 13)
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            return fattn.attention(q, k, v)
+
+    with pytest.raises(ValueError, match="k: 3 heads do not divide q's 4 heads"):
+        torch.export.export(Block(), (q, k[:, :1].expand(1, 3, 16, 32).contiguous(), v[:, :1].expand(1, 3, 16, 32)))
+    assert torch.export.export(Block(), (q, k, v)) is not None
+    with pytest.raises(ValueError, match="v: head dim 16 differs from q's 32"):
+        fattn.attention(q.to("meta"), k.to("meta"), v[..., :16].to("meta"))
+    with pytest.raises(ValueError, match="k: on cpu but q is on meta"):
+        fattn.attention(q.to("meta"), k, v.to("meta"))
+    cu, cu64 = torch.tensor([0, 7, 16], dtype=torch.int32), torch.tensor([0, 7, 16])
+    cache_seqlens64 = torch.zeros(2, dtype=torch.int64)
+    cache, q1 = torch.zeros(2, 32, 2, 32), torch.zeros(2, 1, 4, 32)
+    packed = [x[0].transpose(0, 1).contiguous() for x in (q, k, v, dout)]  # (16, H, 32)
+    with FakeTensorMode() as mode:
+        fq, fk, fv, fd = (mode.from_tensor(x) for x in packed)
+        with pytest.raises(TypeError, match="cu_seqlens_q: dtype must be int32"):
+            fattn.attention_varlen(fq, fk, fv, mode.from_tensor(cu64), mode.from_tensor(cu), max_seqlen_q=9,
+                                   max_seqlen_k=9)
+        out, lse = torch.ops.fattn.attention(fq, fk, fv, 0, None, 0, -1, -1, 0.0, mode.from_tensor(cu),
+                                             mode.from_tensor(cu), 9, 9, None, False)
+        with pytest.raises(ValueError, match="dout: shape must be q's"):
+            torch.ops.fattn.attention_backward(fd[:15], fq, fk, fv, out, lse, 0, None, 0, -1, -1, 0.0,
+                                               mode.from_tensor(cu), mode.from_tensor(cu), 9, 9, None, False)
+        fattn_grads = torch.ops.fattn.attention_backward(fd, fq, fk, fv, out, lse, 0, None, 0, -1, -1, 0.0,
+                                                         mode.from_tensor(cu), mode.from_tensor(cu), 9, 9, None,
+                                                         False)
+        assert [tuple(g.shape) for g in fattn_grads[:3]] == [tuple(fq.shape), tuple(fk.shape), tuple(fv.shape)]
+        fc = mode.from_tensor(cache)
+        with torch.no_grad(), pytest.raises(TypeError, match="cache_seqlens: dtype must be int32"):
+            fattn.attention_with_kvcache(mode.from_tensor(q1), fc, fc, cache_seqlens=mode.from_tensor(cache_seqlens64))
+
+
 def test_register_torch_ops_makes_the_ops_available():
     """fattn.register_torch_ops() registers torch.ops.fattn.* without a torch tensor having reached fattn (what
     torch.export.load of a program using fattn needs in a fresh process)."""

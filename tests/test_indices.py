@@ -9,6 +9,9 @@ from test_serving import devices
 
 import fattn
 
+# Only CUDA tensors are remembered (a CPU array is read without a sync, so checked every call): test_cpu_arrays_*.
+CUDA = [pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
 
 class _Reads:
     """Counts, through fattn._C, the reads of index arrays calls make: longest_sequence() calls, and calls of
@@ -35,7 +38,7 @@ class _Reads:
         return got
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("device", CUDA)
 def test_varlen_checked_arrays_remembered(device, seed, monkeypatch):
     """Checked cu_seqlens are remembered (fattn/_indices.py) when both max_seqlen are given: the same unchanged
     tensors with the same rows and max_seqlen arguments are not read again by the forward or the backward, and give
@@ -87,7 +90,7 @@ def test_varlen_checked_arrays_remembered(device, seed, monkeypatch):
         assert reads.take() == (0, 1)
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("device", CUDA)
 def test_varlen_autograd_backward_trusts_forward(device, seed, monkeypatch):
     """Eager autograd saves cu_seqlens for the backward, which then reads nothing back: the forward checked them (or
     was told not to), and torch refuses the backward if they were written in place since.  Gradients match the
@@ -149,11 +152,13 @@ def test_varlen_autograd_backward_trusts_forward(device, seed, monkeypatch):
     assert all(torch.equal(a, b.grad) for a, b in zip(want, leafs))
 
 
+@pytest.mark.gpu
 def test_varlen_new_arrays_remembered_only_while_alive(monkeypatch):
     """A remembered array that is dropped does not vouch for the next array Python puts at its address (id() is
     reused): each new cu_seqlens tensor is checked, and bad offsets in one raise."""
     import gc
-    q, k, v, cq, ck = packed([3, 7, 1], [3, 7, 1], 2, 2, 16, torch.float32, "cpu", 0)
+    require("cuda")
+    q, k, v, cq, ck = packed([3, 7, 1], [3, 7, 1], 2, 2, 16, torch.float16, "cuda", 0)
     reads = _Reads(monkeypatch)
     kw = dict(max_seqlen_q=7, max_seqlen_k=7)
     for i in range(20):
@@ -162,7 +167,7 @@ def test_varlen_new_arrays_remembered_only_while_alive(monkeypatch):
         assert reads.take() == (0, 1)
         del cu
         gc.collect()
-        bad = torch.tensor([0, 9, 3, 11], dtype=torch.int32)  # decreasing
+        bad = torch.tensor([0, 9, 3, 11], dtype=torch.int32, device="cuda")  # decreasing
         with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
             fattn.attention_varlen(q, k, v, bad, bad, **kw)
         assert reads.take() == (0, 1)
@@ -188,8 +193,9 @@ def test_varlen_compiled_not_remembered(device):
 
 @pytest.mark.parametrize("device", devices())
 def test_varlen_compiled_backward_trusts_forward(device, monkeypatch):
-    """Compiled with gradients, the forward checks cu_seqlens each run (nothing remembered) and the backward trusts
-    it, reading nothing; a write between the two is refused by torch (the compiled graph's saved inputs)."""
+    """Compiled with gradients, the forward checks cu_seqlens each run (nothing remembered) and on the GPU the
+    backward trusts it, reading nothing; a write between the two is refused by torch (the compiled graph's saved
+    inputs).  On the CPU the backward checks them again (CPU arrays are never taken on trust)."""
     require(device)
     dt = torch.float32 if device == "cpu" else torch.float16
     q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, dt, device, 0)
@@ -204,12 +210,17 @@ def test_varlen_compiled_backward_trusts_forward(device, monkeypatch):
         y = compiled(*leafs, cq, ck)
         assert reads.take() == (0, 1)
         y.backward(dout)
-        assert reads.take() == (0, 0)
+        assert reads.take() == (0, 0 if device == "cuda" else 1)
         assert all(torch.allclose(a, b.grad, atol=1e-5 if device == "cpu" else 2e-3) for a, b in zip(want, leafs))
     y = compiled(*leafs, cq, ck)
-    cq[1] = cq[1]
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        y.backward(dout)
+    if device == "cuda":
+        cq[1] = cq[1]
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward(dout)
+    else:
+        cq.numpy()[2] = 2  # decreasing, written behind torch's back
+        with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
+            y.backward(dout)
 
 
 @pytest.mark.gpu
@@ -233,22 +244,29 @@ def test_varlen_not_remembered_under_capture(seed):
     assert fattn._indices.remembered((cq, ck), against)  # outside capture again
 
 
+def _on_gpu(x):
+    """A CPU test tensor on the GPU: floats as float16, index arrays as they are."""
+    return x.cuda().half() if x.is_floating_point() else x.cuda()
+
+
+@pytest.mark.gpu
 def test_kvcache_checked_indices_remembered(monkeypatch):
     """Checked cache_seqlens and block_table are remembered: a decode step's later layers -- the same unchanged
     tensors, a cache of the same shape, as many new keys -- read nothing back and give the same result; a write
     through torch, another number of new keys or another pool size is checked again, so an entry out of range still
     raises and writes nothing."""
+    require("cuda")
     reads = _Reads(monkeypatch)
-    args = _paged()
+    args = {name: _on_gpu(x) if isinstance(x, torch.Tensor) else x for name, x in _paged().items()}
     q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
     first = fattn.attention_with_kvcache(q, kc, vc, **args)
     assert reads.take() == (0, 1)
     again = fattn.attention_with_kvcache(q, kc, vc, **args)  # the same new keys into the same slots
     assert reads.take() == (0, 0) and torch.equal(first, again)
-    two = dict(args, k_new=torch.randn(2, 2, 2, 32), v_new=torch.randn(2, 2, 2, 32))
+    two = dict(args, k_new=_on_gpu(torch.randn(2, 2, 2, 32)), v_new=_on_gpu(torch.randn(2, 2, 2, 32)))
     fattn.attention_with_kvcache(q, kc, vc, **two)
     fattn.attention_with_kvcache(q, kc.clone(), vc.clone(), **two)  # another cache of the same shape
-    bigger = torch.randn(7, 16, 2, 32)
+    bigger = _on_gpu(torch.randn(7, 16, 2, 32))
     fattn.attention_with_kvcache(q, bigger, bigger.clone(), **args)
     assert reads.take() == (0, 2)  # two new keys: checked, then remembered; another pool size: checked
     args["cache_seqlens"][0] = 31  # through torch: 31 + 1 new key fits, but is seen and checked
@@ -276,3 +294,32 @@ def test_jax_cu_seqlens_remembered(monkeypatch):
     seq = q[None, 4:].transpose(0, 2, 1, 3)  # the second sequence, (1, H, 6, D)
     want, _ = reference.attention(seq, seq, seq)
     assert np.allclose(first[4:], np.asarray(want)[0].transpose(1, 0, 2), atol=1e-4)
+
+
+def test_cpu_arrays_checked_every_call(monkeypatch):
+    """CPU index arrays are never remembered: their read costs no sync, and one may share its memory with a NumPy
+    array written behind torch's back (no version change).  A decode loop's cache_seqlens advanced through NumPy is
+    checked again, so an entry past the cache is refused and nothing is written (it was written past the cache); a
+    packed call's cu_seqlens changed through NumPy between forward and backward are checked again by the backward."""
+    import numpy as np
+
+    lens = np.array([3, 5], np.int32)
+    seqlens = torch.from_numpy(lens)
+    buf = torch.zeros(2 * 2 * 32 * 2 * 16)
+    kc, neighbour = buf[:2048].view(2, 32, 2, 16), buf[2048:]
+    vc, q, new = torch.zeros(2, 32, 2, 16), torch.randn(2, 1, 2, 16), torch.ones(2, 1, 2, 16)
+    reads = _Reads(monkeypatch)
+    fattn.attention_with_kvcache(q, kc, vc, k_new=new, v_new=new, cache_seqlens=seqlens)
+    fattn.attention_with_kvcache(q, kc, vc, k_new=new, v_new=new, cache_seqlens=seqlens)
+    assert reads.take() == (0, 2)
+    lens[:] = [80, 5]  # through NumPy: torch's version counter does not move
+    with pytest.raises(ValueError, match="cache_seqlens: entry 0 is 80"):
+        fattn.attention_with_kvcache(q, kc, vc, k_new=new, v_new=new, cache_seqlens=seqlens)
+    assert not neighbour.any()
+    q, k, v, cq, ck = packed([3, 70, 17], [5, 70, 40], 4, 2, 64, torch.float32, "cpu", 0)
+    offsets = cq.numpy()  # shares cq's memory
+    leafs = [x.clone().requires_grad_() for x in (q, k, v)]
+    y = fattn.attention_varlen(*leafs, cq, ck, max_seqlen_q=70, max_seqlen_k=70)
+    offsets[2] = 2  # decreasing now, unseen by torch
+    with pytest.raises(ValueError, match="cu_seqlens_q: decreases at entry 2"):
+        y.backward(torch.ones_like(y))

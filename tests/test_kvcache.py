@@ -154,13 +154,23 @@ def _call(**over):
     ("seqlens-length", dict(cache_seqlens=torch.tensor([3], dtype=torch.int32)), ValueError,
      r"cache_seqlens: expected 2 entries"),
     ("no-seqlens", dict(cache_seqlens=None), ValueError, r"cache_seqlens: needed with k_new"),
-    ("v-new-alone", dict(k_new=None), ValueError, r"v_new: needed with k_new"),
+    ("v-new-alone", dict(k_new=None), ValueError, r"k_new: needed with v_new"),
     ("k-new-alone", dict(v_new=None), ValueError, r"v_new: needed with k_new"),
     ("k-new-shape", dict(k_new=torch.randn(2, 1, 3, 32)), ValueError, r"k_new: shape must be \(B=2, S_new, H_kv=2"),
     ("v-new-shape", dict(v_new=torch.randn(2, 2, 2, 32)), ValueError, r"v_new: shape differs from k_new's"),
     ("k-new-dtype", dict(k_new=torch.randn(2, 1, 2, 32).half()), TypeError, r"k_new: dtype float16 differs"),
     ("cache-dtype", dict(v_cache=torch.randn(2, 64, 2, 32).double()), TypeError, r"v_cache: dtype float64"),
     ("cache-3d", dict(k_cache=torch.randn(2, 64, 64)), ValueError, r"k_cache: expected a 4-D array"),
+    ("cache-batch", dict(k_cache=torch.randn(1, 64, 2, 32), v_cache=torch.randn(1, 64, 2, 32)), ValueError,
+     r"k_cache: batch 1 differs from q's 2"),
+    ("cache-heads", dict(k_cache=torch.randn(2, 64, 3, 32), v_cache=torch.randn(2, 64, 3, 32)), ValueError,
+     r"k_cache: 3 heads do not divide q's 4 heads"),
+    ("cache-v-shape", dict(v_cache=torch.randn(2, 32, 2, 32)), ValueError,
+     r"v_cache: shape \(2, 32, 2, 32\) differs from k_cache's \(2, 64, 2, 32\)"),
+    ("cache-requires-grad", dict(k_cache=torch.randn(2, 64, 2, 32, requires_grad=True)), ValueError,
+     r"k_cache: requires grad, but attention_with_kvcache is inference only"),
+    ("sinks-requires-grad", dict(sinks=torch.zeros(4, requires_grad=True)), ValueError,
+     r"sinks: requires grad"),
 ])
 def test_kvcache_errors_contiguous(name, over, exc, match):
     """Each bad call raises naming the argument, and writes nothing into the cache."""
@@ -201,6 +211,30 @@ def _paged(**over):
 ])
 def test_kvcache_errors_paged(name, over, exc, match):
     _assert_refused(_paged(**over), exc, match)
+
+
+def test_kvcache_out_in_a_later_page_refused():
+    """out= inside any page of the pool is refused (the overlap test covers the whole pool, not the block table's
+    view of it), and no page is written."""
+    args = _paged()
+    for page in (0, 4):  # a page of the block table, and one outside it
+        out = args["k_cache"][page, :4].reshape(2, 1, 4, 32)
+        _assert_refused(dict(args, out=out), ValueError, r"out: shares memory with k_cache")
+
+
+def test_kvcache_append_advances_versions():
+    """The append writes the cache in place as a torch write would: its version counter advances, so autograd
+    refuses a backward that saved the cache before (it used to read the new values silently)."""
+    args = _call()
+    q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
+    w = torch.ones_like(kc, requires_grad=True)
+    y = (kc * w).sum()
+    before = kc._version, vc._version
+    with torch.no_grad():
+        fattn.attention_with_kvcache(q, kc, vc, **args)
+    assert kc._version > before[0] and vc._version > before[1]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
 
 
 def test_kvcache_bad_sinks_write_nothing():
