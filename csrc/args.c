@@ -2,6 +2,7 @@
 #include "args.h"
 
 #include "variants.h" /* fattn_gpu_read_many */
+#include "overlap.h"
 #include "views.h"
 
 #include <float.h>
@@ -347,81 +348,6 @@ fail:
     return -1;
 }
 
-/* The bytes [*lo, *hi) a view spans (strides of any sign; empty if a size is 0). */
-static void view_bytes(const bhsd_view *x, const char **lo, const char **hi) {
-    const int64_t e = fattn_elem_bytes(x->dtype), n[3] = {x->b, x->h, x->s}, st[3] = {x->sb, x->sh, x->ss};
-    int64_t a = 0, b = x->d * e;
-    int empty = x->d == 0;
-    for (int i = 0; i < 3; i++) {
-        if (n[i] == 0) empty = 1;
-        else *(st[i] < 0 ? &a : &b) += (n[i] - 1) * st[i] * e;
-    }
-    *lo = x->data + a;
-    *hi = empty ? *lo : x->data + b;
-}
-
-/* Dims of more than one element as (size, |stride| in bytes), largest stride first; returns how many. */
-static int dims_by_stride(const bhsd_view *x, int64_t *n, int64_t *st) {
-    const int64_t e = fattn_elem_bytes(x->dtype), sizes[3] = {x->b, x->h, x->s}, strides[3] = {x->sb, x->sh, x->ss};
-    int k = 0;
-    for (int i = 0; i < 3; i++)
-        if (sizes[i] > 1) {
-            n[k] = sizes[i];
-            st[k++] = llabs(strides[i]) * e;
-        }
-    for (int i = 0; i < k; i++)
-        for (int j = i + 1; j < k; j++)
-            if (st[j] > st[i]) {
-                const int64_t a = st[i], c = n[i];
-                st[i] = st[j], n[i] = n[j];
-                st[j] = a, n[j] = c;
-            }
-    return k;
-}
-
-/* 1 if no two elements of the view share memory: each dim's stride steps past all the dims inside it (a view
- * written with a stride of 0, or rows closer than their length, would be written twice at once). */
-static int self_disjoint(const bhsd_view *x) {
-    if (!x->b || !x->h || !x->s || !x->d) return 1; /* nothing is written (its strides may be anything) */
-    int64_t n[3], st[3], extent = x->d * fattn_elem_bytes(x->dtype); /* bytes spanned by the dims inside */
-    for (int i = dims_by_stride(x, n, st) - 1; i >= 0; i--) {
-        if (st[i] < extent) return 0;
-        extent += st[i] * (n[i] - 1);
-    }
-    return 1;
-}
-
-/* 1 if delta (bytes) is sum_i m_i st[i] + t, |m_i| < n[i], |t| < row: two views of these dims (largest stride
- * first, nested as self_disjoint says), delta apart, share a byte.  Each dim's stride exceeds all that its inner
- * dims can add, so only the quotients next to delta / st[0] need trying. */
-static int reaches(int64_t delta, const int64_t *n, const int64_t *st, int k, int64_t row) {
-    if (k == 0) return llabs(delta) < row;
-    for (int64_t m = delta / st[0] - 1; m <= delta / st[0] + 1; m++)
-        if (llabs(m) < n[0] && reaches(delta - m * st[0], n + 1, st + 1, k - 1, row)) return 1;
-    return 0;
-}
-
-/* 1 if two views have one layout: dtype, sizes, and the strides of dims of more than one element. */
-static int same_layout(const bhsd_view *x, const bhsd_view *y) {
-    return x->dtype == y->dtype && x->b == y->b && x->h == y->h && x->s == y->s && x->d == y->d &&
-           (x->b < 2 || x->sb == y->sb) && (x->h < 2 || x->sh == y->sh) && (x->s < 2 || x->ss == y->ss);
-}
-
-static int same_view(const bhsd_view *x, const bhsd_view *y) { return x->data == y->data && same_layout(x, y); }
-
-/* 1 if two views share a byte.  Exact for views of one layout (same sizes and strides, nested: packed QKV slices
- * are), by their spans otherwise (conservative). */
-static int overlaps(const bhsd_view *x, const bhsd_view *y) {
-    const char *xl, *xh, *yl, *yh;
-    view_bytes(x, &xl, &xh);
-    view_bytes(y, &yl, &yh);
-    if (!(xl < xh && yl < yh && xl < yh && yl < xh)) return 0;
-    if (!same_layout(x, y) || !self_disjoint(x)) return 1;
-    int64_t n[3], st[3];
-    const int k = dims_by_stride(x, n, st);
-    return reaches((int64_t)(y->data - x->data), n, st, k, x->d * fattn_elem_bytes(x->dtype));
-}
-
 /* The softcap c: 0 (none), or c > 0 such that the kernels' c log2 e and its inverse are normal float32 numbers (a
  * larger c overflowed to inf and gave NaN scores; a smaller one rounded to 0, silently no cap). */
 static int check_softcap(double c) {
@@ -438,12 +364,12 @@ static int check_softcap(double c) {
 /* -1 with the exception set when out shares memory with k or v, with q other than as q itself, or with itself. */
 static int out_overlaps(const bhsd_view *q, const bhsd_view *k, const bhsd_view *v, const bhsd_view *out,
                         const char *k_arg, const char *v_arg) {
-    REQUIRE(!overlaps(out, k) && !overlaps(out, v), PyExc_ValueError, "out: shares memory with %s; the output "
-            "must not overlap %s or %s (nor q, except as q itself: out=q)", overlaps(out, k) ? k_arg : v_arg, k_arg,
+    REQUIRE(!fattn_overlaps(out, k) && !fattn_overlaps(out, v), PyExc_ValueError, "out: shares memory with %s; the output "
+            "must not overlap %s or %s (nor q, except as q itself: out=q)", fattn_overlaps(out, k) ? k_arg : v_arg, k_arg,
             v_arg);
-    REQUIRE(!overlaps(out, q) || same_view(out, q), PyExc_ValueError, "out: overlaps q without being q; the "
+    REQUIRE(!fattn_overlaps(out, q) || fattn_same_view(out, q), PyExc_ValueError, "out: overlaps q without being q; the "
             "output must not overlap q, k or v except as q itself (out=q)");
-    REQUIRE(self_disjoint(out), PyExc_ValueError, "out: its elements overlap one another (a stride of 0, or rows "
+    REQUIRE(fattn_self_disjoint(out), PyExc_ValueError, "out: its elements overlap one another (a stride of 0, or rows "
             "closer than their length): each would be written more than once");
     return 0;
 }
@@ -611,25 +537,52 @@ static int grad_view(const fattn_tensor *t, const fattn_tensor *q, int layout, c
     return 0;
 }
 
-int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
+/* dq, dk, dv against one another and against what the backward reads (q, k, v, out, dout, lse): each gradient is
+ * written while the inputs are still read, and dk = dv would keep only dv. */
+static int grads_disjoint(const bhsd_view *grads, const fattn_tensor *grad_ts, const fattn_tensor *q, int layout,
+                          int varlen, const bhsd_view *dout) {
+    static const char *in_names[4] = {"q", "k", "v", "out"};
+    bhsd_view ins[5];
+    for (int i = 0; i < 4; i++)
+        if (varlen ? fattn_view_3d(&q[i], &ins[i]) : fattn_view_4d(&q[i], layout, &ins[i])) return -1;
+    ins[4] = *dout;
+    for (int g = 0; g < 3; g++) {
+        const char *name = grad_ts[g].arg;
+        REQUIRE(fattn_self_disjoint(&grads[g]), PyExc_ValueError, "%s: its elements overlap one another (a stride of "
+                "0, or rows closer than their length): each would be written more than once", name);
+        for (int i = 0; i < 5; i++)
+            REQUIRE(!fattn_overlaps(&grads[g], &ins[i]), PyExc_ValueError, "%s: shares memory with %s, which the "
+                    "backward still reads while it writes %s", name, i < 4 ? in_names[i] : "dout", name);
+        REQUIRE(!q[4].t || !fattn_spans_meet(grad_ts[g].t, q[4].t), PyExc_ValueError, "%s: shares memory with lse, "
+                "which the backward still reads while it writes %s", name, name);
+        for (int h = 0; h < g; h++)
+            REQUIRE(!fattn_overlaps(&grads[g], &grads[h]), PyExc_ValueError, "%s: shares memory with %s; each "
+                    "gradient needs memory of its own", name, grad_ts[h].arg);
+    }
+    return 0;
+}
+
+int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, int describe, const attn_params *p,
                            attn_bwd_params *bp) {
-    bhsd_view g, dq, dk, dv;
+    bhsd_view g, grads[3];
+    bhsd_view *const dq = &grads[0], *const dk = &grads[1], *const dv = &grads[2];
     if (p->seqused_k || p->block_table) {
         PyErr_SetString(PyExc_ValueError, p->block_table ? "block_table: the backward takes no paged cache (a KV cache "
                         "is inference only)" : "seqused_k: the backward takes no seqused_k (a KV cache is inference "
                         "only)");
         return -1;
     }
-    if (grad_view(&ts[0], q, layout, p, 0, 1, &g) || grad_view(&ts[1], q, layout, p, 0, 0, &dq) ||
-        grad_view(&ts[2], q, layout, p, 1, 0, &dk) || grad_view(&ts[3], q, layout, p, 1, 0, &dv))
+    if (grad_view(&ts[0], q, layout, p, 0, 1, &g) || grad_view(&ts[1], q, layout, p, 0, 0, dq) ||
+        grad_view(&ts[2], q, layout, p, 1, 0, dk) || grad_view(&ts[3], q, layout, p, 1, 0, dv) ||
+        (!describe && grads_disjoint(grads, ts + 1, q, layout, p->cu_seqlens_q != NULL, &g)))
         return -1;
     memset(bp, 0, sizeof *bp);
     bp->fwd = *p;
-    bp->dout = g.data; bp->dq = dq.data; bp->dk = dk.data; bp->dv = dv.data;
+    bp->dout = g.data; bp->dq = dq->data; bp->dk = dk->data; bp->dv = dv->data;
     bp->do_stride_b = g.sb; bp->do_stride_h = g.sh; bp->do_stride_s = g.ss;
-    bp->dq_stride_b = dq.sb; bp->dq_stride_h = dq.sh; bp->dq_stride_s = dq.ss;
-    bp->dk_stride_b = dk.sb; bp->dk_stride_h = dk.sh; bp->dk_stride_s = dk.ss;
-    bp->dv_stride_b = dv.sb; bp->dv_stride_h = dv.sh; bp->dv_stride_s = dv.ss;
+    bp->dq_stride_b = dq->sb; bp->dq_stride_h = dq->sh; bp->dq_stride_s = dq->ss;
+    bp->dk_stride_b = dk->sb; bp->dk_stride_h = dk->sh; bp->dk_stride_s = dk->ss;
+    bp->dv_stride_b = dv->sb; bp->dv_stride_h = dv->sh; bp->dv_stride_s = dv->ss;
     return 0;
 }
 

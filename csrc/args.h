@@ -65,8 +65,10 @@ typedef struct {
 int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p, void *stream);
 
 /* The backward's gradient tensors, taken and checked against the forward's params p (built by fattn_build_params
- * from q, k, v, out, lse; the caller checks lse is given): ts = dout, dq, dk, dv.  Fills bp (its workspace pointers stay NULL). */
-int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
+ * from q, k, v, out, lse; the caller checks lse is given): ts = dout, dq, dk, dv; q: q, then k, v, out, lse.  dq, dk,
+ * dv must not share memory with an input or one another (overlap.h) unless `describe` (fattn_call_opts.describe).
+ * Fills bp (its workspace pointers stay NULL). */
+int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, int describe, const attn_params *p,
                            attn_bwd_params *bp); /* q: the forward's tensors from q on (q, k, ...) */
 
 /* The longest sequence of cu_seqlens (an int32 prefix-sum array on any device; checked non-decreasing from >= 0):

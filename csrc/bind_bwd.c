@@ -23,6 +23,7 @@
 #include "module.h"
 
 #include "cpu_attn.h"
+#include "overlap.h"
 #include "sinks.h"
 #include "varlen_rows.h"
 #include "variants.h"
@@ -102,6 +103,12 @@ static int take_workspace(call *c) {
         PyErr_SetString(PyExc_ValueError, "workspace: the array is read-only");
         return -1;
     }
+    for (int i = 0; i < NTENSORS - 1; i++) /* scratch written throughout the call: no array's memory */
+        if (c->ts[i].t && fattn_spans_meet(x, c->ts[i].t)) {
+            PyErr_Format(PyExc_ValueError, "workspace: shares memory with %s; it is scratch the backward writes",
+                         c->ts[i].arg);
+            return -1;
+        }
     c->ws_bytes = (size_t)n * ((x->dtype.bits * x->dtype.lanes + 7) / 8);
     const size_t need =
         (size_t)fattn_bwd_workspace_bytes(c->p.fwd.b, c->p.fwd.h, c->p.fwd.sq, c->p.fwd.d, c->p.deterministic);
@@ -155,7 +162,7 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
     PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};
     attn_params fwd;
     if (fattn_take_varlen_args(names, seq_objs, a[B_MAX_Q], a[B_MAX_K], stream_obj, c->seqs, &o) ||
-        fattn_build_params(c->ts, &o, &fwd, c->stream) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, &fwd, &c->p))
+        fattn_build_params(c->ts, &o, &fwd, c->stream) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, o.describe, &fwd, &c->p))
         return -1;
     c->p.deterministic = deterministic;
     if (take_sinks(names, a, stream_obj, o.layout, c)) return -1;

@@ -31,6 +31,37 @@ def test_backward_argument_errors():
         fattn.attention_backward(dout, q, k, v, out, lse, variant="v2")
 
 
+def test_backward_gradients_need_memory_of_their_own():
+    """dq, dk, dv may not share memory with what the backward reads (q, k, v, out, dout, lse) nor with one another,
+    nor overlap themselves: each is written while the inputs are still read (dk = dv kept only dv); the workspace
+    likewise.  Gradients in slices of one packed buffer (B, S, 3, H, D) are fine, and equal separate ones."""
+    q, k, v, dout = inputs(1, 2, 2, 16, 16, 32, torch.float32, "cpu", 1)
+    out, lse = fattn.attention(q, k, v, return_lse=True)
+    for name, x in dict(q=q, k=k, v=v, out=out, dout=dout).items():
+        with pytest.raises(ValueError, match=f"dq: shares memory with {name}, which the backward still reads"):
+            fattn.attention_backward(dout, q, k, v, out, lse, dq=x)
+    buf = torch.empty(32 + 1024)
+    lse_in, dq_on_lse = buf[:32].view(1, 2, 16), buf[16:16 + 1024].view(1, 2, 16, 32)
+    lse_in.copy_(lse)
+    with pytest.raises(ValueError, match="dq: shares memory with lse"):
+        fattn.attention_backward(dout, q, k, v, out, lse_in, dq=dq_on_lse)
+    shared = torch.empty_like(k)
+    with pytest.raises(ValueError, match="dv: shares memory with dk"):
+        fattn.attention_backward(dout, q, k, v, out, lse, dk=shared, dv=shared)
+    with pytest.raises(ValueError, match="dq: its elements overlap one another"):
+        fattn.attention_backward(dout, q, k, v, out, lse, dq=torch.empty(1, 2, 1, 32).expand(1, 2, 16, 32))
+    with pytest.raises(ValueError, match="workspace: shares memory with q"):
+        _C.backward(dout, q, k, v, out, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                    workspace=q)
+    qs, ks, vs, ds = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
+    os, ls = fattn.attention(qs, ks, vs, layout="bshd", return_lse=True)
+    grads = torch.empty(1, 16, 3, 2, 32)
+    got = fattn.attention_backward(ds, qs, ks, vs, os, ls, layout="bshd", dq=grads[:, :, 0], dk=grads[:, :, 1],
+                                   dv=grads[:, :, 2])
+    want = fattn.attention_backward(ds, qs, ks, vs, os, ls, layout="bshd")
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_backward_numpy_and_empty_shapes():
     np = pytest.importorskip("numpy")
     q, k, v, dout = (x.numpy() for x in inputs(1, 2, 1, 20, 25, 32, torch.float32, "cpu", 3))
