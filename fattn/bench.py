@@ -59,9 +59,9 @@ def parse_args(argv=None):
     ap.add_argument("--reps", type=int, help="timed repeats (default 50 on cuda, 10 on cpu)")
     ap.add_argument("--warmup", type=int, help="untimed calls first (default 10 on cuda, 2 on cpu)")
     ap.add_argument("--rounds", type=int, help="interleaved timing rounds per point (default 1 on cuda, 3 on cpu)")
-    ap.add_argument("--timer", choices=("events", "batch"), default="events",
+    ap.add_argument("--timer", choices=("events", "batch"),
                     help="cuda timer: events around each call with the L2 flushed (default), or batch: events "
-                         "around back-to-back calls (end-to-end latency)")
+                         "around back-to-back calls (end-to-end latency); cpu calls are timed by perf_counter")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
     args = ap.parse_args(argv)
@@ -125,6 +125,8 @@ def build_impls(args):
         args.error(f"--torch-backends: {sorted(set(names) - ok)} not among {sorted(ok)} for {args.device}")
     if args.gemm and args.device != "cuda":
         args.error("--gemm: the cuBLAS baseline runs on cuda only")
+    if args.timer and args.device != "cuda":
+        args.error(f"--timer: chooses between cuda timers; {args.device} calls are timed by perf_counter")
     return [f"fattn:{v}" for v in chosen] + [f"torch:{n}" for n in names] + (["cublas:gemm"] if args.gemm else [])
 
 
@@ -163,7 +165,7 @@ def main(argv=None):
         return 2
     points, impls = build_points(args), build_impls(args)
     meta, rows = suite.run(points, impls, reps=args.reps, warmup=args.warmup, rounds=args.rounds,
-                           timer_name=args.timer, seed=args.seed,
+                           timer_name=args.timer or "events", seed=args.seed,
                            quiet=args.quiet,
                            command=" ".join(["python", "-m", "fattn.bench"] + argv))
     if rows:

@@ -361,7 +361,8 @@ def test_cli_arguments_refused_before_the_run(tmp_path):
     from fattn import bench
     from fattn.tune import __main__ as tune_main
 
-    for argv in (["--sk", "-5"], ["--sk", "0"], ["--json", str(tmp_path / "nodir" / "r.json")]):
+    for argv in (["--sk", "-5"], ["--sk", "0"], ["--json", str(tmp_path / "nodir" / "r.json")],
+                 ["--timer", "batch"]):  # cuda timers: a cpu run times by perf_counter (it was silently ignored)
         with pytest.raises(SystemExit) as e:
             bench.main(["--device", "cpu", "--shape", "1,2,40,16"] + argv)
         assert e.value.code == 2
