@@ -78,8 +78,9 @@ static int take_sinks(const fattn_names *names, PyObject **a, PyObject *stream_o
     return 0;
 }
 
-/* The caller's workspace: a writable array on q's device, its bytes counted from its shape and dtype. */
-static int take_workspace(call *c) {
+/* The caller's workspace: a writable array on q's device, its bytes counted from its shape and dtype, sharing no
+ * memory with the call's arrays (unless describe: described arrays have no memory). */
+static int take_workspace(call *c, int describe) {
     const fattn_tensor *w = &c->ts[9];
     const DLTensor *x = w->t;
     if (!x) return 0;
@@ -103,7 +104,7 @@ static int take_workspace(call *c) {
         PyErr_SetString(PyExc_ValueError, "workspace: the array is read-only");
         return -1;
     }
-    for (int i = 0; i < NTENSORS - 1; i++) /* scratch written throughout the call: no array's memory */
+    for (int i = 0; i < NTENSORS - 1 && !describe; i++) /* scratch written throughout the call: no array's memory */
         if (c->ts[i].t && fattn_spans_meet(x, c->ts[i].t)) {
             PyErr_Format(PyExc_ValueError, "workspace: shares memory with %s; it is scratch the backward writes",
                          c->ts[i].arg);
@@ -167,7 +168,7 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
     c->p.deterministic = deterministic;
     if (take_sinks(names, a, stream_obj, o.layout, c)) return -1;
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
-    if (take_workspace(c)) return -1;
+    if (take_workspace(c, o.describe)) return -1;
     if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
         PyErr_SetString(PyExc_TypeError, c->gpu ? "config: a GPU variant takes a config index"
                                                 : "config: the CPU backend takes a (br, bc, threads) tuple");

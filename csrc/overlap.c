@@ -45,13 +45,54 @@ int fattn_self_disjoint(const bhsd_view *x) {
     return 1;
 }
 
-/* 1 if delta (bytes) is sum_i m_i st[i] + t, |m_i| < n[i], |t| < row: two views of these dims (largest stride
- * first, nested as self_disjoint says), delta apart, share a byte.  Each dim's stride exceeds all that its inner
- * dims can add, so only the quotients next to delta / st[0] need trying. */
-static int reaches(int64_t delta, const int64_t *n, const int64_t *st, int k, int64_t row) {
+/* One dim of a pair of views of one stride pattern: the index differences m = a - b (a of x, b of y) in [lo, hi],
+ * in steps of st bytes (a negative stride flips the range). */
+typedef struct {
+    int64_t lo, hi, st;
+} pair_dim;
+
+/* The dims either view has more than one of, largest step first; 0 if the views' strides differ in one of them
+ * (or dtype, head dim), else how many (1 + that, so 1 means none: views of single rows). */
+static int pair_dims(const bhsd_view *x, const bhsd_view *y, pair_dim *r) {
+    if (x->dtype != y->dtype || x->d != y->d) return 0;
+    const int64_t e = fattn_elem_bytes(x->dtype);
+    const int64_t nx[3] = {x->b, x->h, x->s}, ny[3] = {y->b, y->h, y->s};
+    const int64_t sx[3] = {x->sb, x->sh, x->ss}, sy[3] = {y->sb, y->sh, y->ss};
+    int k = 0;
+    for (int i = 0; i < 3; i++) {
+        if (nx[i] < 2 && ny[i] < 2) continue;
+        if (nx[i] > 1 && ny[i] > 1 && sx[i] != sy[i]) return 0;
+        const int64_t st = nx[i] > 1 ? sx[i] : sy[i], lo = -(ny[i] - 1), hi = nx[i] - 1;
+        r[k].lo = st < 0 ? -hi : lo;
+        r[k].hi = st < 0 ? -lo : hi;
+        r[k++].st = llabs(st) * e;
+    }
+    for (int i = 0; i < k; i++)
+        for (int j = i + 1; j < k; j++)
+            if (r[j].st > r[i].st) {
+                const pair_dim a = r[i];
+                r[i] = r[j];
+                r[j] = a;
+            }
+    return k + 1;
+}
+
+/* 1 if each dim's step exceeds all that its inner dims (and a row of `row` bytes) can reach: then a difference of
+ * addresses pins each index difference to the two quotients next to it. */
+static int nested(const pair_dim *r, int k, int64_t row) {
+    int64_t extent = row;
+    for (int i = k - 1; i >= 0; i--) {
+        if (r[i].st < extent) return 0;
+        extent += r[i].st * (r[i].hi > -r[i].lo ? r[i].hi : -r[i].lo);
+    }
+    return 1;
+}
+
+/* 1 if delta (bytes) is sum_i m_i st_i + t with lo_i <= m_i <= hi_i and |t| < row (dims nested). */
+static int reaches(int64_t delta, const pair_dim *r, int k, int64_t row) {
     if (k == 0) return llabs(delta) < row;
-    for (int64_t m = delta / st[0] - 1; m <= delta / st[0] + 1; m++)
-        if (llabs(m) < n[0] && reaches(delta - m * st[0], n + 1, st + 1, k - 1, row)) return 1;
+    for (int64_t m = delta / r->st - 1; m <= delta / r->st + 1; m++)
+        if (m >= r->lo && m <= r->hi && reaches(delta - m * r->st, r + 1, k - 1, row)) return 1;
     return 0;
 }
 
@@ -68,10 +109,11 @@ int fattn_overlaps(const bhsd_view *x, const bhsd_view *y) {
     view_bytes(x, &xl, &xh);
     view_bytes(y, &yl, &yh);
     if (!(xl < xh && yl < yh && xl < yh && yl < xh)) return 0;
-    if (!same_layout(x, y) || !fattn_self_disjoint(x)) return 1;
-    int64_t n[3], st[3];
-    const int k = dims_by_stride(x, n, st);
-    return reaches((int64_t)(y->data - x->data), n, st, k, x->d * fattn_elem_bytes(x->dtype));
+    pair_dim r[3];
+    const int k = pair_dims(x, y, r) - 1;
+    const int64_t row = x->d * fattn_elem_bytes(x->dtype);
+    if (k < 0 || !nested(r, k, row)) return 1; /* by spans: they meet */
+    return reaches((int64_t)(y->data - x->data), r, k, row);
 }
 
 /* The bytes [*lo, *hi) an array of any shape spans (strides of any sign; empty if a size is 0). */

@@ -143,7 +143,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
         dout: the gradient of out, out's shape and dtype.
         dq, dk, dv: optional writable arrays of q's, k's and v's shapes and dtype to write into; otherwise allocated
             by the caller's framework.  With grouped-query attention dk and dv are the sums over each group's query
-            heads.
+            heads.  They must not share memory with q, k, v, out, dout, lse or one another (slices of one fused
+            buffer that do not share memory are fine).
         deterministic: bitwise-repeatable gradients (on the GPU: dQ's float32 sums added in a fixed order -- v3
             in key-block order, descending under a causal mask, staggered without one at head dims to 64 and at
             256, there alternating between two float32 copies summed in order (a workspace twice dQ's accumulator);

@@ -123,7 +123,7 @@ def refuse_vmap():
 def refuse_transforms():
     """NotImplementedError inside torch.func's vmap (jacrev, jacfwd and hessian use it) or jvp: fattn has no batching
     or forward-mode rule; torch.func.grad and vjp work."""
-    if _frameworks.functorch_top is None or _frameworks.is_compiling() or _frameworks.functorch_top() is None:
+    if _frameworks.is_compiling() or not in_transform():
         return  # (under torch.compile the traced op takes the call: no transform's interpreter to read)
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
@@ -136,10 +136,17 @@ def refuse_transforms():
 
 
 def needs_torch_op(q, k, v):
-    """True when a torch call must go through the registered op: traced_or_fake, or gradients to record.  Plain
-    tensors take the lean path."""
+    """True when a torch call must go through the registered op (or its eager Function): traced_or_fake, gradients
+    to record, or a torch.func transform active (its tensors are wrappers without memory, even those that need no
+    gradient).  Plain tensors take the lean path."""
     return traced_or_fake(q) or (_frameworks.grad_enabled() and (
-        q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))
+        q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False))) or \
+        in_transform()
+
+
+def in_transform():
+    """True inside a torch.func transform (grad, vjp: vmap and jvp are refused before)."""
+    return _frameworks.functorch_top is not None and _frameworks.functorch_top() is not None
 
 
 def device_of(fw, q):

@@ -64,11 +64,18 @@ def _call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqle
                 **_seq_kw(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
-def _static(*tensors):
-    """True when every shape and stride of the tensors (None: absent) is a plain int: the fake kernels then check
-    their call through C's own rules (_C.check_forward / check_backward).  Symbolic sizes (dynamic shapes) are not
-    read, which would specialise them; the op checks those calls when it runs."""
-    return all(type(x) is int for t in tensors if t is not None for x in (*t.shape, *t.stride()))
+def _static(tensors, *ints):
+    """True when every shape and stride of the tensors (None: absent) and every one of `ints` (the op's integer
+    arguments: max_seqlen, window) is a plain int: the fake kernels then check their call through C's own rules
+    (_C.check_forward / check_backward).  Symbolic values (dynamic shapes) are not read, which would specialise them;
+    the op checks those calls when it runs."""
+    return (all(type(x) is int for x in ints)
+            and all(type(x) is int for t in tensors if t is not None for x in (*t.shape, *t.stride())))
+
+
+def _rows_contiguous(dout):
+    """dout as the kernels take it: its last dimension contiguous (the expanded gradient of a sum() is not)."""
+    return dout if dout.stride(-1) == 1 else dout.contiguous()
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None, layout: int, window_left: int,
@@ -92,7 +99,8 @@ def _(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seq
       max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
     out = torch.empty_like(q)
     lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
-    if _static(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes):
+    if _static((q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes), max_seqlen_q, max_seqlen_k, window_left,
+               window_right):
         _C.check_forward(q, k, v, out, lse, sinks=sinks,
                          **_call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q,
                                     cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant, alibi_slopes, check_indices))
@@ -113,8 +121,7 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
             else _args.bhs(q.shape, layout)
         workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1], deterministic) // 4,),
                                 dtype=torch.float32)
-    if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum()
-        dout = dout.contiguous()
+    dout = _rows_contiguous(dout)
     dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
     sink_kw = {} if sinks is None else {"sinks": sinks.detach(), "dsinks": dsinks}
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, stream=_stream(q), deterministic=deterministic,
@@ -132,7 +139,9 @@ def _(dout, q, k, v, out, lse, causal, scale, layout, window_left, window_right,
       max_seqlen_q, max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
-    if _static(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes):
+    dout = _rows_contiguous(dout)
+    if _static((dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes), max_seqlen_q, max_seqlen_k,
+               window_left, window_right):
         sink_kw = {} if sinks is None else {"sinks": sinks, "dsinks": dsinks}
         _C.check_backward(dout, q, k, v, out, lse, dq, dk, dv, **sink_kw,
                           **_call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q,
@@ -284,7 +293,8 @@ def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, causal, win
       scale, variant, check_indices, sinks, alibi_slopes):
     out = torch.empty_like(q)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    if _static(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, sinks, alibi_slopes):
+    if _static((q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, sinks, alibi_slopes), window_left,
+               window_right):
         _C.check_forward(q, k_cache, v_cache, out, lse, sinks=sinks,
                          **_cache_kw(k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right,
                                      softcap, scale, variant, check_indices, alibi_slopes))

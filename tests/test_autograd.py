@@ -213,6 +213,33 @@ def test_torch_func_grad_and_vjp_work_vmap_and_jvp_refused():
         torch.func.jvp(lambda q: fattn.attention(q, k, v), (q,), (q,))
     with pytest.raises(NotImplementedError, match="double backward"):
         torch.func.grad(lambda q: torch.func.grad(f)(q, k, v).sum())(q)
+    # tensors that need no gradient inside the transform are still its wrappers (no memory of their own)
+    g = torch.func.grad(lambda x: (fattn.attention(x.detach(), k, v) * x).sum())(q)
+    assert torch.equal(g, fattn.attention(q, k, v))
+
+
+def test_traced_calls_accept_what_eager_calls_accept():
+    """The fake kernels' checks refuse nothing the eager call takes: a loss that is the sum of the output (dout of
+    stride 0, made contiguous by the backward as eagerly), and under automatic dynamic shapes a max_seqlen that
+    becomes symbolic while the tensors stay static (not read: it would specialise)."""
+    import torch._dynamo
+
+    q, k, v, _ = inputs(1, 4, 2, 16, 16, 32, torch.float32, "cpu", 14)
+    ls = leafs(q, k, v)
+    torch.compile(lambda q, k, v: fattn.attention(q, k, v).sum(), fullgraph=True, backend="aot_eager")(*ls).backward()
+    want = leafs(q, k, v)
+    fattn.attention(*want).sum().backward()
+    assert all(torch.allclose(a.grad, b.grad, atol=1e-6) for a, b in zip(ls, want))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, cu, m: fattn.attention_varlen(q, k, v, cu, cu, max_seqlen_q=m,
+                                                                          max_seqlen_k=m),
+                             fullgraph=True, backend="aot_eager")
+    for lens in ([12, 12], [4, 20], [10, 14]):
+        cu = torch.tensor([0, lens[0], 24], dtype=torch.int32)
+        x = [torch.randn(24, 2, 32, requires_grad=True) for _ in range(3)]
+        y = compiled(*x, cu, max(lens))
+        y.backward(torch.ones_like(y))
+        assert torch.allclose(y, fattn.attention_varlen(*[t.detach() for t in x], cu, cu), atol=1e-6)
 
 
 def test_traced_calls_refused_as_eager_ones():

@@ -60,6 +60,18 @@ def test_backward_gradients_need_memory_of_their_own():
                                    dv=grads[:, :, 2])
     want = fattn.attention_backward(ds, qs, ks, vs, os, ls, layout="bshd")
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # GQA: q's 4 heads beside k's and v's 2 in one (B, S, 4 + 2 + 2, D) buffer (views of one stride pattern, other
+    # sizes: compared exactly too)
+    q4, k2, v2, d4 = inputs(1, 4, 2, 16, 16, 32, torch.float32, "cpu", 2)
+    q4, k2, v2, d4 = (x.transpose(1, 2).contiguous() for x in (q4, k2, v2, d4))
+    o4, l4 = fattn.attention(q4, k2, v2, layout="bshd", return_lse=True)
+    fused = torch.empty(1, 16, 8, 32)
+    got = fattn.attention_backward(d4, q4, k2, v2, o4, l4, layout="bshd", dq=fused[:, :, :4], dk=fused[:, :, 4:6],
+                                   dv=fused[:, :, 6:])
+    want = fattn.attention_backward(d4, q4, k2, v2, o4, l4, layout="bshd")
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(ValueError, match="dv: shares memory with dk"):
+        fattn.attention_backward(d4, q4, k2, v2, o4, l4, layout="bshd", dk=fused[:, :, 4:6], dv=fused[:, :, 5:7])
 
 
 def test_backward_numpy_and_empty_shapes():
