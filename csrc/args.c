@@ -173,9 +173,18 @@ static int take_dlpack(const fattn_names *names, PyObject *obj, const char *arg,
     return has_data(fattn_tensor_take(names, obj, arg, type == kDLCUDA ? stream : Py_None, out), out);
 }
 
+/* 1 if a torch tensor has memory to take (0: a fake or meta tensor, whose data_ptr() raises or is 0). */
+static int has_memory(PyObject *obj) {
+    PyObject *ptr = PyObject_CallMethod(obj, "data_ptr", NULL);
+    const int has = ptr && PyLong_AsVoidPtr(ptr) != NULL;
+    Py_XDECREF(ptr);
+    PyErr_Clear();
+    return has;
+}
+
 int fattn_take(const fattn_names *names, PyObject *obj, const char *arg, PyObject *stream, fattn_tensor *out) {
     if (!fattn_is_torch(names, obj)) return take_dlpack(names, obj, arg, stream, out);
-    if (names->describe) return fattn_tensor_describe_torch(obj, arg, out);
+    if (names->describe && !has_memory(obj)) return fattn_tensor_describe_torch(obj, arg, out);
     const int rc = fattn_tensor_from_torch(names, obj, arg, out);
     if (rc <= 0) return has_data(rc, out);
     /* another dtype: detached (torch exports no tensor that requires grad), so the argument's check names it */
@@ -469,7 +478,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
         return -1;
     }
     REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
-    if (!o->describe && out_overlaps(&q, &k_mem, &v_mem, &out, k_arg, v_arg)) return -1;
+    if (!fattn_any_described(ts, 4) && out_overlaps(&q, &k_mem, &v_mem, &out, k_arg, v_arg)) return -1;
     if (check_softcap(o->softcap)) return -1;
 
     memset(p, 0, sizeof *p);
@@ -562,7 +571,13 @@ static int grads_disjoint(const bhsd_view *grads, const fattn_tensor *grad_ts, c
     return 0;
 }
 
-int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, int describe, const attn_params *p,
+int fattn_any_described(const fattn_tensor *t, int n) {
+    for (int i = 0; i < n; i++)
+        if (t[i].described) return 1;
+    return 0;
+}
+
+int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
                            attn_bwd_params *bp) {
     bhsd_view g, grads[3];
     bhsd_view *const dq = &grads[0], *const dk = &grads[1], *const dv = &grads[2];
@@ -574,7 +589,8 @@ int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, 
     }
     if (grad_view(&ts[0], q, layout, p, 0, 1, &g) || grad_view(&ts[1], q, layout, p, 0, 0, dq) ||
         grad_view(&ts[2], q, layout, p, 1, 0, dk) || grad_view(&ts[3], q, layout, p, 1, 0, dv) ||
-        (!describe && grads_disjoint(grads, ts + 1, q, layout, p->cu_seqlens_q != NULL, &g)))
+        (!fattn_any_described(ts, 4) && !fattn_any_described(q, 5) &&
+         grads_disjoint(grads, ts + 1, q, layout, p->cu_seqlens_q != NULL, &g)))
         return -1;
     memset(bp, 0, sizeof *bp);
     bp->fwd = *p;

@@ -54,8 +54,6 @@ typedef struct {
     fattn_append *append;
     int trust_indices;       /* 1: cache_seqlens' and block_table's values are not read back and checked */
     const fattn_tensor *alibi_slopes; /* NULL or NULL .t: no ALiBi; float32 (H,) or (B, H) */
-    int describe; /* 1: the tensors are described, not taken (fattn_names.describe): the rules on addresses (out's
-                     overlaps) are not applied, and index values are not read (trust_indices) */
 } fattn_call_opts;
 
 /* Fills p from the taken tensors (q, k, v, out, and lse when ts[4].t is set); every mismatch raises naming the
@@ -64,11 +62,14 @@ typedef struct {
  * non-decreasing from >= 0, within the packed tensors; the longest sequences size the call. */
 int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *p, void *stream);
 
+/* 1 if one of t[0 .. n) is a described view (no memory: the rules on addresses cannot apply). */
+int fattn_any_described(const fattn_tensor *t, int n);
+
 /* The backward's gradient tensors, taken and checked against the forward's params p (built by fattn_build_params
  * from q, k, v, out, lse; the caller checks lse is given): ts = dout, dq, dk, dv; q: q, then k, v, out, lse.  dq, dk,
- * dv must not share memory with an input or one another (overlap.h) unless `describe` (fattn_call_opts.describe).
+ * dv must not share memory with an input or one another (overlap.h; not compared where an array is described).
  * Fills bp (its workspace pointers stay NULL). */
-int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, int describe, const attn_params *p,
+int fattn_build_bwd_params(fattn_tensor *ts, const fattn_tensor *q, int layout, const attn_params *p,
                            attn_bwd_params *bp); /* q: the forward's tensors from q on (q, k, ...) */
 
 /* The longest sequence of cu_seqlens (an int32 prefix-sum array on any device; checked non-decreasing from >= 0):

@@ -188,7 +188,7 @@ int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_o
     return 0;
 }
 
-/* names->describe: a check-only call (the tensors described, not taken; index values not read). */
+/* names->describe: a check-only call (tensors without memory described, not taken; index values not read). */
 static int call_take(const fattn_names *names, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
     static const char *tensor_names[5] = {"q", "k", "v", "out", "lse"};
@@ -207,8 +207,7 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
     if (fattn_arg_variant(a[A_VARIANT], &c->variant)) return -1;
     /* cu_seqlens, seqused_k / cache_seqlens and block_table: trusted when check_indices is false */
     if (fattn_arg_check_indices(a[A_CHECK_INDICES], &o.trust_indices)) return -1;
-    o.describe = names->describe;
-    o.trust_indices |= o.describe;
+    o.trust_indices |= names->describe;
     PyObject *stream_obj = a[A_STREAM] ? a[A_STREAM] : Py_None;
     for (int i = 0; i < 5; i++)
         if (given(a[i]) && fattn_take(names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))

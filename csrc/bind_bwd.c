@@ -79,8 +79,9 @@ static int take_sinks(const fattn_names *names, PyObject **a, PyObject *stream_o
 }
 
 /* The caller's workspace: a writable array on q's device, its bytes counted from its shape and dtype, sharing no
- * memory with the call's arrays (unless describe: described arrays have no memory). */
-static int take_workspace(call *c, int describe) {
+ * memory with the call's arrays (not compared where an array is described: no memory). */
+static int take_workspace(call *c) {
+    const int describe = fattn_any_described(c->ts, NTENSORS);
     const fattn_tensor *w = &c->ts[9];
     const DLTensor *x = w->t;
     if (!x) return 0;
@@ -127,7 +128,7 @@ static int take_workspace(call *c, int describe) {
     return 0;
 }
 
-/* names->describe: a check-only call (the tensors described, not taken; index values not read). */
+/* names->describe: a check-only call (tensors without memory described, not taken; index values not read). */
 static int call_take(const fattn_names *names, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
     /* a[] index of each entry of c->ts */
@@ -142,8 +143,7 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
         return -1;
     if (a[B_DETERMINISTIC] && (deterministic = PyObject_IsTrue(a[B_DETERMINISTIC])) < 0) return -1;
     if (fattn_arg_check_indices(a[B_CHECK_INDICES], &o.trust_indices)) return -1; /* cu_seqlens, as forward() */
-    o.describe = names->describe;
-    o.trust_indices |= o.describe;
+    o.trust_indices |= names->describe;
     o.causal = (int)causal;
     o.layout = (int)layout;
     if (!a[B_LSE] || a[B_LSE] == Py_None) {
@@ -163,12 +163,12 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
     PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};
     attn_params fwd;
     if (fattn_take_varlen_args(names, seq_objs, a[B_MAX_Q], a[B_MAX_K], stream_obj, c->seqs, &o) ||
-        fattn_build_params(c->ts, &o, &fwd, c->stream) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, o.describe, &fwd, &c->p))
+        fattn_build_params(c->ts, &o, &fwd, c->stream) || fattn_build_bwd_params(c->ts + 5, &c->ts[0], o.layout, &fwd, &c->p))
         return -1;
     c->p.deterministic = deterministic;
     if (take_sinks(names, a, stream_obj, o.layout, c)) return -1;
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
-    if (take_workspace(c, o.describe)) return -1;
+    if (take_workspace(c)) return -1;
     if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
         PyErr_SetString(PyExc_TypeError, c->gpu ? "config: a GPU variant takes a config index"
                                                 : "config: the CPU backend takes a (br, bc, threads) tuple");

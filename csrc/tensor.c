@@ -308,6 +308,7 @@ int fattn_tensor_describe_torch(PyObject *obj, const char *arg, fattn_tensor *ou
     /* no memory: a placeholder address, non-NULL (a pointer's presence says an optional array was given) and
      * aligned; the rules that compare or use addresses do not run on described views (fattn_call_opts.describe) */
     t->data = (void *)(uintptr_t)FATTN_DESCRIBED_DATA;
+    out->described = 1;
     out->t = t;
     return 0;
 }

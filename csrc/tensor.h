@@ -17,6 +17,7 @@ typedef struct {
     DLTensor *t;
     int readonly;
     const char *arg; /* argument name for error messages */
+    int described;   /* 1: a described view (fattn_tensor_describe_torch): shape, strides, dtype, device, no memory */
     DLTensor local;  /* the torch fast path describes the tensor here (t points at it) */
     int64_t local_shape[FATTN_MAX_NDIM], local_strides[FATTN_MAX_NDIM];
 } fattn_tensor;
@@ -29,8 +30,8 @@ typedef struct {
     PyObject *torch_type, *torch_dtypes[3]; /* torch.Tensor; torch.float32, float16, bfloat16 (fattn_dtype order) */
     PyObject *torch_int32;                  /* torch.int32: index arrays */
     int describe; /* set in a per-call copy by the check-only calls (_C.check_forward / check_backward): torch
-                     tensors are described by shape, strides, dtype and device alone, with a placeholder data
-                     address (fake and meta tensors have no memory) */
+                     tensors without memory (fake, meta) are described by shape, strides, dtype and device alone,
+                     with a placeholder data address; those with memory are taken as usual */
 } fattn_names;
 
 /* The (device_type, device_id) of `obj` from __dlpack_device__() (or from a capsule). 0 with an exception set
@@ -64,7 +65,7 @@ int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg
 #define FATTN_DESCRIBED_DATA 4096
 
 /* Describes a torch tensor (any dtype) from its shape, stride(), dtype and device, reading no memory: data is
- * FATTN_DESCRIBED_DATA.
+ * FATTN_DESCRIBED_DATA and `described` is set.
  * For the check-only calls, whose tensors may be fake or meta.  Returns 0, or -1 with an exception naming `arg`. */
 int fattn_tensor_describe_torch(PyObject *obj, const char *arg, fattn_tensor *out);
 

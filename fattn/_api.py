@@ -115,7 +115,7 @@ def _torch_op(q, k, v, causal, scale, layout, window, softcap, variant, determin
 
     alibi_slopes = _args.alibi_arg(alibi_slopes, "torch")
     _args.same_device(q, k=k, v=v, sinks=sinks, alibi_slopes=alibi_slopes)
-    _args.torch_results(q, layout, out, lse)
+    _args.torch_results(q, k, v, layout, out, lse)
     left, right = window or (-1, -1)
     o, lse_out = _torch.attention_call(q, k, v, causal, scale, layout, left, right, softcap, None, None, 0, 0, variant,
                                        bool(deterministic), sinks, alibi_slopes, True)
@@ -196,14 +196,14 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
 
 
 def _parse_device(device):
-    """'cpu' / 'cuda' / 'cuda:N' / torch.device / (dlpack_type, id) / an array -> ('cpu'|'cuda', id)."""
+    """'cpu' / 'cpu:N' / 'cuda' / 'cuda:N' / torch.device / (dlpack_type, id) / an array -> ('cpu'|'cuda', id)."""
     if hasattr(device, "__dlpack_device__"):
         t, i = device.__dlpack_device__()
         return ("cuda" if t == CUDA else "cpu"), (i if t == CUDA else 0)
     if isinstance(device, tuple) and len(device) == 2:
         return ("cuda" if device[0] == CUDA else "cpu"), int(device[1])
     text = str(device)
-    if text in ("cpu",):
+    if text == "cpu" or (text.startswith("cpu:") and text[4:].isdigit()):  # torch.device("cpu", 0) reads "cpu:0"
         return "cpu", 0
     if text.startswith("cuda"):
         _, _, idx = text.partition(":")

@@ -168,11 +168,18 @@ def same_device(q, **others):
             raise ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
 
 
-def torch_results(q, layout, out, lse):
+def torch_results(q, k, v, layout, out, lse, **seq):
     """out= and lse= (None: not taken) of a call through the registered op, which writes them by copy_ (that would
-    cast and broadcast), checked as the lean path's C intake checks them: torch tensors on q's device, out of q's
-    shape and dtype, lse float32 (B, H, Sq) in `layout`."""
+    cast, broadcast, or overwrite k): checked as the lean path checks them, by the C intake itself
+    (_C.check_forward: devices, dtypes, shapes in `layout` -- None: packed, with `seq` its cu_seqlens and
+    max_seqlen --, and memory shared with q, k, v or itself).  Under torch.compile, which cannot trace that call,
+    their devices, dtypes and shapes are checked here."""
+    if out is None and lse is None:
+        return
     same_device(q, out=out, lse=lse)
+    if not _frameworks.is_compiling():
+        _C.check_forward(q, k, v, q if out is None else out, lse, layout=layout or 0, **seq)
+        return
     if out is not None:
         if out.dtype != q.dtype:
             raise TypeError(f"out: dtype {str(out.dtype)[6:]} differs from q's {str(q.dtype)[6:]}; q, k, v and out "

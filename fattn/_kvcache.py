@@ -55,7 +55,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
         if _args.traced_or_fake(q):  # torch.compile, fake or meta tensors: the op that declares its cache writes
             from . import _torch
 
-            _args.torch_results(q, None, out, None)
+            _args.torch_results(q, k_cache, v_cache, 1, out, None, cache_seqlens=cache_seqlens,
+                                block_table=block_table, k_new=k_new, v_new=v_new)
             left, right = window or (-1, -1)
             o, lse = _torch.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
                                                    causal_code, left, right, softcap, scale, variant,

@@ -115,7 +115,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
             alibi_slopes = _args.alibi_arg(alibi_slopes, fw)
             _args.same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               alibi_slopes=alibi_slopes)
-            _args.torch_results(q, None, out, None)
+            _args.torch_results(q, k, v, None, out, None, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                max_seqlen_q=lens.max_q, max_seqlen_k=lens.max_k)
             left, right = window or (-1, -1)
             o, lse = _torch.attention_call(q, k, v, causal_code, scale, 0, left, right, softcap, cu_seqlens_q,
                                            cu_seqlens_k, lens.max_q, lens.max_k, variant, bool(deterministic), sinks,

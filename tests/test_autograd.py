@@ -123,6 +123,15 @@ def test_autograd_lse_and_out_buffers():
     assert o2 is given and torch.equal(given, out.detach())
     o2.backward(dout)
     assert ql.grad is not None and not torch.isnan(ql.grad).any()
+    # out= is checked as the call without gradients checks it (the C intake's rules), before anything runs
+    for bad, exc, match in [(kl.detach()[:, :, :16], ValueError, "out: shares memory with k"),
+                            (torch.zeros(1, 2, 1, 32).expand(1, 2, 16, 32), ValueError, "out: its elements overlap"),
+                            (torch.empty(1, 2, 16, 32, dtype=torch.float64), TypeError, "out: dtype float64"),
+                            (torch.empty(1, 2, 16, 16), ValueError, r"out: shape \(1, 2, 16, 16\) differs")]:
+        with pytest.raises(exc, match=match):
+            fattn.attention(ql, kl, vl, out=bad)
+    with pytest.raises(ValueError, match="lse: shape must be"):
+        fattn.attention(ql, kl, vl, lse=torch.empty(1, 2, 15))
 
 
 @pytest.mark.parametrize("device", autograd_targets())

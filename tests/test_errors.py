@@ -61,6 +61,7 @@ def test_bshd_shape_messages():
 
 def test_variants_and_cuda_queries():
     assert fattn.variants("cpu") == ["cpu"]
+    assert fattn.variants("cpu:0") == fattn.variants(torch.device("cpu", 0)) == ["cpu"]  # a CPU device's index
     assert fattn.describe_variants("cpu")[0][0] == "cpu"
     with pytest.raises(ValueError, match="device:"):
         fattn.variants("tpu")
