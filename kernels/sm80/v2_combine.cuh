@@ -84,6 +84,9 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) v2_combine(const attn_para
     constexpr int NC = FATTN_MAX_HEADDIM / 32; /* columns per lane */
     static_assert(32 * NC >= FATTN_MAX_HEADDIM, "every column has a lane");
     __shared__ float part[COMBINE_WARPS][FATTN_MAX_HEADDIM], wm[COMBINE_WARPS], wl[COMBINE_WARPS];
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* launched as v2_fwd's programmatic dependent on Hopper */
+#endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t nrows = all.b * all.h * all.sq, row = blockIdx.x;
     const int64_t bh = row / all.sq, i = row % all.sq, h = bh % all.h;

@@ -436,6 +436,11 @@ DEV void v2_body(const attn_params all, const v2_split sp) {
  * it is built for (V2_SMALL_GRID_MIN_BLOCKS; 1 elsewhere). */
 template <typename T, int DP, int WARPS, int MT, int BC, int STAGES, bool PAGED, bool MODS, int MINB = 1>
 __global__ void __launch_bounds__(WARPS * 32, V2_ARCH_MIN_BLOCKS(MINB)) v2_fwd(const attn_params p, const v2_split sp) {
+#if __CUDA_ARCH__ >= 900
+    /* Hopper: the merge kernel after split calls (a programmatic dependent, fattn_launch_v2) may be scheduled once
+     * every block has started; it waits for this grid to finish (griddepcontrol.wait) */
+    if (sp.o_part && !sp.arrivals) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
     v2_body<T, DP, WARPS, MT, BC, STAGES, PAGED, MODS, MINB>(p, sp);
 }
 
@@ -543,8 +548,18 @@ extern "C" fattn_status fattn_launch_v2(const attn_params *call, const fattn_pla
     if (plan->splits > 1 && !sp.arrivals) {
         int nsplit = plan->splits;
         void *cargs[] = {(void *)p, (void *)&sp, (void *)&nsplit};
-        FATTN_CUDA_CHECK(cudaLaunchKernel(v2_combine_kernel[ti], dim3((unsigned)rows), dim3(COMBINE_WARPS * 32), cargs, 0,
-                                          (cudaStream_t)stream));
+        /* on Hopper as the split kernel's programmatic dependent: scheduled while it runs, so the merge starts as
+         * soon as it ends (v2_combine waits for it), without the gap of a launch behind it */
+        cudaLaunchAttribute overlap;
+        overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        overlap.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cc = {};
+        cc.gridDim = dim3((unsigned)rows);
+        cc.blockDim = dim3(COMBINE_WARPS * 32);
+        cc.stream = (cudaStream_t)stream;
+        cc.attrs = &overlap;
+        cc.numAttrs = plan->dev.sm >= 90 ? 1 : 0;
+        FATTN_CUDA_CHECK(cudaLaunchKernelExC(&cc, v2_combine_kernel[ti], cargs));
     }
     return FATTN_OK;
 }
