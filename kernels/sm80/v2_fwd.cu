@@ -28,7 +28,9 @@
  * each query block's key blocks, each split writes an fp32 partial O and its LSE, and the last split of the query
  * block to finish merges them (decode calls of few splits) or v2_combine does (v2_combine.cuh; the rule:
  * v2_plan.c); at (B, H) = (1, 32), Sk = 8k, D = 128: 1.97 TB/s with 8 splits vs 0.71 without
- * (evidence/bench/h100_split_sweep_fd91998.json).
+ * (evidence/bench/h100_split_sweep_fd91998.json).  On Hopper v2_combine is the split kernel's programmatic dependent
+ * (scheduled while the splits run, it waits for them): B=1 GQA decode at 8k / 32k 1.012-1.036x
+ * (evidence/serving/README.md, 2b50abc).
  * Blocks go head by head (K/V shared in L2 by the blocks in flight) or heads fastest (longest first over all heads),
  * as the plan says.
  * Speed (H100 80GB HBM3, evidence/bench/h100_v2_ratios_ad311e5.md): fa3 grid fp16 176-371 TFLOP/s, 0.94-1.33x torch's
