@@ -213,30 +213,6 @@ def test_kvcache_errors_paged(name, over, exc, match):
     _assert_refused(_paged(**over), exc, match)
 
 
-def test_kvcache_out_in_a_later_page_refused():
-    """out= inside any page of the pool is refused (the overlap test covers the whole pool, not the block table's
-    view of it), and no page is written."""
-    args = _paged()
-    for page in (0, 4):  # a page of the block table, and one outside it
-        out = args["k_cache"][page, :4].reshape(2, 1, 4, 32)
-        _assert_refused(dict(args, out=out), ValueError, r"out: shares memory with k_cache")
-
-
-def test_kvcache_append_advances_versions():
-    """The append writes the cache in place as a torch write would: its version counter advances, so autograd
-    refuses a backward that saved the cache before (it used to read the new values silently)."""
-    args = _call()
-    q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
-    w = torch.ones_like(kc, requires_grad=True)
-    y = (kc * w).sum()
-    before = kc._version, vc._version
-    with torch.no_grad():
-        fattn.attention_with_kvcache(q, kc, vc, **args)
-    assert kc._version > before[0] and vc._version > before[1]
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        y.backward()
-
-
 def test_kvcache_bad_sinks_write_nothing():
     """sinks are checked before the new keys go into the cache."""
     _assert_refused(_call(sinks=torch.zeros(3)), ValueError, r"sinks: expected a 1-D array of H=4 entries")
