@@ -76,8 +76,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
-        _args.refuse_transforms()
-        if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
+        if _args.refuse_transforms() or _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             return _torch_op(q, k, v, causal_code, scale, layout_code, window, softcap, variant, deterministic, out,
                              lse, return_lse, sinks, alibi_slopes)
         dev = q.get_device()

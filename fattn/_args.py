@@ -122,9 +122,10 @@ def refuse_vmap():
 
 def refuse_transforms():
     """NotImplementedError inside torch.func's vmap (jacrev, jacfwd and hessian use it) or jvp: fattn has no batching
-    or forward-mode rule; torch.func.grad and vjp work."""
+    or forward-mode rule.  True inside its grad or vjp, which work: the call must take the op's Function (the
+    transform's tensors are wrappers without memory, even those that need no gradient); else False."""
     if _frameworks.is_compiling() or not in_transform():
-        return  # (under torch.compile the traced op takes the call: no transform's interpreter to read)
+        return False  # (under torch.compile the traced op takes the call: no transform's interpreter to read)
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
     kinds = {i.key().name for i in retrieve_all_functorch_interpreters()}
@@ -133,15 +134,14 @@ def refuse_transforms():
     if "Jvp" in kinds:
         raise NotImplementedError("q: forward-mode AD (torch.func.jvp, jacfwd) is not supported by fattn; use "
                                   "reverse mode (torch.func.grad, vjp, or backward)")
+    return True
 
 
 def needs_torch_op(q, k, v):
-    """True when a torch call must go through the registered op (or its eager Function): traced_or_fake, gradients
-    to record, or a torch.func transform active (its tensors are wrappers without memory, even those that need no
-    gradient).  Plain tensors take the lean path."""
+    """True when a torch call must go through the registered op (or its eager Function): traced_or_fake, or gradients
+    to record (a torch.func transform: refuse_transforms says).  Plain tensors take the lean path."""
     return traced_or_fake(q) or (_frameworks.grad_enabled() and (
-        q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False))) or \
-        in_transform()
+        q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))
 
 
 def in_transform():

@@ -96,8 +96,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
-        _args.refuse_transforms()
-        if _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
+        if _args.refuse_transforms() or _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
             from . import _torch
 
             traced = _args.traced_or_fake(q)

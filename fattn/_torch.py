@@ -73,6 +73,17 @@ def _static(tensors, *ints):
             and all(type(x) is int for t in tensors if t is not None for x in (*t.shape, *t.stride())))
 
 
+def _out_lse(q, lse_shape):
+    """A call's outputs as the op allocates them: out like q, lse float32 of lse_shape."""
+    return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _grads_like(q, k, v, sinks):
+    """A backward's outputs as the op allocates them: dq, dk, dv like q, k, v; dsinks like sinks (empty without)."""
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks))
+
+
 def _rows_contiguous(dout):
     """dout as the kernels take it: its last dimension contiguous (the expanded gradient of a sum() is not)."""
     return dout if dout.stride(-1) == 1 else dout.contiguous()
@@ -83,8 +94,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: int, scale: float | None
                max_seqlen_q: int, max_seqlen_k: int, variant: str | None, deterministic: bool,
                sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
                check_indices: bool = True) -> tuple[Tensor, Tensor]:
-    out = torch.empty_like(q)
-    lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
+    out, lse = _out_lse(q, _lse_shape(q, layout, cu_seqlens_q is not None))
     _C.forward(q, k, v, out, lse, stream=_stream(q), sinks=None if sinks is None else sinks.detach(),
                **_call_kw(causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
                           max_seqlen_q, max_seqlen_k, variant, alibi_slopes, check_indices))
@@ -97,8 +107,7 @@ attention = torch.library.custom_op(f"{_LIB}::attention", mutates_args=())(_atte
 @attention.register_fake
 def _(q, k, v, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
       max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
-    out = torch.empty_like(q)
-    lse = q.new_empty(_lse_shape(q, layout, cu_seqlens_q is not None), dtype=torch.float32)
+    out, lse = _out_lse(q, _lse_shape(q, layout, cu_seqlens_q is not None))
     if _static((q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes), max_seqlen_q, max_seqlen_k, window_left,
                window_right):
         _C.check_forward(q, k, v, out, lse, sinks=sinks,
@@ -113,7 +122,7 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                        variant: str | None, deterministic: bool,
                        sinks: Tensor | None = None, alibi_slopes: Tensor | None = None,
                        check_indices: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv, dsinks = _grads_like(q, k, v, sinks)
     workspace = None
     deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     if q.is_cuda:
@@ -122,7 +131,6 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
         workspace = q.new_empty((_C.backward_workspace_bytes(b, h, sq, q.shape[-1], deterministic) // 4,),
                                 dtype=torch.float32)
     dout = _rows_contiguous(dout)
-    dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
     sink_kw = {} if sinks is None else {"sinks": sinks.detach(), "dsinks": dsinks}
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, stream=_stream(q), deterministic=deterministic,
                 workspace=workspace, **sink_kw,
@@ -137,8 +145,7 @@ attention_backward = torch.library.custom_op(f"{_LIB}::attention_backward", muta
 @attention_backward.register_fake
 def _(dout, q, k, v, out, lse, causal, scale, layout, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
       max_seqlen_q, max_seqlen_k, variant, deterministic, sinks=None, alibi_slopes=None, check_indices=True):
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else torch.empty_like(sinks)
+    dq, dk, dv, dsinks = _grads_like(q, k, v, sinks)
     dout = _rows_contiguous(dout)
     if _static((dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes), max_seqlen_q, max_seqlen_k,
                window_left, window_right):
@@ -272,8 +279,7 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: T
                            alibi_slopes: Tensor | None) -> tuple[Tensor, Tensor]:
     """fattn.attention_with_kvcache as an op that writes k_new / v_new into the caches (declared mutated, so
     torch.compile and functionalization order it): returns (out, lse)."""
-    out = torch.empty_like(q)
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    out, lse = _out_lse(q, (q.shape[0], q.shape[2], q.shape[1]))
     _C.forward(q, k_cache, v_cache, out, lse, stream=_stream(q), sinks=None if sinks is None else sinks.detach(),
                **_cache_kw(k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right, softcap, scale,
                            variant, check_indices, alibi_slopes))
@@ -291,8 +297,7 @@ def _cache_kw(k_new, v_new, cache_seqlens, block_table, causal, window_left, win
 @attention_with_kvcache.register_fake
 def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, causal, window_left, window_right, softcap,
       scale, variant, check_indices, sinks, alibi_slopes):
-    out = torch.empty_like(q)
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    out, lse = _out_lse(q, (q.shape[0], q.shape[2], q.shape[1]))
     if _static((q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, sinks, alibi_slopes), window_left,
                window_right):
         _C.check_forward(q, k_cache, v_cache, out, lse, sinks=sinks,
