@@ -3,7 +3,7 @@
  *   _C.forward(q, k, v, out, lse=None, *, causal=0, scale=None, layout=0, window=None, variant=None, stream=None,
  *              softcap=0, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=None,
  *              max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
- *              check_indices=True, alibi_slopes=None, sinks=None)
+ *              check_indices=True, alibi_slopes=None, sinks=None, kvcache=False)
  *   _C._dev.forward(..., config=None, splits=0, order=0) -> the plan that ran (a dict), or None for an empty call
  *   _C._dev.plan(...)                                   -> the plan a call would run, without running it
  *   _C.check_forward(...)                               -> None: forward()'s arguments checked, nothing run; its
@@ -15,15 +15,17 @@
  * are packed (total, H, D) and lse is (H, total_q); seqused_k (int32, B) caps each sequence's keys.  A KV cache
  * (attention_with_kvcache; layout 1): k and v are the cache, paged (num_pages, page_size, H_kv, D) with block_table
  * (int32, B x max_pages); k_new / v_new (B, S_new, H_kv, D) are written at cache_seqlens (int32, B: the lengths
- * before the call) once the call is planned, and attended to; check_indices=False trusts cache_seqlens' and
+ * before the call) once the call is planned, and attended to (kvcache=True: a cache call, its errors naming k_cache and
+ * v_cache, with or without those arguments); check_indices=False trusts cache_seqlens' and
  * block_table's values (no read back: no host sync), and with max_seqlen_q / max_seqlen_k given, cu_seqlens' too.
  * alibi_slopes: float32 (H,) or (B, H), ALiBi's slopes (attn_params).  sinks: float32 (H,), attention sinks (gpt-oss;
  * csrc/sinks.h), lse required with them: out and lse come back sink-adjusted -- applied by the kernel where its
  * planner says so (fattn_plan.sinks_fused: v3's epilogue; v2's softmax, or its split merge), else by the sinks pass
  * after the kernel.  Overrides: config (a GPU variant's config index, or (br, bc, threads) on the CPU), splits (key
  * splits, 0: the planner's; v3: 1 or 3, its split tails, kernels/sm90/v3_plan.c), order (block order, 0: the
- * planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order, head_group,
- * workspace, sinks_fused (1: the kernel joins the sinks, 0: the sinks pass does, or there are none to join). */
+ * planner's; csrc/plan.h: FATTN_ORDER_*, 3 v3's forward only).  The plan dict says what ran: variant, config,
+ * grid, threads, smem, splits, order, head_group, workspace, sinks_fused (1: the kernel joins the sinks, 0: the
+ * sinks pass does, or there are none to join). */
 #include "module.h"
 
 #include "cpu_attn.h"
@@ -32,12 +34,12 @@
 const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS] = {
     "q", "k", "v", "out", "lse", "causal", "scale", "layout", "window", "variant", "stream", "softcap",
     "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "cache_seqlens", "block_table",
-    "k_new", "v_new", "check_indices", "alibi_slopes", "sinks", "config", "splits", "order"};
-#define NARGS_PUBLIC 24
+    "k_new", "v_new", "check_indices", "alibi_slopes", "sinks", "kvcache", "config", "splits", "order"};
+#define NARGS_PUBLIC 25
 #define NARGS_DEV FATTN_FORWARD_ARGS
 enum { A_Q, A_K, A_V, A_OUT, A_LSE, A_CAUSAL, A_SCALE, A_LAYOUT, A_WINDOW, A_VARIANT, A_STREAM, A_SOFTCAP, A_CU_Q,
        A_CU_K, A_USED_K, A_MAX_Q, A_MAX_K, A_CACHE_SEQLENS, A_BLOCK_TABLE, A_K_NEW, A_V_NEW, A_CHECK_INDICES,
-       A_ALIBI, A_SINKS, A_CONFIG, A_SPLITS, A_ORDER };
+       A_ALIBI, A_SINKS, A_KVCACHE, A_CONFIG, A_SPLITS, A_ORDER };
 #define NCACHE 4 /* cache_seqlens, block_table, k_new, v_new */
 
 PyObject *fattn_raise_status(void) {
@@ -165,7 +167,7 @@ int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_o
     *ov = none;
     long splits = 0, order = 0;
     if (fattn_arg_long(splits_obj, "splits", 0, 128, &splits) ||
-        fattn_arg_long(order_obj, "order", 0, FATTN_ORDER_BLOCKS, &order))
+        fattn_arg_long(order_obj, "order", 0, FATTN_ORDER_RUNS, &order))
         return -1;
     ov->splits = (int)splits;
     ov->order = (int)order;
@@ -193,7 +195,8 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
     static const char *tensor_names[5] = {"q", "k", "v", "out", "lse"};
     static const char *cache_names[5] = {"q", "k_cache", "v_cache", "out", "lse"};
-    int cache = 0;
+    int cache = given(a[A_KVCACHE]) ? PyObject_IsTrue(a[A_KVCACHE]) : 0;
+    if (cache < 0) return -1;
     for (int i = A_CACHE_SEQLENS; i < A_CACHE_SEQLENS + NCACHE; i++) cache |= given(a[i]);
     long causal = 0, layout = 0;
     fattn_call_opts o = {0, 0, -1, -1, 0.0, 0, 0.0, NULL, NULL, NULL, -1, -1};

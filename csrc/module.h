@@ -9,7 +9,7 @@
 #include "views.h"
 
 /* The forward call's argument names (bind.c), interned so that keywords match by pointer. */
-#define FATTN_FORWARD_ARGS 27
+#define FATTN_FORWARD_ARGS 28
 extern const char *const fattn_forward_arg_names[FATTN_FORWARD_ARGS];
 /* The backward call's (bind_bwd.c). */
 #define FATTN_BACKWARD_ARGS 27

@@ -82,7 +82,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     _C.forward(q, k_cache, v_cache, out, lse, causal=causal_code, scale=scale, layout=1, window=window,
                softcap=softcap, variant=variant, stream=stream, cache_seqlens=cache_seqlens, block_table=block_table,
                k_new=k_new, v_new=v_new, check_indices=check, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
-               sinks=sinks)
+               sinks=sinks, kvcache=True)
     _indices.remember(arrays, against, stamped)
     if fw == "torch" and k_new is not None:
         _frameworks.written_in_place(k_cache, v_cache)

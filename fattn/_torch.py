@@ -291,7 +291,7 @@ def _cache_kw(k_new, v_new, cache_seqlens, block_table, causal, window_left, win
     """The keywords of _C.forward (and check_forward) for attention_with_kvcache's op arguments."""
     return dict(causal=causal, scale=scale, layout=1, window=_window(window_left, window_right), softcap=softcap,
                 variant=variant, cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new,
-                check_indices=check_indices, alibi_slopes=alibi_slopes)
+                check_indices=check_indices, alibi_slopes=alibi_slopes, kvcache=True)
 
 
 @attention_with_kvcache.register_fake

@@ -177,6 +177,20 @@ def test_kvcache_errors_contiguous(name, over, exc, match):
     _assert_refused(_call(**over), exc, match)
 
 
+@pytest.mark.parametrize("over,exc,match", [
+    (dict(k_cache=torch.randn(2, 64, 2, 32).double()), TypeError, r"k_cache: dtype float64"),
+    (dict(v_cache=torch.randn(2, 64, 2, 16)), ValueError, r"v_cache: head dim 16 differs from q's 32"),
+    (dict(k_cache=torch.randn(2, 64, 3, 32), v_cache=torch.randn(2, 64, 3, 32)), ValueError,
+     r"k_cache: 3 heads do not divide q's 4 heads"),
+])
+def test_kvcache_errors_without_cache_arguments(over, exc, match):
+    """A call with the cache alone (no cache_seqlens, block_table or new keys) still names k_cache and v_cache."""
+    args = _call(**over)
+    for key in ("k_new", "v_new", "cache_seqlens"):
+        args.pop(key)
+    _assert_refused(args, exc, match)
+
+
 def _assert_refused(args, exc, match):
     q, kc, vc = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
     before = [kc.clone(), vc.clone()]
