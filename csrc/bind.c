@@ -23,9 +23,8 @@
  * planner says so (fattn_plan.sinks_fused: v3's epilogue; v2's softmax, or its split merge), else by the sinks pass
  * after the kernel.  Overrides: config (a GPU variant's config index, or (br, bc, threads) on the CPU), splits (key
  * splits, 0: the planner's; v3: 1 or 3, its split tails, kernels/sm90/v3_plan.c), order (block order, 0: the
- * planner's; csrc/plan.h: FATTN_ORDER_*, 3 v3's forward only).  The plan dict says what ran: variant, config,
- * grid, threads, smem, splits, order, head_group, workspace, sinks_fused (1: the kernel joins the sinks, 0: the
- * sinks pass does, or there are none to join). */
+ * planner's).  The plan dict says what ran: variant, config, grid, threads, smem, splits, order, head_group,
+ * workspace, sinks_fused (1: the kernel joins the sinks, 0: the sinks pass does, or there are none to join). */
 #include "module.h"
 
 #include "cpu_attn.h"
@@ -167,7 +166,7 @@ int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_o
     *ov = none;
     long splits = 0, order = 0;
     if (fattn_arg_long(splits_obj, "splits", 0, 128, &splits) ||
-        fattn_arg_long(order_obj, "order", 0, FATTN_ORDER_RUNS, &order))
+        fattn_arg_long(order_obj, "order", 0, FATTN_ORDER_BLOCKS, &order))
         return -1;
     ov->splits = (int)splits;
     ov->order = (int)order;

@@ -30,15 +30,13 @@ typedef struct {
 /* Block orders of a grid over (query block, head): */
 #define FATTN_ORDER_HEADS 1  /* one head's query blocks after another (K/V of the heads in flight shared in L2) */
 #define FATTN_ORDER_BLOCKS 2 /* every head's last (with causal masking: longest) query block first, heads fastest */
-#define FATTN_ORDER_RUNS 3   /* v3's persistent grid: head by head, each block a run of consecutive tiles (a head's
-                              * query blocks one after another on one block, its K/V from L2 after the first) */
 
 /* What a caller may force (tests, sweeps, the tuner); zero / -1 fields leave the choice to the planner. */
 typedef struct {
     int config;           /* -1: the planner's; else an index into the variant's config table */
     fattn_cpu_config cpu; /* br = 0: the planner's */
     int splits;           /* 0: the planner's; n >= 1: n key splits (1: none) */
-    int order;            /* 0: the planner's; else FATTN_ORDER_* */
+    int order;            /* 0: the planner's; FATTN_ORDER_HEADS or FATTN_ORDER_BLOCKS */
 } fattn_overrides;
 
 #define FATTN_NO_OVERRIDES {-1, {0, 0, 0}, 0, 0}

@@ -287,7 +287,7 @@ def test_v2_split_not_used_under_graph_capture():
 
 def test_overrides_check_their_arguments():
     q = randn((1, 2, 16, 64), torch.float16, "cuda", 17)
-    for kw, match in [({"splits": -1}, "splits"), ({"splits": 1000}, "splits"), ({"order": 4}, "order"),
+    for kw, match in [({"splits": -1}, "splits"), ({"splits": 1000}, "splits"), ({"order": 3}, "order"),
                       ({"config": -2}, "config")]:
         with pytest.raises(ValueError, match=match):
             dev_forward(q, q, q, variant="v2", **kw)
@@ -298,40 +298,13 @@ def test_overrides_check_their_arguments():
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 def test_block_orders_agree(causal):
     """Head by head and heads fastest run the same blocks in another order: bitwise the same output, and right
-    (v2's grid and v3's persistent tiles).  v2 refuses v3's runs (order 3)."""
+    (v2's grid and v3's persistent tiles)."""
     q = randn((2, 6, 333, 64), torch.float16, "cuda", 30)
     k = randn((2, 3, 290, 64), torch.float16, "cuda", 31)
     for variant in ("v2", "v3"):
         outs = [dev_forward(q, k, k, causal=causal, variant=variant, order=order)[0] for order in (1, 2)]
         assert torch.equal(outs[0], outs[1]), variant
         check_close(outs[0], q, k, k, causal, None)
-    with pytest.raises(RuntimeError, match="order 3"):
-        dev_forward(q, k, k, causal=causal, variant="v2", order=3)
-
-
-@V3
-@pytest.mark.parametrize("causal", [False, "bottom_right"])
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_v3_runs_agree(causal, d):
-    """v3's runs (order 3: each persistent block a run of consecutive tiles, kernels/sm90/v3_schedule.h) cover every
-    tile once -- more tiles than blocks, a count the grid does not divide, a tail tile per head -- bitwise as the
-    rounds do, and right; with split tails (D=64's three consumers) and per consumer key blocks alike."""
-    sms = _C.device_info(0)[2]
-    h = sms // 2 + 3  # about 3 * (sms / 2 + 3) / sms tiles per block at Br = 64 .. 192 (S = 333: 2-6 a head)
-    q = randn((3, h, 333, d), torch.float16, "cuda", 32)
-    k = randn((3, h, 301, d), torch.float16, "cuda", 33)
-    v = randn((3, h, 301, d), torch.float16, "cuda", 34)
-    default = {64: 0, 128: 1, 256: 2}[d]  # the bucket's default config, whose kernels have runs
-    runs, _, plan = dev_forward(q, k, v, causal=causal, variant="v3", order=3)
-    assert plan["order"] == 3 and plan["head_group"] == 1 and plan["config"] == default
-    rounds, _, plan1 = dev_forward(q, k, v, causal=causal, variant="v3", order=1, config=default)
-    assert plan1["order"] == 1 and plan["grid"] == plan1["grid"]
-    assert torch.equal(runs, rounds)
-    check_close(runs, q, k, v, causal, None)
-    other = next(c["index"] for c in _C._dev.configs("v3") if c["dp"] == d and c["index"] != default)
-    for kw in ({"softcap": 5.0}, {"config": other}):  # kernels without runs
-        with pytest.raises(RuntimeError, match="order 3"):
-            dev_forward(q, k, v, causal=causal, variant="v3", order=3, **kw)
 
 
 def test_v2_config_rules():

@@ -108,8 +108,6 @@ fattn_status fattn_plan_bwd_v2(const attn_bwd_params *p, const struct fattn_tune
     plan->smem = dkdv_smem(c);
     /* Head by head: a head's key blocks run side by side, sharing its Q, dO in L2 and spreading their dQ atomics
      * over one head's rows; with causal masking each head's key block 0 (the longest) starts first. */
-    if (ov && ov->order == FATTN_ORDER_RUNS)
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2's backward has no order of runs (order 3 is v3's forward's)");
     plan->order = ov && ov->order ? ov->order : FATTN_ORDER_HEADS;
     plan->splits = 1;
     plan->split_blocks = nkb;

@@ -226,8 +226,6 @@ fattn_status fattn_plan_v2(const attn_params *call, const fattn_tuned *tuned, co
     plan->grid_x = (unsigned)blocks;
     plan->threads = (unsigned)(32 * c.warps);
     plan->smem = V2_SMEM_BYTES(c.dp, c.warps, c.mt, c.bc, c.stages);
-    if (ov->order == FATTN_ORDER_RUNS) /* (a grid of every block, not a persistent one) */
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v2 has no order of runs (order 3 is v3's)");
     plan->order = ov->order ? ov->order : v2_order(p);
     const int paged_per_sm = p->block_table && p->page_size < c.bc && idx >= V2_FIRST_SMALL_GRID &&
                                      idx < V2_FIRST_RULE ? V2_SMALL_GRID_MIN_BLOCKS(c.dp) : 0;

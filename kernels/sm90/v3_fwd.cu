@@ -38,14 +38,6 @@ typedef struct {
 #define V3_SEQ_PAGED_STATIC(...) V3_SEQ_ROW(false, true, __VA_ARGS__)
 #define V3_SEQ_PAGED_DYN(...) V3_SEQ_ROW(true, true, __VA_ARGS__)
 static const v3_entry v3_kernels[V3_NCONFIGS] = {V3_DEFAULT_CONFIGS(V3_ENTRY_MODS) V3_SWEEP_CONFIGS(V3_ENTRY)};
-/* the defaults' kernels with runs (plan order FATTN_ORDER_RUNS; v3_schedule.h), by bucket: dense calls, no mods */
-#define V3_RUNS_ENTRY(DP, BC, STAGES, CWG, PP)                                                                  \
-    {{{(const void *)v3_fwd<__half, DP, BC, STAGES, CWG, PP, false, false, false, false, true>,                  \
-       (const void *)v3_fwd<__nv_bfloat16, DP, BC, STAGES, CWG, PP, false, false, false, false, true>},           \
-      {NULL, NULL}},                                                                                             \
-     V3_SMEM(DP, BC, STAGES, CWG)},
-static const v3_entry v3_run_kernels[V3_NDEFAULTS] = {V3_DEFAULT_CONFIGS(V3_RUNS_ENTRY)};
-#undef V3_RUNS_ENTRY
 /* by [paged][schedule: 0 static, 1 dynamic][bucket] */
 static const v3_entry v3_seq_kernels[2][2][V3_NDEFAULTS] = {
     {{V3_SEQ_CONFIGS(V3_SEQ_STATIC)}, {V3_SEQ_CONFIGS(V3_SEQ_DYN)}},
@@ -64,10 +56,8 @@ extern "C" fattn_status fattn_prepare_v3(int device) {
     (void)device;
     const v3_entry *seq = &v3_seq_kernels[0][0][0]; /* the SEQ kernels' entries, one after another */
     const int nseq = (int)(sizeof v3_seq_kernels / sizeof *seq);
-    for (int i = 0; i < V3_NCONFIGS + nseq + V3_NDEFAULTS; i++) {
-        const v3_entry *e = i < V3_NCONFIGS          ? &v3_kernels[i]
-                            : i < V3_NCONFIGS + nseq ? seq + (i - V3_NCONFIGS)
-                                                     : &v3_run_kernels[i - V3_NCONFIGS - nseq];
+    for (int i = 0; i < V3_NCONFIGS + nseq; i++) {
+        const v3_entry *e = i < V3_NCONFIGS ? &v3_kernels[i] : seq + (i - V3_NCONFIGS);
         for (int k = 0; k < 4; k++)
             if (e->kern[k >> 1][k & 1])
                 FATTN_CUDA_CHECK(cudaFuncSetAttribute(e->kern[k >> 1][k & 1],
@@ -112,21 +102,15 @@ extern "C" fattn_status fattn_launch_v3(const attn_params *p, const fattn_plan *
         return st;
     unsigned *ctr = plan->counters; /* per-sequence calls: the dynamic schedule's kernel where there is one */
     int split_tail = plan->splits > 1; /* v3_plan.c: the heads' last query blocks split over the consumers */
-    /* runs: each block's tiles in a run of this many (or one more), v3_schedule.h: v3_block_tile */
-    int run = plan->order == FATTN_ORDER_RUNS ? (int)(v3_ntiles(p, 64 * c->consumers) / plan->grid_x) : 0;
-    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group, (void *)&run,
-                    (void *)&split_tail, (void *)&ctr};
+    void *args[] = {&tq, &tk, &tv, &to, &pk, (void *)&kv_batch_step, (void *)&head_group, (void *)&split_tail,
+                    (void *)&ctr};
     /* per-sequence lengths: the bucket's V3_SEQ_CONFIGS kernel, whose table index the planner chose */
     const int seq = p->cu_seqlens_q || p->seqused_k;
     if (paged && !p->seqused_k) /* (the planner refuses it: only SEQ kernels read the block table) */
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3: a paged cache needs its sequences' lengths");
     if (seq && plan->config != fattn_v3_seq_config(c->dp))
         return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no kernel for per-sequence lengths", plan->config);
-    if (run && (seq || fattn_score_mods(p) || plan->config != v3_bucket(c->dp))) /* (the planner refuses these) */
-        return FATTN_FAIL(FATTN_ERR_INVALID, "v3: runs are compiled for the defaults' dense kernels only");
-    const void *kernel = (seq   ? &v3_seq_kernels[paged][ctr != NULL][v3_bucket(c->dp)]
-                          : run ? &v3_run_kernels[plan->config]
-                                : &v3_kernels[plan->config])
+    const void *kernel = (seq ? &v3_seq_kernels[paged][ctr != NULL][v3_bucket(c->dp)] : &v3_kernels[plan->config])
                              ->kern[fattn_score_mods(p)][p->dtype - FATTN_F16];
     if (!kernel) return FATTN_FAIL(FATTN_ERR_INVALID, "v3: config %d has no softcap / ALiBi kernel", plan->config);
     /* as the stream's previous kernel's programmatic dependent: the kernel waits for it (griddep_wait) */

@@ -90,16 +90,13 @@ template <> struct v3_regs<3, 1> { static constexpr int producer = 32, consumer 
 
 /* CWG consumer warpgroups of 64 rows each (Br = 64 CWG); PP: ping-pong, the consumers take turns issuing their
  * GEMMs (named barriers), so one's softmax runs while another's GEMMs use the tensor cores.  The grid is
- * persistent (v3_tile_index: one tile per block per round, zig-zag, or a run of consecutive tiles per block); the
- * K/V ring and the turns run on across tiles, so the producer loads the next tile's Q and first K/V while the
- * consumers finish the current one. */
-template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ, bool DYN, bool PAGED,
-          bool RUNS = false>
+ * persistent (v3_tile_index: one tile per block per round, zig-zag); the K/V ring and the turns run on across
+ * tiles, so the producer loads the next tile's Q and first K/V while the consumers finish the current one. */
+template <typename T, int DP, int BC, int STAGES, int CWG, bool PP, bool MODS, bool SEQ, bool DYN, bool PAGED>
 __global__ void __launch_bounds__(128 * (CWG + 1), V3_BLOCKS_PER_SM(DP, BC, STAGES, CWG))
 v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const attn_params p,
-       const int kv_batch_step, const int head_group, const int run, const int split_tail,
-       unsigned *const tile_ctr) {
+       const int kv_batch_step, const int head_group, const int split_tail, unsigned *const tile_ctr) {
     static_assert(!(PP && CWG == 1), "ping-pong needs two consumers");
     static_assert(V3_SMEM(DP, BC, STAGES, CWG) <= V3_SMEM_MAX(DP, BC, STAGES, CWG),
                   "the config's tiles exceed its shared memory");
@@ -135,10 +132,6 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
     static_assert(SEQ || !(DYN || PAGED), "the dynamic schedule and paged caches are for per-sequence calls");
     constexpr bool dynamic = DYN;
     const int64_t ntiles = v3_ntiles(&p, BR);
-    /* RUNS: kernels of their own (v3_fwd.cu), the others' code unchanged: each block's tiles in a run of `run` (or
-     * one more; v3_schedule.h: v3_block_tile) */
-    static_assert(!(RUNS && (SEQ || MODS)), "runs are for dense calls without score mods");
-    const int run_len = RUNS ? run : 0;
 
     /* Launched as the previous kernel's programmatic dependent (v3_fwd.cu): the launch and the blocks' start overlap
      * that kernel's end, and nothing here touches global memory before it has completed.  A kernel launched the
@@ -173,7 +166,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
         setmaxnreg_dec<regs::producer>();
         if (warp == 0 && lane < (PAGED ? v3_page_pieces(p.page_size, BC) : 1)) /* paged: a lane per piece */
             v3_fwd_produce<T, DP, BC, STAGES, CWG, SEQ, DYN, PAGED>(&tm_q, &tm_k, &tm_v, p, sm, kv_batch_step,
-                                                                    head_group, run_len, split, tile_ctr, lane);
+                                                                    head_group, split, tile_ctr, lane);
         return;
     }
 
@@ -325,7 +318,7 @@ v3_fwd(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtenso
             qr = qround++;
             return true;
         }
-        for (int64_t tile; (tile = v3_block_tile(round, blockIdx.x, gridDim.x, ntiles, run_len)) < ntiles; round++) {
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             w = v3_fwd_place<FLAT>(&p, BR, tile, head_group, split);
             x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */

@@ -42,8 +42,8 @@ DEV v3_tile v3_fwd_place(const attn_params *p, int br, int64_t tile, int64_t gro
 
 template <typename T, int DP, int BC, int STAGES, int CWG, bool SEQ, bool DYN, bool PAGED>
 DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
-                        const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group,
-                        int run, int split, unsigned *tile_ctr, int lane) {
+                        const attn_params &p, const v3_fwd_smem<T> &sm, int kv_batch_step, int head_group, int split,
+                        unsigned *tile_ctr, int lane) {
     constexpr int BR = 64 * CWG, QB = V3_QB(DP, BC, STAGES, CWG), PANELS = DP / 64;
     constexpr int Q_TILE = BR * DP, KV_TILE = BC * DP; /* elements */
     constexpr bool dynamic = DYN;
@@ -108,7 +108,7 @@ DEV void v3_fwd_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const 
     };
     if (!dynamic) {
         int round = 0, qround = 0; /* tiles walked, Q tiles loaded (SEQ skips some) */
-        for (int64_t tile; (tile = v3_block_tile(round, blockIdx.x, gridDim.x, ntiles, run)) < ntiles; round++) {
+        for (int64_t tile; (tile = v3_tile_index(round, blockIdx.x, gridDim.x)) < ntiles; round++) {
             v3_tile w = v3_fwd_place<V3_FLAT(DP, BC, STAGES, CWG)>(&p, BR, tile, head_group, split);
             const fattn_extent x = SEQ ? fattn_extent_of(&p, w.b) : fattn_dense_extent(&p);
             if (SEQ && w.i0 >= x.sq) continue; /* past its sequence's queries: no tile at all */

@@ -238,14 +238,12 @@ static fattn_status v3_split_tails(const attn_params *p, const v3_config *c, int
  * share + 2), a tail with one idle consumer 3 (nb + 1).  Unmasked calls only (masked ones keep every slot); calls
  * of more than 2^16 tiles keep every slot; a few recent answers are remembered. */
 #define V3_TAIL_GRIDS 8
-static int64_t v3_busiest(const attn_params *p, int br, int64_t group, int runs, int64_t grid, int64_t full,
-                          int64_t tail) {
+static int64_t v3_busiest(const attn_params *p, int br, int64_t group, int64_t grid, int64_t full, int64_t tail) {
     const int64_t ntiles = v3_ntiles(p, br);
     int64_t most = 0;
     for (int64_t x = 0; x < grid; x++) {
         int64_t load = 0;
-        const int run = runs ? (int)(ntiles / grid) : 0;
-        for (int64_t k = 0, t; (t = v3_block_tile(k, x, grid, ntiles, run)) < ntiles; k++)
+        for (int64_t k = 0, t; (t = v3_tile_index(k, x, grid)) < ntiles; k++)
             load += v3_tile_place(p, br, t, group, 1).split ? tail : full;
         most = load > most ? load : most;
     }
@@ -254,13 +252,12 @@ static int64_t v3_busiest(const attn_params *p, int br, int64_t group, int runs,
 
 typedef struct {
     int64_t sq, sk, bh, slots, group, full, tail, grid;
-    int br, runs;
+    int br;
 } v3_grid_memo;
 static v3_grid_memo v3_grids[V3_ORDER_MEMO];
 static int v3_grids_next;
 
-static int64_t v3_tail_grid(const attn_params *p, int br, int64_t group, int runs, int64_t slots, int64_t full,
-                            int64_t tail) {
+static int64_t v3_tail_grid(const attn_params *p, int br, int64_t group, int64_t slots, int64_t full, int64_t tail) {
     const int64_t ntiles = v3_ntiles(p, br), nbh = p->b * p->h;
     if (ntiles > (1 << 16) || slots <= V3_TAIL_GRIDS || ntiles <= slots) return ntiles < slots ? ntiles : slots;
     int64_t grid = 0;
@@ -268,20 +265,20 @@ static int64_t v3_tail_grid(const attn_params *p, int br, int64_t group, int run
     for (int i = 0; i < V3_ORDER_MEMO && !grid; i++) {
         const v3_grid_memo *m = &v3_grids[i];
         if (m->grid && m->sq == p->sq && m->sk == p->sk && m->bh == nbh && m->slots == slots && m->group == group &&
-            m->br == br && m->runs == runs && m->full == full && m->tail == tail)
+            m->br == br && m->full == full && m->tail == tail)
             grid = m->grid;
     }
     pthread_mutex_unlock(&v3_memo_lock);
     if (grid) return grid;
     int64_t best = -1;
     for (int64_t g = slots; g > slots - V3_TAIL_GRIDS; g--) {
-        const int64_t most = v3_busiest(p, br, group, runs, g, full, tail);
+        const int64_t most = v3_busiest(p, br, group, g, full, tail);
         if (best < 0 || most < best) {
             best = most;
             grid = g;
         }
     }
-    const v3_grid_memo m = {p->sq, p->sk, nbh, slots, group, full, tail, grid, br, runs};
+    const v3_grid_memo m = {p->sq, p->sk, nbh, slots, group, full, tail, grid, br};
     pthread_mutex_lock(&v3_memo_lock);
     v3_grids[v3_grids_next] = m;
     v3_grids_next = (v3_grids_next + 1) % V3_ORDER_MEMO;
@@ -306,14 +303,6 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     int idx = 0;
     fattn_status st = v3_choose(p, ov, plan->dev.sm_count, &idx);
     if (st) return st;
-    /* runs (v3_schedule.h: v3_block_tile): kernels of the defaults only, for dense calls without score mods */
-    const int runs = ov->order == FATTN_ORDER_RUNS;
-    if (runs && (p->cu_seqlens_q || p->seqused_k || fattn_score_mods(p)))
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 runs (order 3) take dense calls without softcap or ALiBi");
-    if (runs && ov->config >= 0 && ov->config != v3_bucket(fattn_head_dim_bucket(p->d)))
-        return FATTN_FAIL(FATTN_ERR_UNSUPPORTED, "v3 runs (order 3) are compiled for the default configs (0-%d)",
-                          V3_NDEFAULTS - 1);
-    if (runs) idx = v3_bucket(fattn_head_dim_bucket(p->d));
     const v3_config *c = &v3_table[idx];
     /* (a paged cache: any page size, a multiple of 16 as the arguments' check demands -- its pieces, at most 8 a key
      * block, one per lane of the producer's warp: v3_fwd_producer.cuh) */
@@ -335,15 +324,15 @@ fattn_status fattn_plan_v3(const attn_params *p, const struct fattn_tuned *tuned
     plan->threads = (unsigned)(128 * (c->consumers + 1));
     plan->smem = V3_SMEM(c->dp, c->bc, c->stages, c->consumers);
     const int64_t nbh = p->b * p->h < INT32_MAX ? p->b * p->h : INT32_MAX;
-    plan->head_group = ov->order == FATTN_ORDER_HEADS || runs ? 1
-                       : ov->order == FATTN_ORDER_BLOCKS  ? nbh
-                                                          : v3_order(p, br, c->bc, grid, plan->dev.sm_count, split);
-    plan->order = runs ? FATTN_ORDER_RUNS : plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
+    plan->head_group = ov->order == FATTN_ORDER_HEADS    ? 1
+                       : ov->order == FATTN_ORDER_BLOCKS ? nbh
+                                                         : v3_order(p, br, c->bc, grid, plan->dev.sm_count, split);
+    plan->order = plan->head_group == 1 ? FATTN_ORDER_HEADS : FATTN_ORDER_BLOCKS;
     const int tail_rows = (int)(p->sq % br);
     if (c->consumers == 3 && p->mask.left < 0 && p->mask.right < 0 && tail_rows > 0 && (split || tail_rows > 64)) {
         const int64_t nb = (p->sk + c->bc - 1) / c->bc; /* (masked calls: every slot) */
         const int64_t tail = split ? 4 * ((nb + 2) / 3 + 2) : 3 * (nb + 1);
-        grid = v3_tail_grid(p, br, plan->head_group, runs, slots, 4 * (nb + 1), tail);
+        grid = v3_tail_grid(p, br, plan->head_group, slots, 4 * (nb + 1), tail);
         plan->grid_x = (unsigned)(grid > 0 ? grid : 1);
     }
     /* per-sequence lengths: tiles from a counter, only those that exist (v3_schedule.h: v3_seq_tile) */

@@ -33,23 +33,6 @@ FATTN_HD int64_t v3_ntiles(const attn_params *p, int br) { return (p->sq + br - 
  * backwards in odd ones, so a block that got a long causal tile in one round gets a short one in the next. */
 FATTN_HD int64_t v3_tile_index(int64_t k, int64_t x, int64_t G) { return k * G + ((k & 1) ? G - 1 - x : x); }
 
-/* Block x's k-th tile of the n (G blocks), n once past its last: in rounds (v3_tile_index; run = 0), or in a run
- * of consecutive tiles (the plan's FATTN_ORDER_RUNS; run = n / G >= 1, the launcher's): block x takes run + 1
- * tiles where x < n - run G, else run, in block order.  With head-by-head groups a run takes a head's query blocks
- * one after another on one block, which reads the head's K and V from DRAM once and then from L2, while the blocks
- * beside it are on other heads -- for tiles of equal length (no mask), where the rounds' zig-zag balances nothing.
- * The run's place is computed afresh for each tile, in 32 bits (the planner keeps the tiles below 2^31) and
- * without a division (a 64-bit one here spilled every kernel). */
-FATTN_HD int64_t v3_block_tile(int64_t k, int64_t x, int64_t G, int64_t n, int run) {
-    if (run) {
-        const int r = run, xx = (int)x, longer = (int)n - r * (int)G; /* blocks with a tile more */
-        const int first = xx * r + (xx < longer ? xx : longer), end = first + r + (xx < longer);
-        const int t = first + (int)k;
-        return t < end ? t : n;
-    }
-    return v3_tile_index(k, x, G);
-}
-
 /* Where tile `tile` sits: its (b, h) pair and first query row (the key span left empty).  The arithmetic in U:
  * v3_tile_place in 32 bits -- the planner keeps the tiles below 2^31 (v3_plan.c), so the heads b h, their query
  * blocks and a group (1 or b h) fit too, and a division is a few instructions inline instead of a call of the
