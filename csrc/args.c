@@ -246,9 +246,11 @@ int fattn_view_4d(const fattn_tensor *t, int layout, bhsd_view *v) {
     return 0;
 }
 
+/* One device: the same CUDA device, or host memory (every kDLCPU id: JAX numbers its virtual CPU devices, whose
+ * buffers are all the host's). */
 int fattn_same_device(const fattn_tensor *a, const fattn_tensor *ref) {
     const DLDevice x = a->t->device, y = ref->t->device;
-    if (x.device_type != y.device_type || x.device_id != y.device_id) {
+    if (x.device_type != y.device_type || (x.device_type != kDLCPU && x.device_id != y.device_id)) {
         char dx[48], dy[48];
         fattn_device_str(x, dx, sizeof dx);
         fattn_device_str(y, dy, sizeof dy);

@@ -57,22 +57,37 @@ def _merge(out, lse, out_i, lse_i, layout):
 # Ring
 
 
+def _drain(*transfers):
+    """After an error inside a ring step: complete this rank's posted transfers (the other ranks, raising the same
+    error at the same step, complete theirs), so that the group stays usable for the next call."""
+    for x in transfers:
+        if x is not None:
+            try:
+                x.wait()
+            except Exception:  # the error being raised is the one to report
+                pass
+
+
 def _ring_forward(q, k, v, comm, causal, scale, layout, softcap=0.0):
     length = q.shape[SEQ_DIM[layout]]
     kv = torch.stack((k, v))  # one buffer travels: (2, ...)
-    out = lse = None
-    for t in range(comm.size):
-        incoming = comm.shift(kv, KV_TAG) if t < comm.size - 1 else None  # posted before this step's compute
-        q_rows, k_rows, masked = _ring_step_block(comm.rank, (comm.rank - t) % comm.size, causal, length)
-        out_i, lse_i = _api.attention(_rows(q, q_rows, layout), _rows(kv[0], k_rows, layout),
-                                      _rows(kv[1], k_rows, layout), causal=masked, scale=scale, layout=layout,
-                                      softcap=softcap, return_lse=True)
-        if out is None:  # step 0 covers every row
-            out, lse = out_i.float(), lse_i
-        else:
-            _merge(_rows(out, q_rows, layout), _lse_rows(lse, q_rows), out_i, lse_i, layout)
-        if incoming is not None:
-            kv = incoming.wait()
+    out = lse = incoming = None
+    try:
+        for t in range(comm.size):
+            incoming = comm.shift(kv, KV_TAG) if t < comm.size - 1 else None  # posted before this step's compute
+            q_rows, k_rows, masked = _ring_step_block(comm.rank, (comm.rank - t) % comm.size, causal, length)
+            out_i, lse_i = _api.attention(_rows(q, q_rows, layout), _rows(kv[0], k_rows, layout),
+                                          _rows(kv[1], k_rows, layout), causal=masked, scale=scale, layout=layout,
+                                          softcap=softcap, return_lse=True)
+            if out is None:  # step 0 covers every row
+                out, lse = out_i.float(), lse_i
+            else:
+                _merge(_rows(out, q_rows, layout), _lse_rows(lse, q_rows), out_i, lse_i, layout)
+            if incoming is not None:
+                kv, incoming = incoming.wait(), None
+    except BaseException:
+        _drain(incoming)
+        raise
     return out.to(q.dtype), lse
 
 
@@ -80,25 +95,32 @@ def _ring_backward(dout, q, k, v, out, lse, comm, causal, scale, layout, softcap
     length = q.shape[SEQ_DIM[layout]]
     kv = torch.stack((k, v))
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dkv = returning = None
-    for t in range(comm.size):
-        incoming = comm.shift(kv, KV_TAG) if t < comm.size - 1 else None
-        q_rows, k_rows, masked = _ring_step_block(comm.rank, (comm.rank - t) % comm.size, causal, length)
-        dq_i, dk_i, dv_i = _api.attention_backward(
-            _rows(dout, q_rows, layout), _rows(q, q_rows, layout), _rows(kv[0], k_rows, layout),
-            _rows(kv[1], k_rows, layout), _rows(out, q_rows, layout), _lse_rows(lse, q_rows), causal=masked,
-            scale=scale, layout=layout, softcap=softcap)
-        _rows(dq, q_rows, layout).add_(dq_i)
-        # This K/V shard's dK/dV accumulator: new at step 0, else what the previous rank sent along with the shard.
-        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device) if t == 0 else returning.wait()
-        _rows(dkv[0], k_rows, layout).add_(dk_i)
-        _rows(dkv[1], k_rows, layout).add_(dv_i)
-        if comm.size > 1:
-            returning = comm.shift(dkv, DKV_TAG)  # after the last step this is the shard's way home
-        if incoming is not None:
-            kv = incoming.wait()
-    if returning is not None:
-        dkv = returning.wait()
+    dkv = returning = incoming = None
+    try:
+        for t in range(comm.size):
+            incoming = comm.shift(kv, KV_TAG) if t < comm.size - 1 else None
+            q_rows, k_rows, masked = _ring_step_block(comm.rank, (comm.rank - t) % comm.size, causal, length)
+            dq_i, dk_i, dv_i = _api.attention_backward(
+                _rows(dout, q_rows, layout), _rows(q, q_rows, layout), _rows(kv[0], k_rows, layout),
+                _rows(kv[1], k_rows, layout), _rows(out, q_rows, layout), _lse_rows(lse, q_rows), causal=masked,
+                scale=scale, layout=layout, softcap=softcap)
+            _rows(dq, q_rows, layout).add_(dq_i)
+            # This K/V shard's dK/dV accumulator: new at step 0, else what the previous rank sent along with it.
+            if t == 0:
+                dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
+            else:
+                dkv, returning = returning.wait(), None
+            _rows(dkv[0], k_rows, layout).add_(dk_i)
+            _rows(dkv[1], k_rows, layout).add_(dv_i)
+            if comm.size > 1:
+                returning = comm.shift(dkv, DKV_TAG)  # after the last step this is the shard's way home
+            if incoming is not None:
+                kv, incoming = incoming.wait(), None
+        if returning is not None:
+            dkv, returning = returning.wait(), None
+    except BaseException:
+        _drain(incoming, returning)
+        raise
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 

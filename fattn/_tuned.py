@@ -25,6 +25,7 @@ import warnings
 from . import _C, _frameworks
 
 FORMAT = "fattn-tuned/1"
+KEY_FIELDS = ("family", "device", "dtype", "head_dim", "causal", "seq_bucket")  # what identifies an entry
 LOADED = set()       # (device_type, device_id) whose entries are registered
 _sources = None
 
@@ -157,7 +158,11 @@ def save(new_entries, p=None):
         return (e["family"], json.dumps(e["device"], sort_keys=True), e["dtype"], e["head_dim"], bool(e["causal"]),
                 e["seq_bucket"])
 
-    merged = {key(e): e for e in old}
+    kept = [e for e in old if isinstance(e, dict) and all(k in e for k in KEY_FIELDS)]
+    if len(kept) < len(old):
+        warnings.warn(f"fattn: dropping {len(old) - len(kept)} malformed entries of the tuned-config cache {p}",
+                      RuntimeWarning, stacklevel=2)
+    merged = {key(e): e for e in kept}
     for e in new_entries:
         merged[key(e)] = e
     os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)

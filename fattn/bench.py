@@ -24,7 +24,6 @@ that passed validation) / fattn:X's p50, >1 = fattn faster.  --shape, --sk and -
 Exit status: 0; 1 when a fattn variant fails validation or cannot run a requested point; 2 for usage errors.
 """
 import argparse
-import os
 import sys
 
 import fattn
@@ -78,11 +77,13 @@ def parse_args(argv=None):
         ap.error("--rounds must be >= 1")
     if args.sk is not None and args.sk < 1:
         ap.error(f"--sk {args.sk}: must be >= 1")
-    for flag, path in (("--json", args.json), ("--csv", args.csv), ("--md", args.md), ("--plot", args.plot)):
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not os.path.isdir(folder):  # said before the run, not after it
-            ap.error(f"{flag} {path}: no folder {folder}")
+    for flag, path in (("--json", args.json), ("--csv", args.csv), ("--md", args.md)):
+        if path:
+            report.check_writable(path, flag, ap.error)
     if args.plot:
+        from .plot import FORMATS, output_path
+
+        report.check_writable(output_path(args.plot), "--plot", ap.error, FORMATS)
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -170,13 +171,23 @@ def main(argv=None):
                            command=" ".join(["python", "-m", "fattn.bench"] + argv))
     if rows:
         print(report.format_table(rows))
-    for path, writer in ((args.json, report.write_json), (args.csv, report.write_csv), (args.md, report.write_md)):
+    unwritten = []
+    for flag, path, writer in (("--json", args.json, report.write_json), ("--csv", args.csv, report.write_csv),
+                               ("--md", args.md, report.write_md)):
         if path and rows:
-            writer(path, meta, rows)
+            try:
+                writer(path, meta, rows)
+            except OSError as e:
+                unwritten.append(f"{flag} {path}: {e.strerror or e}")
     if args.plot and rows:
         from .plot import plot
 
-        plot(rows, meta, args.plot)
+        try:
+            print(f"fattn.bench: plot {plot(rows, meta, args.plot)}")
+        except (OSError, ValueError) as e:
+            unwritten.append(f"--plot {args.plot}: {getattr(e, 'strerror', None) or e}")
+    for line in unwritten:
+        print(f"fattn.bench: not written: {line}", file=sys.stderr)
     missing = missing_fattn_rows(points, impls, rows)
     for impl, p in missing:
         print(f"fattn.bench: {impl} could not run {grids.describe(p)} causal={p['causal']} {p['dtype']} "
@@ -184,7 +195,7 @@ def main(argv=None):
     if not rows:
         print("nothing could run (see the notes above)", file=sys.stderr)
     failed = any(suite.bad(r) and r["impl"].startswith("fattn:") for r in rows)
-    return 1 if failed or missing or not rows else 0
+    return 1 if failed or missing or not rows or unwritten else 0
 
 
 if __name__ == "__main__":

@@ -106,12 +106,15 @@ def attention(q, k, v, *, group=None, causal=False, scale=None, layout="bshd", s
         every rank raises: the rank whose shards are bad its own error, the others a ValueError naming that rank.
     """
     comm = _Comm(group)
-    causal = _causal_flag(causal)
-    softcap = _args.softcap_value(softcap)
-    scale = _args.scale_value(scale)
-    _check_choice("layout", layout, tuple(SEQ_DIM))
-    _check_choice("strategy", strategy, STRATEGIES)
-    problem = _local_problem(q, k, v, causal, layout)
+    try:  # a bad argument on one rank is raised on every rank (below), not before the others' collective
+        causal = _causal_flag(causal)
+        softcap = _args.softcap_value(softcap)
+        scale = _args.scale_value(scale)
+        _check_choice("layout", layout, tuple(SEQ_DIM))
+        _check_choice("strategy", strategy, STRATEGIES)
+        problem = _local_problem(q, k, v, causal, layout)
+    except (ValueError, TypeError) as e:
+        problem = e
     if check:
         _agree_across_ranks(comm, q, k, v, problem, causal, scale, softcap, layout, strategy)
     elif problem:
@@ -156,13 +159,19 @@ def unshard(x_local, group=None, dim=1, causal=False):
     and undoes :func:`shard`'s layout.  Every rank gets the whole; not differentiable (for evaluation and tests).
     Shards of unequal shapes or dtypes raise the same ValueError on every rank (one small collective first)."""
     comm = _Comm(group)
-    dim = _dim_index(x_local, dim)
-    odd = bool(causal and x_local.shape[dim] % 2)
+    problem = None
+    try:
+        dim = _dim_index(x_local, dim)
+    except ValueError as e:  # raised on every rank (below), not before the others' collective
+        problem = e
+    if problem is None and causal and x_local.shape[dim] % 2:
+        problem = ValueError(f"x_local: length {x_local.shape[dim]} along dim {dim} is odd; a causal shard holds two "
+                             "equal zigzag chunks")
     shape = list(x_local.shape[:_MAX_NDIM]) + [-1] * (_MAX_NDIM - min(x_local.ndim, _MAX_NDIM))
-    rows = comm.all_gather(_row(x_local.device, int(odd), x_local.ndim, _dtype_code(x_local.dtype), shape)).tolist()
-    if odd:
-        raise ValueError(f"x_local: length {x_local.shape[dim]} along dim {dim} is odd; a causal shard holds two "
-                         "equal zigzag chunks")
+    rows = comm.all_gather(_row(x_local.device, int(problem is not None), x_local.ndim, _dtype_code(x_local.dtype),
+                                shape)).tolist()
+    if problem:
+        raise problem
     if any(row[0] for row in rows):
         raise ValueError(f"x_local: the shards of rank(s) {[r for r, row in enumerate(rows) if row[0]]} are "
                          "invalid (see the error raised there)")
@@ -271,15 +280,28 @@ def _local_problem(q, k, v, causal, layout):
     if causal and q.shape[s] % 2:
         return ValueError(f"q: local sequence length {q.shape[s]} is odd; causal context parallelism holds two equal "
                           "zigzag chunks per rank")
+    # what fattn's kernels refuse, refused here before any transfer (every rank then raises together)
+    if q.dtype not in _TAKEN:
+        return TypeError(f"q: dtype {str(q.dtype)[6:]} is not supported; use float16, bfloat16 or float32")
+    if q.shape[3] % 8 or not 8 <= q.shape[3] <= 256:
+        return ValueError(f"q: head dim {q.shape[3]} is not supported; use a multiple of 8 from 8 to 256")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device != q.device:
+            return ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
+        if t.stride(3) != 1 and t.shape[3] > 1:
+            return ValueError(f"{name}: the last dimension (head dim) must be contiguous (stride 1), got stride "
+                              f"{t.stride(3)}")
     return None
 
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TAKEN = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes fattn's kernels take
+# every torch dtype, in a fixed order: each its own code in the cross-rank checks
+_DTYPES = tuple(sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)}, key=str))
 _MAX_NDIM = 8  # unshard compares this many leading sizes of a shard's shape
 
 
 def _dtype_code(dtype):
-    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+    return _DTYPES.index(dtype)
 
 
 def _dtype_name(code):
@@ -305,7 +327,12 @@ def _agree_across_ranks(comm, q, k, v, problem, causal, scale, softcap, layout, 
     call's arguments differ between ranks (they would make the collectives mismatch: a hang, a crash or a wrong
     result)."""
     dtypes = [_dtype_code(t.dtype) if isinstance(t, torch.Tensor) else -1 for t in (q, k, v)]
-    args = [int(causal), _bits(scale), _bits(softcap), tuple(SEQ_DIM).index(layout), STRATEGIES.index(strategy)]
+    # (a rank whose arguments were refused sends -1 for those it could not read: it raises its own error anyway)
+    args = [int(causal) if isinstance(causal, bool) else -1,
+            _bits(scale) if scale is None or isinstance(scale, float) else -1,
+            _bits(softcap) if isinstance(softcap, float) else -1,
+            tuple(SEQ_DIM).index(layout) if layout in SEQ_DIM else -1,
+            STRATEGIES.index(strategy) if strategy in STRATEGIES else -1]
     device = q.device if isinstance(q, torch.Tensor) else "cpu"
     rows = comm.all_gather(_row(device, _shape4(q), _shape4(k), _shape4(v), dtypes, args,
                                 int(problem is not None))).tolist()
@@ -313,7 +340,8 @@ def _agree_across_ranks(comm, q, k, v, problem, causal, scale, softcap, layout, 
         raise problem
     bad = [r for r, row in enumerate(rows) if row[-1]]
     if bad:
-        raise ValueError(f"q: the shards of rank(s) {bad} are invalid (see the error raised there)")
+        raise ValueError(f"q: the shards of rank(s) {bad} are invalid (see the error raised there: its shards or "
+                         "arguments)")
     fields = [(name, 4 * i, 4 * i + 4) for i, name in enumerate("qkv")] + \
              [(f"{name} dtype", 12 + i, 13 + i) for i, name in enumerate("qkv")] + \
              [(name, 15 + i, 16 + i) for i, name in enumerate(("causal", "scale", "softcap", "layout", "strategy"))]
@@ -349,6 +377,9 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if torch.is_grad_enabled():  # create_graph=True: these gradients have no graph of their own
+            raise NotImplementedError("fattn.distributed: double backward (a gradient of its gradients, "
+                                      "create_graph=True) is not supported")
         q, k, v, out, lse = ctx.saved_tensors
         comm, causal, scale, layout, strategy, softcap = ctx.args
         with torch.no_grad():

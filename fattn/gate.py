@@ -11,8 +11,9 @@ hits them alike), giving one ratio per round; (3) per point the median ratio and
 baseline) falls below -(threshold + its noise + the baseline's own noise) (the baseline's: its rows' ratio_noise,
 recorded by a bench run of several rounds as a relative spread, about the same thing for small spreads; taken equal
 to today's where the baseline has none) -- so no amount of noise hides a drop to a fraction of the baseline, as a
-relative change bounded by -100% would; "wrong" when any round failed validation; (4) a table; exit 1 if anything
-failed.
+relative change bounded by -100% would, and the allowance for noise is capped at MAX_NOISE (log 1.5: a median below
+about 0.65x the baseline fails however noisy the rounds); "wrong" when any round failed validation (also for fattn
+rows without a ratio); (4) a table; exit 1 if anything failed, or if the baseline had no fattn row to compare.
 """
 import argparse
 import glob
@@ -25,6 +26,7 @@ import sys
 from .testing import grids, report, suite, timer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_NOISE = math.log(1.5)  # the most noise (both runs, log scale) a comparison allows for
 
 
 def row_key(r):
@@ -42,9 +44,14 @@ def compare(base_rows, rounds, threshold=0.03):
     some round); 'missing' (did not run now)."""
     out = []
     for b in base_rows:
-        if not b["impl"].startswith("fattn:") or not b.get("ratio_vs_best_torch"):
+        if not b["impl"].startswith("fattn:"):
             continue
         now = [r for rows in rounds for r in rows if row_key(r) == row_key(b)]
+        if not b.get("ratio_vs_best_torch"):  # nothing to compare speed with: correctness only
+            if any(suite.bad(r) for r in now):
+                out.append({"point": label(b), "impl": b["impl"], "base": None, "now": None, "noise": None,
+                            "change": None, "rounds": [], "status": "wrong"})
+            continue
         res = {"point": label(b), "impl": b["impl"], "base": b["ratio_vs_best_torch"], "now": None, "noise": None,
                "change": None, "rounds": [r.get("ratio_vs_best_torch") for r in now]}
         ratios = [x for x in res["rounds"] if x]
@@ -56,7 +63,7 @@ def compare(base_rows, rounds, threshold=0.03):
             med = timer.percentile(ratios, 0.5)
             noise = math.log(timer.percentile(ratios, 0.75) / timer.percentile(ratios, 0.25))
             base_noise = b.get("ratio_noise")
-            noise += noise if base_noise is None else base_noise
+            noise = min(noise + (noise if base_noise is None else base_noise), MAX_NOISE)
             res.update(now=med, noise=noise, change=med / res["base"] - 1)
             res["status"] = "slower" if math.log(med / res["base"]) < -(threshold + noise) else "ok"
         out.append(res)
@@ -70,7 +77,8 @@ def format_results(results, threshold):
         now = f"{r['now']:.3f}" if r["now"] is not None else "-"
         noise = f"{r['noise']:.1%}" if r["noise"] is not None else "-"
         ch = f"{r['change']:+.1%}" if r["change"] is not None else "-"
-        lines.append(f"{r['point']:44s} {r['impl']:10s} {r['base']:6.3f} {now:>6s} {noise:>6s} {ch:>8s}  {r['status']}")
+        base = f"{r['base']:.3f}" if r["base"] is not None else "-"
+        lines.append(f"{r['point']:44s} {r['impl']:10s} {base:>6s} {now:>6s} {noise:>6s} {ch:>8s}  {r['status']}")
     bad = [r for r in results if r["status"] != "ok"]
     lines.append(f"{len(results) - len(bad)} ok, {len(bad)} failed")
     return "\n".join(lines)
@@ -103,6 +111,14 @@ def default_baseline(device):
     return best[1] if best else None
 
 
+def not_here(impls, device):
+    """The fattn implementations among `impls` that cannot run on `device` (a -det suffix is the backward's
+    deterministic mode of its variant, suite.DET)."""
+    import fattn
+
+    return [i for i in impls if i.startswith("fattn:") and i[6:].removesuffix(suite.DET) not in fattn.variants(device)]
+
+
 def run_tests():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-k", "parity", os.path.join(ROOT, "tests")],
                        cwd=ROOT)
@@ -122,6 +138,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
+    if args.reps is not None and args.reps < 1:
+        ap.error("--reps must be >= 1")
+    if args.json:
+        report.check_writable(args.json, "--json", ap.error)
     here = "cuda" if fattn.cuda_available() else "cpu"
     path = args.baseline or default_baseline(here)
     if not path:
@@ -138,7 +158,7 @@ def main(argv=None):
         print("gate: FAILED: pytest -k parity failed", file=sys.stderr)
         return 1
     impls = sorted({r["impl"] for r in base_rows})
-    missing = [i for i in impls if i.startswith("fattn:") and i[6:] not in fattn.variants(device)]
+    missing = not_here(impls, device)
     if missing:
         print(f"gate: note: {missing} do not run here", file=sys.stderr)
     timer_name = base_meta.get("timer") if base_meta.get("timer") in ("events", "batch") else "events"
@@ -155,9 +175,17 @@ def main(argv=None):
               "pass a --baseline measured here", file=sys.stderr)
     print(format_results(results, args.threshold))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"baseline": path, "meta": meta, "threshold": args.threshold, "rounds": args.rounds,
-                       "results": results}, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump({"baseline": path, "meta": meta, "threshold": args.threshold, "rounds": args.rounds,
+                           "results": results}, f, indent=1)
+        except OSError as e:
+            print(f"gate: FAILED: --json {args.json}: {e.strerror or e}", file=sys.stderr)
+            return 1
+    if not any(r["base"] is not None for r in results) and not any(r["status"] == "wrong" for r in results):
+        print(f"gate: FAILED: --baseline {path} has no fattn row with a ratio to torch (run the bench with a torch "
+              "backend): nothing was compared", file=sys.stderr)
+        return 1
     return 1 if any(r["status"] != "ok" for r in results) else 0
 
 

@@ -9,7 +9,15 @@ grouped bars per point.  The cp grid (fattn.testing.cp): scaling efficiency agai
 """
 import argparse
 import json
+import os
 import sys
+
+FORMATS = ("png", "pdf", "svg", "eps", "ps", "jpg", "jpeg")  # what the pictures are written as, by file name
+
+
+def output_path(path):
+    """The file a picture goes to: `path`, with .png added when it has no suffix (as matplotlib would)."""
+    return path if os.path.splitext(path)[1] else path + ".png"
 
 
 def _plt():
@@ -92,6 +100,7 @@ def plot(rows, meta, path, impls=None):
     rows = [r for r in rows if r.get("tflops") and (impls is None or r["impl"] in impls)]
     if not rows:
         raise ValueError("no rows to plot")
+    path = output_path(path)
     (plot_seqlen if is_seqlen_grid(rows) else plot_latency)(rows, meta, path)
     return path
 
@@ -127,16 +136,21 @@ def plot_cp_efficiency(rows, meta_, path):
     shas = sorted({str(m)[:7] for m in meta_.get("shas", [meta_.get("fattn_git_sha")])})
     fig.suptitle(f"context parallelism, torch {meta_['torch']}, git {', '.join(shas)}")
     fig.tight_layout()
+    path = output_path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m fattn.plot", description=__doc__.split("\n\n")[0])
     ap.add_argument("json", help="a file written by python -m fattn.bench --json")
-    ap.add_argument("-o", "--out", required=True, help="PNG path")
+    ap.add_argument("-o", "--out", required=True, help=f"the picture's path ({', '.join(FORMATS)}; none: .png)")
     ap.add_argument("--impls", help="comma-separated implementations to draw (default: all)")
     args = ap.parse_args(argv)
+    from .testing.report import check_writable
+
+    check_writable(output_path(args.out), "-o", ap.error, FORMATS)
     try:
         with open(args.json) as f:
             doc = json.load(f)
@@ -144,10 +158,13 @@ def main(argv=None):
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"{args.json}: not a readable fattn.bench --json file ({type(e).__name__}: {e})")
     try:
-        plot(rows, meta, args.out, args.impls.split(",") if args.impls else None)
-    except ValueError as e:
+        path = plot(rows, meta, args.out, args.impls.split(",") if args.impls else None)
+    except (ValueError, KeyError, TypeError) as e:
         ap.error(f"{args.json}: {e}")
-    print(args.out)
+    except OSError as e:
+        print(f"fattn.plot: -o {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    print(path)
     return 0
 
 

@@ -89,7 +89,8 @@ def ncu_command(ncu, args, metrics):
            ",".join(map(str, args.shape)), "--dtype", args.dtype, "--mode", args.mode]
     cmd += (["--sk", str(args.sk)] if args.sk else []) + (["--variant", args.variant] if args.variant else [])
     det = getattr(args, "deterministic", False)
-    cmd += ["--window", ",".join(map(str, args.window))] if getattr(args, "window", None) else []
+    # one token (--window=-1,0): a separate "-1,0" would read as a flag
+    cmd += ["--window=" + ",".join(map(str, args.window))] if getattr(args, "window", None) else []
     return cmd + (["--causal"] if args.causal else []) + (["--deterministic"] if det else [])
 
 
@@ -184,13 +185,15 @@ def format_summary(kernel, m, ceil):
     return "\n".join(f"{k:24s} {v}" for k, v in rows)
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The command line, checked (ncu's child gets the same flags: ncu_command)."""
     ap = argparse.ArgumentParser(prog="python -m fattn.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", required=True, help="B,H,S,D")
     ap.add_argument("--sk", type=int)
     ap.add_argument("--variant", default=None, help="fattn variant (default: fattn's choice)")
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--window", help="LEFT,RIGHT: a sliding window in keys around the query's position (i + Sk - Sq; i with --causal, which is top-left)")
+    ap.add_argument("--window", help="LEFT,RIGHT: a sliding window in keys around the query's position (i + Sk - Sq; "
+                    "i with --causal, which is top-left); a negative LEFT as --window=-1,0")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     ap.add_argument("--out", default="profile_out", help="folder for ncu.csv and profile.json")
     ap.add_argument("--mode", default="fwd", choices=tuple(KERNELS),
@@ -209,6 +212,11 @@ def main(argv=None):
             assert len(args.window) == 2
         except (ValueError, AssertionError):
             ap.error(f"--window: expected LEFT,RIGHT integers, got {args.window!r}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.child:
         return child(args)
     ncu = find_ncu()

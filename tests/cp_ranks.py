@@ -45,7 +45,8 @@ MATCH_CASES["allgather-full-hkv4-softcap"] = _case("allgather", False, 4, softca
 ERROR_CASES = ["unequal_lengths", "odd_causal_length", "layout_mismatch", "one_rank_bad", "bad_strategy",
                "bad_layout", "shard_indivisible", "k_heads_differ", "dtype_differs", "kv_dtype_mixed",
                "causal_differs", "scale_differs", "softcap_differs", "strategy_differs", "unshard_unequal",
-               "shard_bad_dim"]
+               "shard_bad_dim", "one_rank_bad_argument", "unshard_one_rank_bad_dim", "unshard_int_dtypes_differ",
+               "refused_dtype_leaves_group_usable", "double_backward_refused"]
 ROUND_TRIP_CASES = ["round_trip"]
 GPU_CASES = {f"{s}-{'causal' if c else 'full'}-hkv{hk}": _case(s, c, hk, dtype="bf16")
              for s in ("ring", "allgather") for c in (False, True) for hk in (4, 2)}
@@ -212,6 +213,46 @@ def run_error(name, rank, world):
     elif name == "shard_bad_dim":
         with pytest.raises(ValueError, match=r"dim: expected an int in \[-4, 4\) for a 4-D tensor, got 5"):
             fd.shard(torch.zeros(1, 8, 2, 4), dim=5)
+    # an argument refused on one rank is raised on every rank, at once (it used to leave the others waiting in the
+    # agreement's collective until the group's timeout)
+    elif name == "one_rank_bad_argument":
+        for kw in ({"strategy": "Ring"}, {"causal": "causal"}, {"softcap": -1.0}, {"layout": "BSHD"}):
+            arg = next(iter(kw))
+            t0 = time.monotonic()
+            with pytest.raises(ValueError, match=rf"{arg}: " if rank == 1
+                               else r"q: the shards of rank\(s\) \[1\] are invalid"):
+                fd.attention(*qkv(8), **(kw if rank == 1 else {}))
+            assert time.monotonic() - t0 < PG_TIMEOUT_S / 2, kw
+    elif name == "unshard_one_rank_bad_dim":
+        with pytest.raises(ValueError, match=r"dim: expected an int" if rank == 1
+                           else r"x_local: the shards of rank\(s\) \[1\] are invalid"):
+            fd.unshard(torch.zeros(4, 2), dim=4 if rank == 1 else 0)
+    elif name == "unshard_int_dtypes_differ":  # int32 and int64 shared one code: a mismatched gather, an abort
+        with pytest.raises(ValueError, match=r"x_local: shards must have equal shapes and dtypes on every rank; "
+                           r"got rank 0: \(4,\) int64; rank 1: \(4,\) int32"):
+            fd.unshard(torch.arange(4, dtype=torch.int64 if rank == 0 else torch.int32), dim=0)
+    elif name == "refused_dtype_leaves_group_usable":
+        # what fattn's kernels refuse (float64, head dim 12, a strided head dim) is refused on every rank before the
+        # ring posts a transfer, so the next calls still run (a posted, never-waited transfer broke the group)
+        q, k, v = qkv(8)
+        bad = [((q.double(), k.double(), v.double()), TypeError, r"q: dtype float64 is not supported"),
+               ((q[..., :12], k[..., :12], v[..., :12]), ValueError, r"q: head dim 12 is not supported"),
+               ((q, k.transpose(1, 3).contiguous().transpose(1, 3), v), ValueError,
+                r"k: the last dimension \(head dim\) must be contiguous")]
+        for args, exc, match in bad:
+            for strategy in ("ring", "allgather"):
+                with pytest.raises(exc, match=match):
+                    fd.attention(*args, strategy=strategy)
+                out = fd.attention(q, k, v, strategy=strategy)
+                assert out.shape == q.shape and torch.isfinite(out).all()
+    elif name == "double_backward_refused":
+        q, k, v = qkv(8)
+        q.requires_grad_()
+        out = fd.attention(q, k, v)
+        with pytest.raises(NotImplementedError, match=r"double backward"):
+            torch.autograd.grad(out.square().sum(), q, create_graph=True)
+        (g,) = torch.autograd.grad(fd.attention(q, k, v).sum(), q)  # the group still works
+        assert g.shape == q.shape
     else:
         raise KeyError(name)
 

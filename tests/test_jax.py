@@ -1,13 +1,20 @@
 """fattn.jax: the custom VJP over fattn's kernels, against the float64 reference (skips where JAX is not
 installed; the GPU case needs JAX with CUDA and CuPy)."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+import torch
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import fattn.jax  # noqa: E402
 from fattn.testing import reference  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def jax_devices(kind):
@@ -65,10 +72,71 @@ def test_jax_forward_and_grad(device, causal):
 
 def test_jax_under_jit_is_a_clear_error():
     q = jnp.zeros((1, 1, 4, 8), jnp.float32)
-    with pytest.raises(TypeError, match="outside jax.jit"):
+    with pytest.raises(TypeError, match=r"q: fattn.jax.attention runs eagerly, outside JAX's transformations \(jax.jit"):
         jax.jit(lambda q: fattn.jax.attention(q, q, q))(q)
-    with pytest.raises(TypeError, match="q: expected a jax.Array"):
+    with pytest.raises(TypeError, match="q: expected a jax.Array, got numpy.ndarray"):
         fattn.jax.attention(np.zeros((1, 1, 4, 8), np.float32), q, q)
+    with pytest.raises(TypeError, match="k: expected a jax.Array, got numpy.ndarray"):
+        fattn.jax.attention(q, np.zeros((1, 1, 4, 8), np.float32), q)
+
+
+def test_jax_transforms_and_bad_arguments_are_named():
+    """What fattn.jax does not take yet raises naming the argument or the transformation: grad of grad and jacrev
+    (batched cotangents), jax.checkpoint, a traced scale or softcap, a dtype the device does not take, a torch
+    tensor; first-order grad works."""
+    q = jnp.ones((1, 2, 8, 16), jnp.float32)
+
+    def loss(q):
+        return fattn.jax.attention(q, q, q).sum()
+    with pytest.raises(NotImplementedError, match="batched or higher-order differentiation"):
+        jax.jacrev(lambda q: fattn.jax.attention(q, q, q))(q)
+    for transformed in (lambda: jax.grad(lambda q: jax.grad(loss)(q).sum())(q), lambda: jax.hessian(loss)(q),
+                        lambda: jax.grad(jax.checkpoint(loss))(q)):
+        with pytest.raises(TypeError, match="q: fattn.jax.attention runs eagerly.*checkpoint.*grad of grad"):
+            transformed()
+    for name in ("scale", "softcap"):
+        with pytest.raises(TypeError, match=f"{name}: a traced value; fattn reads {name} as a constant"):
+            jax.grad(lambda s: fattn.jax.attention(q, q, q, **{name: s}).sum())(0.5)
+    with pytest.raises(TypeError, match="q: dtype float8_e4m3fn is not supported on cpu; use float16 or float32"):
+        fattn.jax.attention(q.astype(jnp.float8_e4m3fn), q, q)
+    with pytest.raises(TypeError, match="v: expected a jax.Array, got torch.Tensor"):
+        fattn.jax.attention(q, q, torch.zeros(1, 2, 8, 16))
+    assert jax.grad(loss)(q).shape == q.shape
+
+
+_TWO_CPU_DEVICES = r"""
+import jax, jax.numpy as jnp, numpy as np, fattn.jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+cpus = jax.devices("cpu")
+assert len(cpus) == 2
+q1 = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal((2, 2, 8, 16)), jnp.float32), cpus[1])
+out = fattn.jax.attention(q1, q1, q1)  # every array on cpu:1
+assert out.devices() == {cpus[1]}
+ref = fattn.jax.attention(jax.device_put(q1, cpus[0]), jax.device_put(q1, cpus[0]), jax.device_put(q1, cpus[0]))
+assert np.array_equal(np.asarray(out), np.asarray(ref))
+g = jax.grad(lambda q: fattn.jax.attention(q, q, q).sum())(q1)
+assert g.devices() == {cpus[1]}
+def refused(fn, match):
+    try:
+        fn()
+    except ValueError as e:
+        assert match in str(e), str(e)
+    else:
+        raise AssertionError("accepted: " + match)
+refused(lambda: fattn.jax.attention(q1, jax.device_put(q1, cpus[0]), q1), "k: on cpu:0 but q is on cpu:1")
+sharded = jax.device_put(q1, NamedSharding(Mesh(np.array(cpus), ("b",)), P("b")))
+refused(lambda: fattn.jax.attention(sharded, sharded, sharded), "q: a jax.Array spread over 2 devices")
+print("ok")
+"""
+
+
+def test_jax_second_cpu_device_and_sharded_arrays():
+    """JAX's virtual CPU devices (XLA's host device count): arrays on cpu:1 run there, results and gradients stay
+    there; arrays on two devices, or one array sharded over both, are refused naming the argument."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _TWO_CPU_DEVICES], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
 def test_jax_arrays_in_fattn_attention_name_the_missing_result():

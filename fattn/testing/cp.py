@@ -39,7 +39,8 @@ import torch.nn.functional as F
 
 import fattn
 import fattn.distributed as fd
-from fattn.plot import plot_cp_efficiency
+from fattn.plot import FORMATS, output_path, plot_cp_efficiency
+from fattn.testing.report import check_writable
 from fattn.testing import timer
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -68,9 +69,34 @@ def parse_args(argv=None):
     ap.add_argument("--plot-from", metavar="JSON", nargs="+",
                     help="no run: plot the rows of these --json files (several GPU counts in one plot) to --plot")
     args = ap.parse_args(argv)
-    args.tokens = [int(x) for x in args.tokens.split(",")]
-    args.kv_heads = ([int(x) for x in args.kv_heads.split(",")] if args.kv_heads else
+
+    def ints(flag, text):
+        try:
+            values = [int(x) for x in text.split(",")]
+        except ValueError:
+            ap.error(f"{flag}: expected comma-separated integers, got {text!r}")
+        if min(values) < 1:
+            ap.error(f"{flag}: every value must be >= 1, got {text!r}")
+        return values
+    args.tokens = ints("--tokens", args.tokens)
+    args.kv_heads = (ints("--kv-heads", args.kv_heads) if args.kv_heads else
                      [args.heads] + ([args.heads // 4] if args.heads % 4 == 0 and args.heads >= 4 else []))
+    for flag in ("heads", "dim", "batch", "reps"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
+    if args.dim % 8:
+        ap.error(f"--dim {args.dim}: fattn takes head dims that are multiples of 8")
+    if args.plot:
+        check_writable(output_path(args.plot), "--plot", ap.error, FORMATS)
+    if args.plot_from:
+        return args
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        ap.error("the cp grid runs one process per device under torchrun: NCCL_NVLS_ENABLE=0 torchrun "
+                 "--nproc-per-node=N -m fattn.bench --grid cp ... (--device cpu: gloo processes)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda (the default): no usable CUDA GPU here; --device cpu runs the grid on gloo processes")
+    if args.json:
+        check_writable(args.json, "--json", ap.error)
     args.modes = args.modes.split(",")
     args.strategies = args.strategies.split(",")
     args.torch_rotate = [x for x in args.torch_rotate.split(",") if x]
@@ -355,8 +381,8 @@ def plot_from(paths, out):
         metas.append(data["meta"])
         rows += with_own_efficiency(data["rows"])
     devices = sorted({m["device"] for m in metas})
-    plot_cp_efficiency(rows, {"device": " / ".join(devices), "torch": metas[0]["torch"],
-                              "shas": [m["fattn_git_sha"] for m in metas]}, out)
+    out = plot_cp_efficiency(rows, {"device": " / ".join(devices), "torch": metas[0]["torch"],
+                                    "shas": [m["fattn_git_sha"] for m in metas]}, out)
     print(f"wrote {out} ({len(rows)} rows from {len(paths)} files)", flush=True)
 
 
@@ -382,8 +408,7 @@ def main(argv=None):
                 json.dump({"meta": meta(args, device), "rows": rows}, f, indent=1)
             print(f"wrote {args.json} ({len(rows)} rows)", flush=True)
         if dist.get_rank() == 0 and args.plot:
-            plot_cp_efficiency(rows, meta(args, device), args.plot)
-            print(f"wrote {args.plot}", flush=True)
+            print(f"wrote {plot_cp_efficiency(rows, meta(args, device), args.plot)}", flush=True)
     finally:
         dist.destroy_process_group()
     return 0

@@ -2,6 +2,7 @@
 import csv
 import json
 import math
+import os
 
 from . import grids
 from .suite import COLUMNS, bad
@@ -47,6 +48,22 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+def check_writable(path, flag, error, suffixes=None):
+    """Before a run, not after it: `path` can be written -- not a folder, in a folder that exists and may be written,
+    with one of `suffixes` (lower case, no dot) where given -- else error(message) (an argparse error)."""
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        error(f"{flag} {path}: is a folder; give a file name")
+    if not os.path.isdir(folder):
+        error(f"{flag} {path}: no folder {folder}")
+    if not os.access(folder, os.W_OK) or (os.path.exists(full) and not os.access(full, os.W_OK)):
+        error(f"{flag} {path}: not writable")
+    ext = os.path.splitext(full)[1].lstrip(".").lower()
+    if suffixes is not None and ext not in suffixes:
+        error(f"{flag} {path}: the file name must end in .{', .'.join(suffixes)}")
+
+
 def _finite(x):
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
@@ -58,10 +75,18 @@ def write_json(path, meta, rows):
 
 
 def read_json(path):
-    """(meta, rows) of a write_json file; rows of older files get tol = None and ratio_noise = None."""
+    """(meta, rows) of a write_json file; rows of older files get tol = None and ratio_noise = None.  A file of
+    another shape (not {"meta": {...}, "rows": [...]}, or rows without a benchmark point and impl) raises
+    ValueError saying what is missing."""
     with open(path) as f:
         doc = json.load(f)
-    for r in doc["rows"]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) or not isinstance(doc.get("rows"), list):
+        raise ValueError('not a fattn.bench --json file (expected {"meta": {...}, "rows": [...]})')
+    need = tuple(k for k in grids.POINT_KEYS if k != "mode") + ("impl",)  # (mode: older files have none)
+    for n, r in enumerate(doc["rows"]):
+        missing = [k for k in need if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise ValueError(f"row {n} has no {', '.join(missing)}: not a fattn.bench --json row")
         r.setdefault("tol", None)
         r.setdefault("ratio_noise", None)
     return doc["meta"], doc["rows"]

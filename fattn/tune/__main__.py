@@ -13,6 +13,7 @@ OUT defaults to ~/.cache/fattn/tune/<problem>.  Progress goes to stderr, a summa
 Exit status: 0; 1 when no candidate passed; 2 for usage errors.
 """
 import argparse
+import os
 import sys
 
 import fattn
@@ -57,12 +58,34 @@ def parse(argv):
     except ValueError:
         ap.error(f"--shape: expected B,H,S,D, got {args.shape!r}")
     if min(b, h, s, d) < 1 or (args.sk is not None and args.sk < 1):
-        ap.error(f"--shape / --sk: every size must be >= 1, got {args.shape!r}" + (f", --sk {args.sk}" if args.sk else ""))
+        ap.error(f"--shape / --sk: every size must be >= 1, got {args.shape!r}" +
+                 (f", --sk {args.sk}" if args.sk is not None else ""))
+    for flag in ("reps", "top", "limit", "budget", "population"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            ap.error(f"--{flag}: must be >= 1, got {value}")
+    if args.out and (os.path.exists(args.out) and not os.path.isdir(args.out)):
+        ap.error(f"--out {args.out}: not a folder (it holds the search's logs)")
+    if getattr(args, "save", False) and args.cache:
+        if os.path.isdir(args.cache):
+            ap.error(f"--cache {args.cache}: is a folder; give the cache file's name")
+        folder = os.path.dirname(os.path.abspath(args.cache))
+        existing = folder
+        while not os.path.isdir(existing):  # save() creates the missing folders
+            existing = os.path.dirname(existing)
+        if not os.access(existing, os.W_OK) or (os.path.exists(args.cache) and not os.access(args.cache, os.W_OK)):
+            ap.error(f"--cache {args.cache}: not writable")
     if args.device == "cuda" and not fattn.cuda_available():
         ap.error("--device cuda (the default): no usable CUDA GPU here; tune the CPU backend with --device cpu")
     dtype = args.dtype or ("fp16" if args.device == "cuda" else "fp32")
     args.problem = Problem(b, h, s, args.sk or s, d, CAUSAL[args.causal], dtype, args.device, args.hkv)
     args.out = args.out or search.default_out_dir(args.problem)
+    try:  # the logs' folder, before the search rather than after it
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {args.out}: {e.strerror or e}")
+    if not os.access(args.out, os.W_OK):
+        ap.error(f"--out {args.out}: not writable")
     return args
 
 
@@ -101,7 +124,11 @@ def main(argv=None):
             return 0
         entry = search.cache_entry(args.problem, best["family"], best)
         entry["confirmed_speedup"] = check["speedup"]
-        path = _tuned.save([entry], args.cache)
+        try:
+            path = _tuned.save([entry], args.cache)
+        except OSError as e:
+            print(f"fattn.tune: not saved: --cache {args.cache or _tuned.path()}: {e.strerror or e}", file=sys.stderr)
+            return 1
         print(f"  confirmed {check['speedup']:.3f}x over {check['rounds']} interleaved rounds; saved to {path}")
     return 0
 

@@ -184,14 +184,22 @@ def evo(problem, *, family=None, budget=24, seed=0, population=8, out_dir=None, 
     # generation 0: the default, micro's Top-K, then random kept configs
     initial = [default]
     src = seeds_from or (os.path.join(out_dir, "micro_best.json") if out_dir else None)
+    if seeds_from and not os.path.exists(seeds_from):
+        raise ValueError(f"--seeds-from {seeds_from}: no such file")
     if src and os.path.exists(src):
         try:
             with open(src) as f:
                 mb = json.load(f)
             if mb.get("family") == space.family and mb.get("problem", {}).get("d") == problem.d:
-                initial += [t["config"] for t in mb["top"]]
-                _say(f"evo: seeded from {src} ({len(mb['top'])} configs)", quiet)
-        except (OSError, ValueError, KeyError) as e:
+                seeds = [t["config"] for t in mb["top"]]
+                for c in seeds:  # a seed is a whole config of this family
+                    space.key(c)
+                initial += seeds
+                _say(f"evo: seeded from {src} ({len(seeds)} configs)", quiet)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            if seeds_from:
+                raise ValueError(f"--seeds-from {src}: not a micro_best.json of this tuner "
+                                 f"({type(e).__name__}: {e})") from None
             _say(f"evo: ignoring {src}: {e}", quiet)
     kept = [c for c, ok, _ in space.all(problem) if ok]
     rng.shuffle(kept)
