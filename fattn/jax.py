@@ -58,8 +58,9 @@ def _host(x, name):
         if platform == "cpu" and x.dtype == jax.numpy.bfloat16:
             raise TypeError(f"{name}: bfloat16 is not taken on the CPU (fattn.jax reads JAX's CPU buffers as NumPy "
                             "arrays, which DLPack cannot give in bfloat16); use float32 or float16 there, or a GPU")
-        raise TypeError(f"{name}: dtype {x.dtype} is not supported on {platform}; use "
-                        f"{' or '.join(_DTYPES[platform])}")
+        where = "cuda" if platform == "gpu" else platform  # (the user's word for it)
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported on {where}; use "
+                        f"{', '.join(_DTYPES[platform][:-1])} or {_DTYPES[platform][-1]}")
     try:
         x.block_until_ready()  # fattn runs on its own stream: the producer must be done
     except Exception:
