@@ -59,7 +59,7 @@ import struct
 import torch
 import torch.distributed as dist
 
-from . import _args
+from . import _C, _api, _args
 from ._cp_strategies import BACKWARD, FORWARD, SEQ_DIM, _global_order
 
 HEAD_DIM = {"bshd": 2, "bhsd": 1}
@@ -280,21 +280,23 @@ def _local_problem(q, k, v, causal, layout):
     if causal and q.shape[s] % 2:
         return ValueError(f"q: local sequence length {q.shape[s]} is odd; causal context parallelism holds two equal "
                           "zigzag chunks per rank")
-    # what fattn's kernels refuse, refused here before any transfer (every rank then raises together)
-    if q.dtype not in _TAKEN:
-        return TypeError(f"q: dtype {str(q.dtype)[6:]} is not supported; use float16, bfloat16 or float32")
-    if q.shape[3] % 8 or not 8 <= q.shape[3] <= 256:
-        return ValueError(f"q: head dim {q.shape[3]} is not supported; use a multiple of 8 from 8 to 256")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    # what fattn's kernels refuse (dtype, head dim, strides), by their own intake's rules on shape-only copies
+    # (nothing read or run), refused here before any transfer: every rank then raises together
+    for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             return ValueError(f"{name}: on {t.device} but q is on {q.device}; all arrays must be on one device")
-        if t.stride(3) != 1 and t.shape[3] > 1:
-            return ValueError(f"{name}: the last dimension (head dim) must be contiguous (stride 1), got stride "
-                              f"{t.stride(3)}")
+    try:
+        _C.check_forward(*(_described(t) for t in (q, k, v, q)), None, layout=_api.LAYOUT[layout])
+    except (ValueError, TypeError) as e:
+        return e
     return None
 
 
-_TAKEN = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes fattn's kernels take
+def _described(t):
+    """A meta tensor of t's shape, strides and dtype: what the C intake's checks read."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
 # every torch dtype, in a fixed order: each its own code in the cross-rank checks
 _DTYPES = tuple(sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)}, key=str))
 _MAX_NDIM = 8  # unshard compares this many leading sizes of a shard's shape

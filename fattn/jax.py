@@ -45,8 +45,13 @@ def _device(x, name):
     return next(iter(devices))
 
 
+def _platform_name(platform):
+    """JAX's platform in the user's words (JAX says gpu where fattn and torch say cuda)."""
+    return "cuda" if platform == "gpu" else platform
+
+
 def _device_name(d):
-    return f"{'cuda' if d.platform == 'gpu' else d.platform}:{d.id}"
+    return f"{_platform_name(d.platform)}:{d.id}"
 
 
 def _host(x, name):
@@ -58,8 +63,7 @@ def _host(x, name):
         if platform == "cpu" and x.dtype == jax.numpy.bfloat16:
             raise TypeError(f"{name}: bfloat16 is not taken on the CPU (fattn.jax reads JAX's CPU buffers as NumPy "
                             "arrays, which DLPack cannot give in bfloat16); use float32 or float16 there, or a GPU")
-        where = "cuda" if platform == "gpu" else platform  # (the user's word for it)
-        raise TypeError(f"{name}: dtype {x.dtype} is not supported on {where}; use "
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported on {_platform_name(platform)}; use "
                         f"{', '.join(_DTYPES[platform][:-1])} or {_DTYPES[platform][-1]}")
     try:
         x.block_until_ready()  # fattn runs on its own stream: the producer must be done
