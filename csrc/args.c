@@ -385,6 +385,47 @@ static int out_overlaps(const bhsd_view *q, const bhsd_view *k, const bhsd_view 
     return 0;
 }
 
+/* -1 with the exception set when lse (B, H, Sq), or (H, total_q) packed, shares memory with q, k, v or out (ts[0..3],
+ * a paged cache's whole pool) or its elements overlap one another. */
+static int lse_overlaps(const fattn_tensor *ts) {
+    const DLTensor *x = ts[4].t;
+    for (int i = 0; i < 4; i++)
+        REQUIRE(!fattn_spans_meet(x, ts[i].t), PyExc_ValueError, "lse: shares memory with %s; the LSE must not "
+                "overlap the call's arrays", ts[i].arg);
+    int64_t st[3] = {0, 0, 0};
+    fattn_strides_of(x, st);
+    const int packed = x->ndim == 2; /* (H, total_q): one batch */
+    const bhsd_view lse = {packed ? 1 : x->shape[0], x->shape[packed ? 0 : 1], x->shape[packed ? 1 : 2], 1,
+                           packed ? 0 : st[0], st[packed ? 0 : 1], st[packed ? 1 : 2],
+                           (char *)x->data + x->byte_offset, FATTN_F32};
+    REQUIRE(fattn_self_disjoint(&lse), PyExc_ValueError, "lse: its elements overlap one another (a stride of 0): each "
+            "would be written more than once");
+    return 0;
+}
+
+/* -1 with the exception set when an append (k_new, v_new into the caches' memory k_mem, v_mem) would write what
+ * the call still reads: the two caches sharing elements (slots of one fused buffer are fine), a cache whose
+ * elements overlap (a stride of 0: one slot written for several sequences), k_new or v_new inside a cache, or q
+ * inside one (the append lands before q is read). */
+static int append_overlaps(const fattn_call_opts *o, const bhsd_view *q, const bhsd_view *k_mem,
+                           const bhsd_view *v_mem, const char *k_arg, const char *v_arg) {
+    bhsd_view x, y;
+    if (fattn_view_4d(o->k_new, 1, &x) || fattn_view_4d(o->v_new, 1, &y)) return -1;
+    REQUIRE(!fattn_overlaps(k_mem, v_mem), PyExc_ValueError, "%s: shares elements with %s; k_new and v_new are "
+            "written into them", v_arg, k_arg);
+    REQUIRE(fattn_self_disjoint(k_mem), PyExc_ValueError, "%s: its elements overlap one another (a stride of 0): "
+            "k_new would be written for several sequences at once", k_arg);
+    REQUIRE(fattn_self_disjoint(v_mem), PyExc_ValueError, "%s: its elements overlap one another (a stride of 0): "
+            "v_new would be written for several sequences at once", v_arg);
+    const bhsd_view *news[2] = {&x, &y};
+    for (int i = 0; i < 2; i++)
+        REQUIRE(!fattn_overlaps(news[i], k_mem) && !fattn_overlaps(news[i], v_mem), PyExc_ValueError,
+                "%s: shares memory with %s / %s, which it is written into", i ? "v_new" : "k_new", k_arg, v_arg);
+    REQUIRE(!fattn_overlaps(q, k_mem) && !fattn_overlaps(q, v_mem), PyExc_ValueError, "q: shares memory with %s / "
+            "%s, which k_new and v_new are written into before q is read", k_arg, v_arg);
+    return 0;
+}
+
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
@@ -500,8 +541,12 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     if (has_lse && (varlen ? fattn_take_lse_varlen(&ts[4], &q, total_q, o->read_only, p)
                            : take_lse(&ts[4], &q, o->read_only, p)))
         return -1;
+    if (has_lse && !o->read_only && !fattn_any_described(ts, 5) && lse_overlaps(ts)) return -1; /* (written) */
     if (o->k_new && o->k_new->t) { /* set by the forward's cache arguments, which give o->append with it */
         if (fattn_take_new_kv(o->k_new, o->v_new, &ts[1], &ts[2], o->seqused_k, p, o->append)) return -1;
+        if (!fattn_any_described(ts, 4) && !o->k_new->described && !o->v_new->described &&
+            append_overlaps(o, &q, &k_mem, &v_mem, k_arg, v_arg))
+            return -1;
     } else {
         REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "k_new: needed with v_new (v_new was given alone)");
     }

@@ -88,6 +88,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
 
     want_lse = return_lse or lse is not None
     if out is None or ((want_lse or sinks is not None) and lse is None):
+        if not hasattr(q, "shape"):  # a raw DLPack capsule: nothing to allocate the results by (it says so)
+            EMPTY["other"](q, (), False, "out")
         shape = tuple(q.shape)
         if len(shape) != 4:
             raise ValueError(f"q: expected a 4-D array ({'B, H, S, D' if layout_code == 0 else 'B, S, H, D'}), "

@@ -71,6 +71,16 @@ def window_pair(window):
     return None if left == -1 and right == -1 else (left, right)
 
 
+def array_shape(x, name):
+    """x's shape as a tuple, or a TypeError naming the argument for an object without one (a raw DLPack capsule,
+    which fattn takes only where it allocates nothing from it)."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise TypeError(f"{name}: expected an array with a shape (a torch, NumPy, CuPy or JAX array), got "
+                        f"{type(x).__name__}")
+    return tuple(shape)
+
+
 def bhs(shape, layout_code):
     """(B, H, S) of a 4-D q / out shape in the layout's order."""
     return (shape[0], shape[1], shape[2]) if layout_code == 0 else (shape[0], shape[2], shape[1])

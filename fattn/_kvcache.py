@@ -45,7 +45,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant,
                                                                       "bottom_right")
     fw = framework_of(q)
-    shape = tuple(getattr(q, "shape", ()))
+    shape = _args.array_shape(q, "q")
     if len(shape) != 4:
         raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(shape)}-D")
     if fw == "torch":

@@ -91,8 +91,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     causal_code, scale, window, softcap, variant = _args.call_options(causal, scale, window, softcap, variant,
                                                                       "bottom_right")
     fw = framework_of(q)
-    if len(getattr(q, "shape", ())) != 3:
-        raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(getattr(q, 'shape', ()))}-D")
+    if len(_args.array_shape(q, "q")) != 3:
+        raise ValueError(f"q: expected a 3-D packed array (total, H, D), got {len(q.shape)}-D")
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)

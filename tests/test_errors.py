@@ -222,6 +222,51 @@ def test_out_overlapping_the_inputs_is_refused():
             fattn.attention(q, k, v, out=bad)
 
 
+def test_lse_overlapping_the_arrays_is_refused():
+    """lse= may not share memory with q, k, v or out, nor have two elements at one address (a stride of 0): each was
+    accepted and gave wrong values (out off by 3.7, the LSE by 1.1); packed batches' (H, total_q) lse alike.  Nothing
+    is written."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 2, 8, 16)).astype(np.float32) for _ in range(3))
+    out = np.zeros_like(q)
+    qq = q.copy()
+    zero_h = np.lib.stride_tricks.as_strided(np.zeros(16, np.float32), (2, 2, 8), (32, 0, 4))
+    for kw, call_q, match in ((dict(out=out, lse=out[:, :, 0, :8]), q, "lse: shares memory with out"),
+                              (dict(lse=qq[1, :, :2, :8]), qq, "lse: shares memory with q"),
+                              (dict(lse=k[0, :, :2, :8]), q, "lse: shares memory with k"),
+                              (dict(lse=zero_h), q, "lse: its elements overlap one another")):
+        before = [x.copy() for x in (call_q, k, v, out)]
+        with pytest.raises(ValueError, match=match):
+            fattn.attention(call_q, k, v, **kw)
+        assert all(np.array_equal(a, b) for a, b in zip((call_q, k, v, out), before))
+    assert fattn.attention(q, k, v, lse=np.empty((2, 2, 8), np.float32))[1].shape == (2, 2, 8)  # a separate lse
+    p = rng.standard_normal((8, 2, 16)).astype(np.float32)  # packed: lse (H, total_q) through the C call
+    cu = np.array([0, 3, 8], np.int32)
+    with pytest.raises(ValueError, match="lse: shares memory with q"):
+        fattn._C.forward(p, p.copy(), p.copy(), np.empty_like(p), p[0, :, :8], cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+def test_raw_capsule_q_without_out_is_named():
+    """A raw DLPack capsule has no shape to allocate results by: fattn.attention says to pass out= (with out= it
+    runs); the packed and KV-cache calls, which read q's shape first, name q (they said 'got 0-D' or raised an
+    AttributeError)."""
+    import numpy as np
+
+    q = np.random.default_rng(1).standard_normal((1, 2, 8, 16)).astype(np.float32)
+    with pytest.raises(TypeError, match=r"pass out= \(and lse= with return_lse\) as writable DLPack arrays"):
+        fattn.attention(q.__dlpack__(), q, q)
+    out = np.empty_like(q)
+    fattn.attention(q.__dlpack__(), q.__dlpack__(), q.__dlpack__(), out=out)
+    assert np.allclose(out, fattn.attention(q, q, q), atol=1e-6)
+    cu = np.array([0, 8], np.int32)
+    for call in (lambda: fattn.attention_varlen(q[0].transpose(1, 0, 2).copy().__dlpack__(), q[0], q[0], cu, cu),
+                 lambda: fattn.attention_with_kvcache(q.__dlpack__(), q, q)):
+        with pytest.raises(TypeError, match=r"q: expected an array with a shape .* got PyCapsule"):
+            call()
+
+
 def test_float64_that_requires_grad_is_named_by_its_dtype():
     """A float64 tensor that requires grad gets the dtype error (not torch's refusal to export a tensor that requires
     grad through DLPack)."""

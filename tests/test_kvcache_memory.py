@@ -30,3 +30,27 @@ def test_kvcache_append_advances_versions():
     assert kc._version > before[0] and vc._version > before[1]
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+def test_kvcache_append_into_memory_it_reads_is_refused():
+    """An append (k_new, v_new) that would write what the call still reads is refused naming the argument, and
+    nothing is written: k_cache = v_cache (the new key was lost), q inside a cache slot being written (q changed
+    under the call), k_new inside its own destination (copied over itself), a cache broadcast over the batch with
+    a stride of 0 (two sequences writing one slot).  Slices of one fused (B, S, 2, H_kv, D) buffer are fine."""
+    args = _call()
+    kc = args["k_cache"]
+    _assert_refused(dict(args, v_cache=kc), ValueError, r"v_cache: shares elements with k_cache")
+    fused = torch.zeros(2, 64, 2 + 2, 32)  # the caches' 2 + 2 heads in one buffer
+    qv = fused[:, 3:4]  # 4 heads: the slot k_new and v_new land in at cache_seqlens 3
+    _assert_refused(dict(args, q=qv, k_cache=fused[:, :, :2], v_cache=fused[:, :, 2:],
+                         cache_seqlens=torch.tensor([3, 3], dtype=torch.int32)), ValueError,
+                    r"q: shares memory with k_cache / v_cache, which k_new and v_new are written into")
+    _assert_refused(dict(args, k_new=kc[:, 2:3].clone(), v_new=args["v_cache"][:, 3:4]), ValueError,
+                    r"v_new: shares memory with k_cache / v_cache")
+    shared = torch.zeros(1, 64, 2, 32).expand(2, 64, 2, 32)
+    for which in ("k_cache", "v_cache"):
+        _assert_refused(dict(args, **{which: shared}), ValueError, rf"{which}: its elements overlap one another")
+    kv = torch.zeros(2, 64, 2, 2, 32)
+    q, kn, vn, cs = args["q"], args["k_new"], args["v_new"], args["cache_seqlens"]
+    out = fattn.attention_with_kvcache(q, kv[:, :, 0], kv[:, :, 1], k_new=kn, v_new=vn, cache_seqlens=cs)
+    assert out.shape == q.shape and torch.equal(kv[0, 3, 0], kn[0, 0]) and torch.equal(kv[1, 10, 1], vn[1, 0])
