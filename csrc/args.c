@@ -403,21 +403,19 @@ static int lse_overlaps(const fattn_tensor *ts) {
     return 0;
 }
 
-/* -1 with the exception set when an append (k_new, v_new into the caches' memory k_mem, v_mem) would write what
- * the call still reads: the two caches sharing elements (slots of one fused buffer are fine), a cache whose
- * elements overlap (a stride of 0: one slot written for several sequences), k_new or v_new inside a cache, or q
- * inside one (the append lands before q is read). */
-static int append_overlaps(const fattn_call_opts *o, const bhsd_view *q, const bhsd_view *k_mem,
+/* -1 with the exception set when an append (k_new, v_new -- views x, y -- into the caches' memory k_mem, v_mem)
+ * would write what the call still reads: the two caches sharing elements (slots of one fused buffer are fine), a
+ * cache whose elements overlap (a stride of 0: one slot written for several sequences), k_new or v_new inside a
+ * cache, or q inside one (the append lands before q is read). */
+static int append_overlaps(const bhsd_view *x, const bhsd_view *y, const bhsd_view *q, const bhsd_view *k_mem,
                            const bhsd_view *v_mem, const char *k_arg, const char *v_arg) {
-    bhsd_view x, y;
-    if (fattn_view_4d(o->k_new, 1, &x) || fattn_view_4d(o->v_new, 1, &y)) return -1;
     REQUIRE(!fattn_overlaps(k_mem, v_mem), PyExc_ValueError, "%s: shares elements with %s; k_new and v_new are "
             "written into them", v_arg, k_arg);
     REQUIRE(fattn_self_disjoint(k_mem), PyExc_ValueError, "%s: its elements overlap one another (a stride of 0): "
             "k_new would be written for several sequences at once", k_arg);
     REQUIRE(fattn_self_disjoint(v_mem), PyExc_ValueError, "%s: its elements overlap one another (a stride of 0): "
             "v_new would be written for several sequences at once", v_arg);
-    const bhsd_view *news[2] = {&x, &y};
+    const bhsd_view *news[2] = {x, y};
     for (int i = 0; i < 2; i++)
         REQUIRE(!fattn_overlaps(news[i], k_mem) && !fattn_overlaps(news[i], v_mem), PyExc_ValueError,
                 "%s: shares memory with %s / %s, which it is written into", i ? "v_new" : "k_new", k_arg, v_arg);
@@ -543,9 +541,10 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
         return -1;
     if (has_lse && !o->read_only && !fattn_any_described(ts, 5) && lse_overlaps(ts)) return -1; /* (written) */
     if (o->k_new && o->k_new->t) { /* set by the forward's cache arguments, which give o->append with it */
-        if (fattn_take_new_kv(o->k_new, o->v_new, &ts[1], &ts[2], o->seqused_k, p, o->append)) return -1;
+        bhsd_view kn, vn;
+        if (fattn_take_new_kv(o->k_new, o->v_new, &ts[1], &ts[2], o->seqused_k, p, o->append, &kn, &vn)) return -1;
         if (!fattn_any_described(ts, 4) && !o->k_new->described && !o->v_new->described &&
-            append_overlaps(o, &q, &k_mem, &v_mem, k_arg, v_arg))
+            append_overlaps(&kn, &vn, &q, &k_mem, &v_mem, k_arg, v_arg))
             return -1;
     } else {
         REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "k_new: needed with v_new (v_new was given alone)");

@@ -191,9 +191,10 @@ int fattn_take_pages(const fattn_tensor *t, const fattn_tensor *q_t, int64_t bat
 }
 
 /* k_new, v_new: (B, S_new, H_kv, D) (layout bshd) in the cache's dtype on its device, appended to a writable cache;
- * cache_seqlens must say where.  Fills a and p->seqused_k_plus. */
+ * cache_seqlens must say where.  Fills a, p->seqused_k_plus and the views *kx, *vy of k_new and v_new. */
 int fattn_take_new_kv(const fattn_tensor *kn, const fattn_tensor *vn, const fattn_tensor *cache_k,
-                      const fattn_tensor *cache_v, const fattn_tensor *cache_seqlens, attn_params *p, fattn_append *a) {
+                      const fattn_tensor *cache_v, const fattn_tensor *cache_seqlens, attn_params *p, fattn_append *a,
+                      bhsd_view *kx, bhsd_view *vy) {
     bhsd_view x, y;
     REQUIRE(vn && vn->t, PyExc_ValueError, "v_new: needed with k_new");
     REQUIRE(cache_seqlens && cache_seqlens->t, PyExc_ValueError, "cache_seqlens: needed with k_new (where the new "
@@ -215,5 +216,7 @@ int fattn_take_new_kv(const fattn_tensor *kn, const fattn_tensor *vn, const fatt
     a->vn_stride_b = y.sb; a->vn_stride_h = y.sh; a->vn_stride_s = y.ss;
     a->s_new = x.s;
     p->seqused_k_plus = x.s;
+    *kx = x;
+    *vy = y;
     return 0;
 }

@@ -63,7 +63,7 @@ int fattn_take_lse_varlen(const fattn_tensor *l, const bhsd_view *q, int64_t tot
 int fattn_take_pages(const fattn_tensor *t, const fattn_tensor *q_t, int64_t batch, bhsd_view *k, bhsd_view *v,
                      fattn_pages *pages, int check, void *stream);
 int fattn_take_new_kv(const fattn_tensor *kn, const fattn_tensor *vn, const fattn_tensor *cache_k,
-                      const fattn_tensor *cache_v, const fattn_tensor *cache_seqlens, attn_params *p,
-                      fattn_append *a);
+                      const fattn_tensor *cache_v, const fattn_tensor *cache_seqlens, attn_params *p, fattn_append *a,
+                      bhsd_view *kx, bhsd_view *vy);
 
 #endif
