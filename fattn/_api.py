@@ -1,6 +1,6 @@
 """fattn's public API for dense batches: attention(), attention_backward(), variants().  (Variable-length batches
 and KV caches: _serving.py; the argument rules: _args.py.)"""
-from . import _C, _args, _tuned
+from . import _C, _args, _frameworks, _tuned
 from ._args import CAUSAL, LAYOUT  # noqa: F401  (the codes, for callers of fattn._C)
 from ._frameworks import CPU, CUDA, EMPTY, current_stream, framework_of
 
@@ -76,7 +76,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
-        if _args.refuse_transforms() or _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
+        q, k, v = _args.autocast(q, k, v)
+        if _args.refuse_transforms() or _args.needs_torch_op(q, k, v, out, lse) or _args.sinks_need_grad(sinks):
             return _torch_op(q, k, v, causal_code, scale, layout_code, window, softcap, variant, deterministic, out,
                              lse, return_lse, sinks, alibi_slopes)
         dev = q.get_device()
@@ -87,6 +88,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
         _args.refuse_jax(out=out, lse=lse)
 
     want_lse = return_lse or lse is not None
+    given = out, lse  # the caller's, written in place (torch: their version counters advance)
     if out is None or ((want_lse or sinks is not None) and lse is None):
         if not hasattr(q, "shape"):  # a raw DLPack capsule: nothing to allocate the results by (it says so)
             EMPTY["other"](q, (), False, "out")
@@ -105,6 +107,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     sinks = _args.sinks_arg(sinks, q, fw, _args.bhs(q.shape, layout_code)[1]) if sinks is not None else None
     _C.forward(q, k, v, out, lse, causal=causal_code, scale=scale, layout=layout_code, window=window, softcap=softcap,
                variant=variant, stream=stream, alibi_slopes=_args.alibi_arg(alibi_slopes, fw), sinks=sinks)
+    if fw == "torch":
+        _frameworks.written_in_place(*given)
     return (out, lse) if want_lse else out
 
 
@@ -193,6 +197,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     _C.backward(dout, q, k, v, out, lse, *grads, causal=causal_code, scale=scale, layout=layout_code, window=window,
                 softcap=softcap, variant=variant, stream=stream, deterministic=bool(deterministic),
                 workspace=workspace, alibi_slopes=_args.alibi_arg(alibi_slopes, fw), sinks=sinks, dsinks=dsinks)
+    if fw == "torch":
+        _frameworks.written_in_place(dq, dk, dv)  # the caller's (None: made here)
     return tuple(grads) + ((dsinks,) if sinks is not None else ())
 
 

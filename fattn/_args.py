@@ -1,5 +1,7 @@
 """Arguments as the public functions take them, turned into what fattn._C takes -- one place for each rule -- and
 the choice between fattn's lean torch path and the registered torch op."""
+import sys
+
 from . import _C, _frameworks
 from ._frameworks import EMPTY, framework_of
 
@@ -125,6 +127,21 @@ def refuse_dual(**tensors):
                                       "reverse mode (backward / torch.autograd.grad)")
 
 
+def autocast(q, k, v):
+    """q, k, v as torch.autocast hands them to torch SDPA: under autocast for q's device (cuda / cpu), each floating
+    torch tensor other than float64 in the autocast dtype (a cast autograd records); otherwise unchanged.  Outside
+    torch.compile one global flag is read first, so calls without autocast pay nothing more."""
+    if not (_frameworks.is_compiling() or _frameworks.any_autocast()):
+        return q, k, v
+    torch = sys.modules["torch"]
+    kind = "cuda" if q.is_cuda else "cpu"
+    if not torch.is_autocast_enabled(kind):
+        return q, k, v
+    dt = torch.get_autocast_dtype(kind)
+    return tuple(t.to(dt) if isinstance(t, _frameworks.torch_tensor) and t.is_floating_point()
+                 and t.dtype not in (dt, torch.float64) else t for t in (q, k, v))
+
+
 def refuse_vmap():
     raise NotImplementedError("q: torch.func.vmap (also under jacrev, jacfwd, hessian) is not supported by fattn; "
                               "put the batch in q's B dimension, or loop")
@@ -147,11 +164,13 @@ def refuse_transforms():
     return True
 
 
-def needs_torch_op(q, k, v):
+def needs_torch_op(q, k, v, out=None, lse=None):
     """True when a torch call must go through the registered op (or its eager Function): traced_or_fake, or gradients
-    to record (a torch.func transform: refuse_transforms says).  Plain tensors take the lean path."""
-    return traced_or_fake(q) or (_frameworks.grad_enabled() and (
-        q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)))
+    to record (a torch.func transform: refuse_transforms says) -- an out= or lse= that requires grad included, which
+    the op path writes by copy_, so that autograd records the write (or refuses it, for a leaf).  Plain tensors take
+    the lean path."""
+    return traced_or_fake(q) or (_frameworks.grad_enabled() and any(
+        getattr(t, "requires_grad", False) for t in (q, k, v, out, lse)))
 
 
 def in_transform():
@@ -183,7 +202,8 @@ def torch_results(q, k, v, layout, out, lse, **seq):
     cast, broadcast, or overwrite k): checked as the lean path checks them, by the C intake itself
     (_C.check_forward: devices, dtypes, shapes in `layout` -- None: packed, with `seq` its cu_seqlens and
     max_seqlen --, and memory shared with q, k, v or itself).  Under torch.compile, which cannot trace that call,
-    their devices, dtypes and shapes are checked here."""
+    their devices, dtypes and shapes are checked here (not memory: the traced call computes its result before it
+    copies it into out, so an out= over k there gives the right values and then overwrites k, as asked)."""
     if out is None and lse is None:
         return
     same_device(q, out=out, lse=lse)

@@ -24,8 +24,14 @@ def framework_of(x):
 
 
 def _torch_empty(like, shape, float32, arg="out", settable=True):
-    # new_empty inherits dtype and device: one call, no torch.device object built per call
-    return like.new_empty(shape, dtype=sys.modules["torch"].float32) if float32 else like.new_empty(shape)
+    # A result of like's own shape and dtype is laid out as like is (torch.empty_like: a (B, H, S, D) view of a
+    # (B, S, H, D) buffer gets (B, S, H, D) memory, as torch SDPA's output and fattn's autograd op's do, so that
+    # o.transpose(1, 2).view(B, S, H * D) works whichever path made o); others are new and contiguous.  Both inherit
+    # device (and empty_like dtype) without a torch.device object built per call.
+    torch = sys.modules["torch"]
+    if not float32 and like.shape == shape:
+        return torch.empty_like(like)
+    return like.new_empty(shape, dtype=torch.float32) if float32 else like.new_empty(shape)
 
 
 def _numpy_empty(like, shape, float32, arg="out", settable=True):
@@ -65,6 +71,7 @@ is_compiling = None  # torch.compiler.is_compiling, once registered
 grad_enabled = None  # torch.is_grad_enabled, once registered
 forward_ad = None    # torch.autograd.forward_ad, once registered
 is_capturing = None  # torch.cuda.is_current_stream_capturing, once registered
+any_autocast = None  # "is autocast on for any device" (one flag), once registered
 increment_version = None  # torch.autograd.graph.increment_version, once registered
 functorch_top = None  # torch._C._functorch.peek_interpreter_stack (None: no torch.func transform), once registered
 
@@ -73,10 +80,12 @@ def register_torch(C):
     """Tell the C extension about torch's tensor type and dtypes (the lean path), once, on first torch use, and keep
     the few torch functions the call path asks each time (without attribute lookups through torch's modules)."""
     global _torch_raw_stream, torch_tensor, is_tracing, is_compiling, grad_enabled, is_capturing, torch_ready
+    global any_autocast
     torch = sys.modules["torch"]
     is_compiling = torch.compiler.is_compiling
     grad_enabled = torch.is_grad_enabled
     is_capturing = torch.cuda.is_current_stream_capturing
+    any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
     C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.int32)
     torch_tensor = torch.Tensor
     global forward_ad, increment_version, functorch_top

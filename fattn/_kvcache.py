@@ -51,7 +51,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
     if fw == "torch":
         _args.torch_registered()
         if _frameworks.grad_enabled():
-            _refuse_grad(q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, sinks=sinks)
+            _refuse_grad(q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, sinks=sinks, out=out)
         if _args.traced_or_fake(q):  # torch.compile, fake or meta tensors: the op that declares its cache writes
             from . import _torch
 
@@ -68,6 +68,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
             return (o, lse) if return_lse else o
     dev_type, dev_id = _args.device_of(fw, q)
     _args.refuse_jax(out=out, k_cache=k_cache if k_new is not None else None)
+    given_out = out
     if out is None:
         out = EMPTY[fw](q, shape, False, "out")
     lse = EMPTY[fw](q, (shape[0], shape[2], shape[1]), True, "lse", False) if return_lse or sinks is not None else None
@@ -84,8 +85,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
                k_new=k_new, v_new=v_new, check_indices=check, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
                sinks=sinks, kvcache=True)
     _indices.remember(arrays, against, stamped)
-    if fw == "torch" and k_new is not None:
-        _frameworks.written_in_place(k_cache, v_cache)
+    if fw == "torch":
+        _frameworks.written_in_place(given_out, *((k_cache, v_cache) if k_new is not None else ()))
     return (out, lse) if return_lse else out
 
 

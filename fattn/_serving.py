@@ -2,7 +2,7 @@
 training call): attention_varlen() and attention_varlen_backward()."""
 import operator
 
-from . import _C, _args, _indices, _tuned
+from . import _C, _args, _frameworks, _indices, _tuned
 from ._frameworks import CUDA, EMPTY, current_stream, framework_of
 
 
@@ -96,7 +96,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
-        if _args.refuse_transforms() or _args.needs_torch_op(q, k, v) or _args.sinks_need_grad(sinks):
+        q, k, v = _args.autocast(q, k, v)
+        if _args.refuse_transforms() or _args.needs_torch_op(q, k, v, out) or _args.sinks_need_grad(sinks):
             from . import _torch
 
             traced = _args.traced_or_fake(q)
@@ -106,7 +107,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
                                  "meta tensors: cu_seqlens cannot be read while tracing")
             # remembered only where the backward may trust the forward (fattn/_torch.py); never when traced
             watched = not traced and _torch.watchable_indices((cu_seqlens_q, cu_seqlens_k))
-            lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, watched, None)
+            # a max_seqlen not given is read from cu_seqlens on the caller's current stream, as the lean path reads it
+            stream = current_stream(fw, q.get_device()) if not traced and q.is_cuda else None
+            lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, watched,
+                            stream)
             if seqused_k is not None:
                 raise ValueError("seqused_k: not taken with gradients or under torch.compile (a KV cache is "
                                  "inference only)")
@@ -130,6 +134,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, seqused_k is None,
                     stream, need=(False, False))
     _args.refuse_jax(out=out)
+    given_out = out  # the caller's, written in place (torch: its version counter advances)
     if out is None:
         out = EMPTY[fw](q, tuple(q.shape), False, "out")
     lse = EMPTY[fw](q, (q.shape[1], q.shape[0]), True, "lse", False) if return_lse or sinks is not None else None
@@ -141,6 +146,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
                max_seqlen_q=lens.max_q, max_seqlen_k=lens.max_k, alibi_slopes=_args.alibi_arg(alibi_slopes, fw),
                check_indices=lens.check, sinks=sinks)
     lens.checked()
+    if fw == "torch":
+        _frameworks.written_in_place(given_out)
     return (out, lse) if return_lse else out
 
 
@@ -177,4 +184,6 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                 alibi_slopes=_args.alibi_arg(alibi_slopes, fw), check_indices=lens.check, sinks=sinks,
                 dsinks=dsinks)
     lens.checked()
+    if fw == "torch":
+        _frameworks.written_in_place(dq, dk, dv)
     return tuple(grads) + ((dsinks,) if sinks is not None else ())

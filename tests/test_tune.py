@@ -276,3 +276,25 @@ def test_evo_gpu_small_and_cache_used(cache, tmp_path, monkeypatch):
     row = _C._dev.configs("v2")[plan["config"]]
     assert plan["variant"] == "v2" and (row["dp"], row["warps"], row["mt"], row["bc"], row["stages"]) == (64, 4, 1, 32, 2)
     check_close(o, q, q, q, "bottom_right", None)
+
+
+@pytest.mark.parametrize("how", ["grad", "compile", "varlen_grad"])
+def test_calls_through_the_torch_op_use_the_cache(cache, how):
+    """The tuning cache is read before the first call on a device whichever path the call takes: the autograd
+    Function and the registered op (gradients, torch.compile) as well as the lean path."""
+    q = np.random.default_rng(3).standard_normal((1, 2, 96, 32)).astype(np.float32)
+    best = {"br": 16, "bc": 32, "threads": 1}
+    _tuned.save([dict(family="cpu", device=_tuned.cpu_device(), dtype="fp32", head_dim=32, causal=False,
+                      seq_bucket=_C._dev.seq_bucket(96, 96), config=best, sources=_tuned.sources_id(),
+                      shape=[1, 2, 96, 96, 32])])
+    _tuned.reset()  # nothing registered yet: the call below must read the file
+    t = torch.from_numpy(q)
+    if how == "grad":
+        fattn.attention(t.clone().requires_grad_(), t, t).sum().backward()
+    elif how == "compile":
+        torch.compile(lambda a, b, c: fattn.attention(a, b, c), fullgraph=True, backend="aot_eager")(t, t, t)
+    else:
+        cu = torch.tensor([0, 96], dtype=torch.int32)
+        x = t[0].transpose(0, 1).contiguous()
+        fattn.attention_varlen(x.clone().requires_grad_(), x, x, cu, cu).sum().backward()
+    assert cpu_plan(q) == (16, 32, 1)
