@@ -46,6 +46,24 @@ int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
     return 0;
 }
 
+int fattn_refuse_none(PyObject *const *a, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (a[i] == Py_None) {
+            PyErr_Format(PyExc_TypeError, "%s: expected an array, got None", names[i]);
+            return -1;
+        }
+    return 0;
+}
+
+int fattn_require_float32(const fattn_tensor *t) {
+    const DLDataType d = t->t->dtype;
+    if (d.code == kDLFloat && d.bits == 32 && d.lanes == 1) return 0;
+    char name[32];
+    fattn_dtype_str(d, name, sizeof name);
+    PyErr_Format(PyExc_TypeError, "%s: dtype must be float32, got %s", t->arg, name);
+    return -1;
+}
+
 /* ---- the user's words ---------------------------------------------------------------------------------------- */
 
 void fattn_device_str(DLDevice dev, char *buf, size_t n) {
@@ -96,7 +114,11 @@ int fattn_arg_long(PyObject *obj, const char *arg, long lo, long hi, long *v) {
         return -1;
     }
     const long x = PyLong_AsLong(obj);
-    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x == -1 && PyErr_Occurred()) { /* an int past a C long */
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: %R is out of range [%ld, %ld]", arg, obj, lo, hi);
+        return -1;
+    }
     if (x < lo || x > hi) {
         PyErr_Format(PyExc_ValueError, "%s: %ld is out of range [%ld, %ld]", arg, x, lo, hi);
         return -1;
@@ -134,7 +156,11 @@ int fattn_arg_window(PyObject *obj, int64_t *left, int64_t *right) {
     }
     l = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, 0));
     r = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, 1));
-    if (PyErr_Occurred()) return -1;
+    if (PyErr_Occurred()) { /* an int past 64 bits */
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "window: %R: each side must fit in 64 bits (-1 for unbounded)", obj);
+        return -1;
+    }
     if (l < -1 || r < -1) {
         PyErr_Format(PyExc_ValueError, "window: (%lld, %lld): each side is a key count >= 0, or -1 for unbounded", l, r);
         return -1;
@@ -149,8 +175,13 @@ int fattn_arg_stream(PyObject *obj, void **stream) {
     if (!obj || obj == Py_None) return 0;
     /* DLPack's 1 and 2 (legacy and per-thread default streams) are also the runtime's cudaStreamLegacy and
      * cudaStreamPerThread handles, so the value is passed through unchanged. */
-    *stream = PyLong_AsVoidPtr(obj);
-    return PyErr_Occurred() ? -1 : 0;
+    if (PyLong_Check(obj)) *stream = PyLong_AsVoidPtr(obj);
+    if (!PyLong_Check(obj) || PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "stream: expected a CUDA stream handle (an int) or None, got %R", obj);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- tensors ------------------------------------------------------------------------------------------------- */
@@ -346,7 +377,13 @@ int fattn_read_int32s(int n, const fattn_tensor *const *t, int32_t **host, void 
                      "into a CUDA graph; pass check_indices=False to trust the index arrays as given", first);
         goto fail;
     }
-    if (reads && fattn_gpu_read_many(reads, dst, src, bytes, device, stream)) {
+    fattn_status read = FATTN_OK;
+    if (reads) { /* the wait for the stream lets other Python threads run (C state only; the error text per thread) */
+        Py_BEGIN_ALLOW_THREADS
+        read = fattn_gpu_read_many(reads, dst, src, bytes, device, stream);
+        Py_END_ALLOW_THREADS
+    }
+    if (read) {
         PyErr_Format(PyExc_RuntimeError, "fattn: %s", fattn_last_error());
         goto fail;
     }
@@ -427,8 +464,7 @@ static int append_overlaps(const bhsd_view *x, const bhsd_view *y, const bhsd_vi
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
-    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
-            "lse: dtype must be float32");
+    if (fattn_require_float32(l)) return -1;
     REQUIRE(x->shape[0] == q->b && x->shape[1] == q->h && x->shape[2] == q->s, PyExc_ValueError,
             "lse: shape must be (B=%lld, H=%lld, Sq=%lld)", (long long)q->b, (long long)q->h, (long long)q->s);
     REQUIRE(!l->readonly || read_only, PyExc_ValueError, "lse: the array is read-only");
@@ -446,10 +482,7 @@ static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, at
  * device.  Their values are not read on the host (no sync): any real slope is the caller's to give. */
 static int take_alibi(const fattn_tensor *t, const fattn_tensor *q, attn_params *p) {
     const DLTensor *x = t->t;
-    char dt[32];
-    fattn_dtype_str(x->dtype, dt, sizeof dt);
-    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
-            "alibi_slopes: dtype must be float32, got %s", dt);
+    if (fattn_require_float32(t)) return -1;
     REQUIRE((x->ndim == 1 && x->shape[0] == p->h) || (x->ndim == 2 && x->shape[0] == p->b && x->shape[1] == p->h),
             PyExc_ValueError, "alibi_slopes: expected shape (H,) = (%lld,) or (B, H) = (%lld, %lld)", (long long)p->h,
             (long long)p->b, (long long)p->h);

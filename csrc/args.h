@@ -13,6 +13,11 @@
  * TypeError set. */
 int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                      const char *const *names, PyObject *const *interned, int n, int required, PyObject **out);
+/* TypeError "<name>: expected an array, got None" for the first of a[0..n) that is None (names[i] the user's word for
+ * a[i]); 0 when none is. */
+int fattn_refuse_none(PyObject *const *a, const char *const *names, int n);
+/* TypeError "<t's name>: dtype must be float32, got <dtype>" unless t is float32; 0 when it is. */
+int fattn_require_float32(const fattn_tensor *t);
 
 /* The user's words for a DLPack device ("cpu", "cuda:1") and dtype ("float64", "int32", "bfloat16"). */
 void fattn_device_str(DLDevice dev, char *buf, size_t n);

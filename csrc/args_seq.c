@@ -123,8 +123,7 @@ int fattn_take_lse_varlen(const fattn_tensor *l, const bhsd_view *q, int64_t tot
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 2, PyExc_ValueError, "lse: expected a 2-D float32 array (H, total_q) with cu_seqlens, got %d-D",
             x->ndim);
-    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
-            "lse: dtype must be float32");
+    if (fattn_require_float32(l)) return -1;
     REQUIRE(x->shape[0] == q->h && x->shape[1] == total, PyExc_ValueError, "lse: shape must be (H=%lld, total_q=%lld)",
             (long long)q->h, (long long)total);
     REQUIRE(!l->readonly || read_only, PyExc_ValueError, "lse: the array is read-only");

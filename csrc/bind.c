@@ -192,8 +192,8 @@ int fattn_parse_overrides(PyObject *cfg, PyObject *splits_obj, PyObject *order_o
 /* names->describe: a check-only call (tensors without memory described, not taken; index values not read). */
 static int call_take(const fattn_names *names, PyObject **a, call *c) {
     memset(c, 0, sizeof *c);
-    static const char *tensor_names[5] = {"q", "k", "v", "out", "lse"};
-    static const char *cache_names[5] = {"q", "k_cache", "v_cache", "out", "lse"};
+    static const char *const tensor_names[5] = {"q", "k", "v", "out", "lse"};
+    static const char *const cache_names[5] = {"q", "k_cache", "v_cache", "out", "lse"};
     int cache = given(a[A_KVCACHE]) ? PyObject_IsTrue(a[A_KVCACHE]) : 0;
     if (cache < 0) return -1;
     for (int i = A_CACHE_SEQLENS; i < A_CACHE_SEQLENS + NCACHE; i++) cache |= given(a[i]);
@@ -211,6 +211,7 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
     if (fattn_arg_check_indices(a[A_CHECK_INDICES], &o.trust_indices)) return -1;
     o.trust_indices |= names->describe;
     PyObject *stream_obj = a[A_STREAM] ? a[A_STREAM] : Py_None;
+    if (fattn_refuse_none(a, cache ? cache_names : tensor_names, 4)) return -1; /* q, k, v, out; lse optional */
     for (int i = 0; i < 5; i++)
         if (given(a[i]) && fattn_take(names, a[i], (cache ? cache_names : tensor_names)[i], stream_obj, &c->ts[i]))
             return -1;
@@ -328,8 +329,10 @@ static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nar
     }
     if (c.gpu) {
         if (plan_gpu(st, &c, &plan)) goto done;
-        if (run && c.append.s_new) s = append_kv(&c);
-        if (run && !s) s = fattn_run_gpu(p, &st->tuned, c.variant, &c.ov, &plan, c.stream);
+        /* readied (workspace, counters) before the append: a call refused there writes nothing */
+        if (run) s = fattn_ready_gpu(p, &st->tuned, c.variant, &c.ov, &plan, c.stream);
+        if (run && !s && c.append.s_new) s = append_kv(&c);
+        if (run && !s) s = fattn_launch_gpu(p, &plan, c.stream);
         if (run && !s && p->sinks && !plan.sinks_fused) s = fattn_gpu_sinks(&c.sp, 0, c.device, c.stream);
     } else {
         if (c.variant && strcmp(c.variant, "cpu")) {
@@ -340,9 +343,12 @@ static PyObject *forward(PyObject *module, PyObject *const *args, Py_ssize_t nar
         fattn_cpu_plan(p, &st->tuned, &c.ov, &plan);
         if (run) {
             Py_BEGIN_ALLOW_THREADS
-            if (c.append.s_new) s = append_kv(&c);
-            if (!s) s = fattn_cpu_forward(p, &plan.cpu);
+            fattn_cpu_work *w = NULL; /* allocated before the append: a call refused for memory writes nothing */
+            s = fattn_cpu_work_alloc(p, &plan.cpu, &w);
+            if (!s && c.append.s_new) s = append_kv(&c);
+            if (!s) s = fattn_cpu_forward(p, &plan.cpu, w);
             if (!s && p->sinks) fattn_cpu_sinks_forward(&c.sp);
+            fattn_cpu_work_free(w);
             Py_END_ALLOW_THREADS
         }
     }

@@ -151,6 +151,8 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
         return -1;
     }
     PyObject *stream_obj = a[B_STREAM] ? a[B_STREAM] : Py_None;
+    for (int i = 0; i < NTENSORS - 1; i++) /* dout .. dv are arrays; the workspace may be None */
+        if (fattn_refuse_none(&a[order[i]], &fattn_backward_arg_names[order[i]], 1)) return -1;
     for (int i = 0; i < NTENSORS; i++) { /* the workspace may have any dtype */
         PyObject *x = a[order[i]];
         if (x && x != Py_None && fattn_take(names, x, fattn_backward_arg_names[order[i]], stream_obj, &c->ts[i]))
@@ -307,5 +309,13 @@ PyObject *fattn_py_backward_workspace_bytes(PyObject *module, PyObject *const *a
     for (int i = 0; i < 4; i++)
         if (fattn_arg_long(args[i], names[i], 0, 1L << 40, &v[i])) return NULL;
     if (nargs == 5 && (deterministic = PyObject_IsTrue(args[4])) < 0) return NULL;
+    /* the product in 64 bits (v[3] <= 2^40 is bucketed to at most 256 columns, times at most 2 copies, plus 3) */
+    int64_t n = 4 * (256 * 2 + 3);
+    if (__builtin_mul_overflow(n, (int64_t)v[0], &n) || __builtin_mul_overflow(n, (int64_t)v[1], &n) ||
+        __builtin_mul_overflow(n, fattn_bwd_ws_rows(v[2]), &n)) {
+        PyErr_Format(PyExc_ValueError, "backward_workspace_bytes: b=%ld, h=%ld, sq=%ld need more than 2^63 bytes", v[0],
+                     v[1], v[2]);
+        return NULL;
+    }
     return PyLong_FromLongLong(fattn_bwd_workspace_bytes(v[0], v[1], v[2], v[3], deterministic));
 }

@@ -7,6 +7,7 @@
  * sinks float32 (H,); dsinks a writable float32 (H,).  Arrays on one device; GPU work runs on `stream`. */
 #include "module.h"
 
+#include "overlap.h"
 #include "sinks.h"
 #include "variants.h"
 #include "views.h"
@@ -19,8 +20,7 @@ static int head_vector(const fattn_tensor *t, const fattn_tensor *out, int64_t h
     const DLTensor *x = t->t;
     REQUIRE(x->ndim == 1 && x->shape[0] == h, PyExc_ValueError, "%s: expected a 1-D array of H=%lld entries", t->arg,
             (long long)h);
-    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
-            "%s: dtype must be float32", t->arg);
+    if (fattn_require_float32(t)) return -1;
     REQUIRE(!x->strides || h <= 1 || x->strides[0] == 1, PyExc_ValueError, "%s: must be contiguous", t->arg);
     REQUIRE(!write || !t->readonly, PyExc_ValueError, "%s: the array is read-only", t->arg);
     return fattn_same_device(t, out);
@@ -39,8 +39,7 @@ static int rows_of(const fattn_tensor *t, int layout, bhsd_view *v) {
 static int take_lse(const fattn_tensor *t, const fattn_tensor *out, const bhsd_view *o, fattn_sink_params *p) {
     const DLTensor *x = t->t;
     const int packed = x->ndim == 2;
-    REQUIRE(x->dtype.code == kDLFloat && x->dtype.bits == 32 && x->dtype.lanes == 1, PyExc_TypeError,
-            "lse: dtype must be float32");
+    if (fattn_require_float32(t)) return -1;
     REQUIRE(packed ? x->shape[0] == o->h && x->shape[1] == o->s
                    : x->ndim == 3 && x->shape[0] == o->b && x->shape[1] == o->h && x->shape[2] == o->s,
             PyExc_ValueError, "lse: shape must be out's (B, H, Sq), or (H, total) for packed arrays");
@@ -108,6 +107,7 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     PyObject *stream_obj = a[S_STREAM] ? a[S_STREAM] : Py_None;
+    if (fattn_refuse_none(a, names, 3)) return NULL; /* out, lse, sinks */
     fattn_tensor ts[S_N];
     memset(ts, 0, sizeof ts);
     PyObject *result = NULL;
@@ -118,8 +118,12 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
         if (fattn_take(&st->names, a[i], names[i], stream_obj, &ts[i])) goto done;
     }
     if (fattn_take_sink_rows(&ts[S_OUT], &ts[S_LSE], &ts[S_SINKS], (int)layout, &o, &p)) goto done;
-    if (!backward && ts[S_OUT].readonly) {
-        PyErr_SetString(PyExc_ValueError, "out: the array is read-only");
+    if (!backward && (ts[S_OUT].readonly || ts[S_LSE].readonly)) { /* the forward pass rewrites both */
+        PyErr_Format(PyExc_ValueError, "%s: the array is read-only", ts[S_OUT].readonly ? "out" : "lse");
+        goto done;
+    }
+    if (fattn_spans_meet(ts[S_OUT].t, ts[S_LSE].t)) {
+        PyErr_SetString(PyExc_ValueError, "lse: shares memory with out");
         goto done;
     }
     if (backward && fattn_take_sink_grads(&ts[S_DOUT], &ts[S_DSINKS], &ts[S_OUT], (int)layout, &o, &p)) goto done;

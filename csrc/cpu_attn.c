@@ -173,44 +173,89 @@ static void attn_task(const attn_params *p, const fattn_cpu_config *cfg, scratch
     task_blocks(&seq, cfg, w, 0, hk, qb0, qb1);
 }
 
-fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg) {
+/* The longest key range any sequence of p uses: a KV cache's filled length (seqused_k, host memory here, plus the
+ * call's new keys) where given, else Sk -- a head's packed keys need no more room than that. */
+static int64_t keys_used(const attn_params *p) {
+    if (!p->seqused_k) return p->sk;
+    int64_t most = 0;
+    for (int64_t b = 0; b < p->b; b++) {
+        const int64_t n = p->seqused_k[b] + p->seqused_k_plus;
+        if (n > most) most = n;
+    }
+    return most < p->sk ? most : p->sk;
+}
+
+struct fattn_cpu_work {
+    int nthreads;
+    int64_t chunks, per_chunk, ntask, nqb;
+    scratch s[]; /* one per thread */
+};
+
+static void scratch_free(scratch *w) {
+    free(w->q); free(w->kt); free(w->v); free(w->s); free(w->acc); free(w->m); free(w->l);
+}
+
+void fattn_cpu_work_free(fattn_cpu_work *w) {
+    if (!w) return;
+    for (int i = 0; i < w->nthreads; i++) scratch_free(&w->s[i]);
+    free(w);
+}
+
+fattn_status fattn_cpu_work_alloc(const attn_params *p, const fattn_cpu_config *cfg, fattn_cpu_work **out) {
+    *out = NULL;
     const fattn_cpu_config c = *cfg;
     fattn_status st = fattn_cpu_check_config(&c);
     if (st) return st;
     const int64_t nqb = (p->sq + c.br - 1) / c.br, heads = p->b * p->h_kv;
-    if (nqb == 0 || heads == 0) return FATTN_OK;
     int nthreads = 1;
 #ifdef _OPENMP
     nthreads = c.threads > 0 ? c.threads : omp_get_max_threads();
 #endif
     /* Split a head's query blocks into chunks only when there are fewer than ~2 tasks per thread. */
-    int64_t chunks = (2 * nthreads + heads - 1) / heads;
+    int64_t chunks = heads ? (2 * nthreads + heads - 1) / heads : 0;
     if (chunks > nqb) chunks = nqb;
-    const int64_t per_chunk = (nqb + chunks - 1) / chunks, ntask = heads * chunks;
-    if (nthreads > ntask) nthreads = (int)ntask;
-    const int64_t dp = round_up(p->d, NR), kpad = round_up(p->sk, c.bc);
+    const int64_t per_chunk = chunks ? (nqb + chunks - 1) / chunks : 0, ntask = heads * chunks;
+    if (nthreads > ntask) nthreads = ntask > 0 ? (int)ntask : 0;
+    fattn_cpu_work *w = calloc(1, sizeof *w + (size_t)nthreads * sizeof(scratch));
+    if (!w) return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backend: out of memory for scratch buffers");
+    *w = (fattn_cpu_work){nthreads, chunks, per_chunk, ntask, nqb};
+    const int64_t dp = round_up(p->d, NR), kpad = round_up(keys_used(p), c.bc);
     int failed = 0;
+    for (int i = 0; i < nthreads && !failed; i++) {
+        scratch *x = &w->s[i];
+        *x = (scratch){alloc_floats2(c.br, dp), alloc_floats2(kpad, dp), alloc_floats2(kpad, dp),
+                       alloc_floats2(c.br, c.bc), alloc_floats2(c.br, dp), alloc_floats2(c.br, 1),
+                       alloc_floats2(c.br, 1), 0.f};
+        failed = !x->q || !x->kt || !x->v || !x->s || !x->acc || !x->m || !x->l;
+    }
+    if (failed) {
+        fattn_cpu_work_free(w);
+        return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backend: out of memory for scratch buffers (%lld keys of head dim %lld "
+                          "per thread)", (long long)kpad, (long long)p->d);
+    }
+    *out = w;
+    return FATTN_OK;
+}
+
+fattn_status fattn_cpu_forward(const attn_params *p, const fattn_cpu_config *cfg, fattn_cpu_work *w) {
+    if (w->ntask == 0) return FATTN_OK;
+    const fattn_cpu_config c = *cfg;
+    const int64_t chunks = w->chunks, per_chunk = w->per_chunk, ntask = w->ntask, nqb = w->nqb, heads = p->b * p->h_kv;
 #ifdef _OPENMP
-#pragma omp parallel num_threads(nthreads) reduction(| : failed)
+#pragma omp parallel num_threads(w->nthreads)
 #endif
     {
-        scratch w = {alloc_floats(c.br * dp), alloc_floats(kpad * dp), alloc_floats(kpad * dp),
-                     alloc_floats(c.br * c.bc), alloc_floats(c.br * dp), alloc_floats(c.br), alloc_floats(c.br)};
-        if (!w.q || !w.kt || !w.v || !w.s || !w.acc || !w.m || !w.l) {
-            failed = 1;
-        } else {
+        int me = 0;
 #ifdef _OPENMP
+        me = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (int64_t t = 0; t < ntask; t++) {
-                /* last chunks first: under a causal mask they are the longest */
-                const int64_t ch = chunks - 1 - t / heads, bh = t % heads;
-                const int64_t qb0 = ch * per_chunk, qb1 = qb0 + per_chunk < nqb ? qb0 + per_chunk : nqb;
-                if (qb0 < qb1) attn_task(p, &c, &w, bh / p->h_kv, bh % p->h_kv, qb0, qb1);
-            }
+        for (int64_t t = 0; t < ntask; t++) {
+            /* last chunks first: under a causal mask they are the longest */
+            const int64_t ch = chunks - 1 - t / heads, bh = t % heads;
+            const int64_t qb0 = ch * per_chunk, qb1 = qb0 + per_chunk < nqb ? qb0 + per_chunk : nqb;
+            if (qb0 < qb1) attn_task(p, &c, &w->s[me], bh / p->h_kv, bh % p->h_kv, qb0, qb1);
         }
-        free(w.q); free(w.kt); free(w.v); free(w.s); free(w.acc); free(w.m); free(w.l);
     }
-    if (failed) return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backend: out of memory for scratch buffers");
     return FATTN_OK;
 }

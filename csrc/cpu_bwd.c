@@ -229,36 +229,50 @@ fattn_status fattn_cpu_backward(const attn_bwd_params *bp, const fattn_cpu_confi
     chunks = (nkb + per_chunk - 1) / per_chunk; /* none empty */
     if (nthreads > ntask) nthreads = (int)ntask;
     const int64_t dp = round_up(p->d, NR), ckeys = per_chunk * c.bc;
+    /* every buffer allocated before anything is written: a call refused for memory leaves dq, dk, dv untouched */
+    scratch *ws = calloc((size_t)nthreads, sizeof *ws);
+    int failed = !ws;
+    for (int i = 0; i < nthreads && !failed; i++) {
+        scratch *w = &ws[i];
+        *w = (scratch){alloc_floats2(ckeys, dp), alloc_floats2(ckeys, dp), alloc_floats2(ckeys, dp),
+                       alloc_floats2(ckeys, dp), alloc_floats2(ckeys, dp), alloc_floats2(c.br, dp),
+                       alloc_floats2(c.br, dp), alloc_floats2(c.br, dp), alloc_floats2(c.br, c.bc),
+                       alloc_floats2(c.br, c.bc), alloc_floats2(c.br, c.bc), alloc_floats2(c.br, 1),
+                       alloc_floats2(c.br, 1), 0.f};
+        failed = !w->kt || !w->vt || !w->kr || !w->dk || !w->dv || !w->q || !w->dout || !w->dq || !w->s || !w->ds ||
+                 !w->t || !w->lse2 || !w->dsum;
+    }
     float *part = NULL;
-    if (chunks > 1 && !(part = calloc((size_t)(chunks * p->b * p->h * p->sq * dp), sizeof(float))))
-        return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backward: out of memory for the dQ partials");
-    int failed = 0;
+    const int64_t part_rows = p->b * p->h * p->sq; /* dQ partials: chunks x rows x dp floats, zeroed */
+    if (!failed && chunks > 1) {
+        failed = !(part = alloc_floats2(chunks * part_rows, dp));
+        if (!failed) memset(part, 0, (size_t)(chunks * part_rows * dp) * sizeof(float));
+    }
+    if (!failed) {
 #ifdef _OPENMP
-#pragma omp parallel num_threads(nthreads) reduction(| : failed)
+#pragma omp parallel num_threads(nthreads)
 #endif
-    {
-        scratch w = {alloc_floats(ckeys * dp), alloc_floats(ckeys * dp), alloc_floats(ckeys * dp),
-                     alloc_floats(ckeys * dp), alloc_floats(ckeys * dp), alloc_floats(c.br * dp),
-                     alloc_floats(c.br * dp), alloc_floats(c.br * dp), alloc_floats(c.br * c.bc),
-                     alloc_floats(c.br * c.bc), alloc_floats(c.br * c.bc), alloc_floats(c.br), alloc_floats(c.br)};
-        if (!w.kt || !w.vt || !w.kr || !w.dk || !w.dv || !w.q || !w.dout || !w.dq || !w.s || !w.ds || !w.t ||
-            !w.lse2 || !w.dsum) {
-            failed = 1;
-        } else {
+        {
+            int me = 0;
 #ifdef _OPENMP
+            me = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
 #endif
             for (int64_t t = 0; t < ntask; t++) {
                 const int64_t ch = t / heads, bh = t % heads; /* first chunks first: with causal masking the longest */
                 const int64_t cb0 = ch * per_chunk, cb1 = cb0 + per_chunk < nkb ? cb0 + per_chunk : nkb;
-                bwd_task(bp, &c, &w, bh / p->h_kv, bh % p->h_kv, cb0, cb1,
-                         part ? part + ch * p->b * p->h * p->sq * dp : NULL);
+                bwd_task(bp, &c, &ws[me], bh / p->h_kv, bh % p->h_kv, cb0, cb1,
+                         part ? part + ch * part_rows * dp : NULL);
             }
         }
-        free(w.kt); free(w.vt); free(w.kr); free(w.dk); free(w.dv); free(w.q); free(w.dout); free(w.dq);
-        free(w.s); free(w.ds); free(w.t); free(w.lse2); free(w.dsum);
+        if (part) sum_partials(bp, part, chunks);
     }
-    if (!failed && part) sum_partials(bp, part, chunks);
+    for (int i = 0; ws && i < nthreads; i++) {
+        scratch *w = &ws[i];
+        free(w->kt); free(w->vt); free(w->kr); free(w->dk); free(w->dv); free(w->q); free(w->dout); free(w->dq);
+        free(w->s); free(w->ds); free(w->t); free(w->lse2); free(w->dsum);
+    }
+    free(ws);
     free(part);
     if (failed) return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backward: out of memory for scratch buffers");
     return FATTN_OK;

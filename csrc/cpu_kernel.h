@@ -191,8 +191,18 @@ static inline int64_t strip_at(int64_t k, int64_t j, int64_t kdim) { return (j /
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* n floats, 64-byte aligned (NULL when out of memory); free() releases them. */
-static inline void *alloc_floats(int64_t n) { return aligned_alloc(64, (size_t)round_up(n > 0 ? n * 4 : 4, 64)); }
+/* n floats, 64-byte aligned (NULL when out of memory, or when n floats would not fit a size_t); free() releases
+ * them. */
+static inline void *alloc_floats(int64_t n) {
+    if (n > (int64_t)((SIZE_MAX - 128) / 4) || n > (INT64_MAX - 128) / 4) return NULL;
+    return aligned_alloc(64, (size_t)round_up(n > 0 ? n * 4 : 4, 64));
+}
+
+/* rows x cols floats, as alloc_floats (NULL where the product overflows). */
+static inline void *alloc_floats2(int64_t rows, int64_t cols) {
+    if (rows < 0 || cols < 0 || (cols && rows > INT64_MAX / cols)) return NULL;
+    return alloc_floats(rows * cols);
+}
 
 /* Key rows [j0, j0 + n) of one head of K or V (`src`, the head's offset `base`, its batch / page and row strides;
  * rows found by fattn_key_offset, so through the block table of a paged cache), s->d columns, converted to float32

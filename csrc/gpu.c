@@ -432,8 +432,8 @@ static fattn_status prepare_once(const fattn_plan *plan) {
     return prepare_flag(&prepared[d][plan->variant - fattn_gpu_variants], plan->variant->prepare, d);
 }
 
-static fattn_status run_on_device(const attn_params *p, const fattn_tuned *tuned, const char *forced,
-                                  const fattn_overrides *ov, fattn_plan *plan, void *stream) {
+static fattn_status ready_on_device(const attn_params *p, const fattn_tuned *tuned, const char *forced,
+                                    const fattn_overrides *ov, fattn_plan *plan, void *stream) {
     fattn_status st = prepare_once(plan);
     if (st) return st;
     if (plan->workspace_bytes) {
@@ -449,15 +449,22 @@ static fattn_status run_on_device(const attn_params *p, const fattn_tuned *tuned
         }
     }
     if (plan->use_counters) plan->counters = counters_get(plan->dev.id, stream);
-    return plan->variant->launch(p, plan, stream);
+    return FATTN_OK;
 }
 
-fattn_status fattn_run_gpu(const attn_params *p, const fattn_tuned *tuned, const char *forced,
-                           const fattn_overrides *ov, fattn_plan *plan, void *stream) {
+fattn_status fattn_ready_gpu(const attn_params *p, const fattn_tuned *tuned, const char *forced,
+                             const fattn_overrides *ov, fattn_plan *plan, void *stream) {
     int prev;
     fattn_status st = enter_device(plan->dev.id, &prev);
     if (st) return st;
-    return leave_device(prev, plan->dev.id, run_on_device(p, tuned, forced, ov, plan, stream));
+    return leave_device(prev, plan->dev.id, ready_on_device(p, tuned, forced, ov, plan, stream));
+}
+
+fattn_status fattn_launch_gpu(const attn_params *p, const fattn_plan *plan, void *stream) {
+    int prev;
+    fattn_status st = enter_device(plan->dev.id, &prev);
+    if (st) return st;
+    return leave_device(prev, plan->dev.id, plan->variant->launch(p, plan, stream));
 }
 
 /* ---- the backward ------------------------------------------------------------------------------------------ */
@@ -542,11 +549,16 @@ fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const
     (void)p; (void)dev; (void)tuned; (void)forced; (void)ov; (void)plan;
     return not_built();
 }
-fattn_status fattn_run_gpu(const attn_params *p, const fattn_tuned *tuned, const char *forced,
-                           const fattn_overrides *ov, fattn_plan *plan, void *stream) {
+fattn_status fattn_ready_gpu(const attn_params *p, const fattn_tuned *tuned, const char *forced,
+                             const fattn_overrides *ov, fattn_plan *plan, void *stream) {
     (void)p; (void)tuned; (void)forced; (void)ov; (void)plan; (void)stream;
     return not_built();
 }
+fattn_status fattn_launch_gpu(const attn_params *p, const fattn_plan *plan, void *stream) {
+    (void)p; (void)plan; (void)stream;
+    return not_built();
+}
+
 fattn_status fattn_plan_gpu_bwd(const attn_bwd_params *p, const fattn_device *dev, const fattn_tuned *tuned,
                                 const char *forced, const fattn_overrides *ov, fattn_plan *plan) {
     (void)p; (void)dev; (void)tuned; (void)forced; (void)ov; (void)plan;

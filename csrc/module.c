@@ -165,9 +165,11 @@ static int module_exec(PyObject *module) {
     n->s_stride = PyUnicode_InternFromString("stride");
     n->s_dtype = PyUnicode_InternFromString("dtype");
     n->s_get_device = PyUnicode_InternFromString("get_device");
+    n->s_is_cuda = PyUnicode_InternFromString("is_cuda");
     n->s_torch = PyUnicode_InternFromString("torch");
     if (!n->s_dlpack || !n->s_dlpack_device || !n->s_stream || !n->s_max_version || !n->max_version ||
-        !n->s_data_ptr || !n->s_shape || !n->s_stride || !n->s_dtype || !n->s_get_device || !n->s_torch)
+        !n->s_data_ptr || !n->s_shape || !n->s_stride || !n->s_dtype || !n->s_get_device || !n->s_is_cuda ||
+        !n->s_torch)
         return -1;
     for (int i = 0; i < FATTN_FORWARD_ARGS; i++)
         if (!(st->forward_args[i] = PyUnicode_InternFromString(fattn_forward_arg_names[i]))) return -1;
@@ -200,6 +202,7 @@ static int module_clear(PyObject *module) {
     Py_CLEAR(n->s_stride);
     Py_CLEAR(n->s_dtype);
     Py_CLEAR(n->s_get_device);
+    Py_CLEAR(n->s_is_cuda);
     Py_CLEAR(n->s_torch);
     for (int i = 0; i < FATTN_FORWARD_ARGS; i++) Py_CLEAR(st->forward_args[i]);
     for (int i = 0; i < FATTN_BACKWARD_ARGS; i++) Py_CLEAR(st->backward_args[i]);

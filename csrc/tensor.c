@@ -176,6 +176,21 @@ static int int_tuple(PyObject *tup, int64_t *dst) {
     return n;
 }
 
+/* 1 if torch tensor obj, which has a device index, is on a CUDA device; else 0 with a ValueError naming its device
+ * (mps, xpu: torch gives their tensors an index too). */
+static int on_cuda(const fattn_names *n, PyObject *obj, const char *arg) {
+    PyObject *c = PyObject_GetAttr(obj, n->s_is_cuda);
+    const int yes = c ? PyObject_IsTrue(c) : -1;
+    Py_XDECREF(c);
+    if (yes > 0) return 1;
+    if (yes == 0) {
+        PyObject *d = PyObject_GetAttrString(obj, "device");
+        if (d) PyErr_Format(PyExc_ValueError, "%s: on %S; fattn takes cpu or cuda arrays", arg, d);
+        Py_XDECREF(d);
+    }
+    return 0;
+}
+
 int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg, fattn_tensor *out) {
     memset(out, 0, sizeof *out);
     out->arg = arg;
@@ -197,9 +212,10 @@ int fattn_tensor_from_torch(const fattn_names *n, PyObject *obj, const char *arg
     PyObject *shape = dev ? PyObject_GetAttr(obj, n->s_shape) : NULL;
     PyObject *stride = shape ? PyObject_CallMethodNoArgs(obj, n->s_stride) : NULL;
     int ok = stride != NULL;
+    const long device = ok ? PyLong_AsLong(dev) : -1;
+    if (ok && device >= 0) ok = on_cuda(n, obj, arg); /* an index: cuda's, or another backend's (mps, xpu) */
     if (ok) {
         t->data = PyLong_AsVoidPtr(ptr);
-        const long device = PyLong_AsLong(dev);
         t->device.device_type = device < 0 ? kDLCPU : kDLCUDA;
         t->device.device_id = device < 0 ? 0 : (int32_t)device;
         const int nd = int_tuple(shape, out->local_shape), ns = int_tuple(stride, out->local_strides);

@@ -26,7 +26,7 @@ typedef struct {
  * time a call happens while torch is imported (fattn_find_torch; fattn never imports torch itself). */
 typedef struct {
     PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *max_version;
-    PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device, *s_torch;
+    PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device, *s_is_cuda, *s_torch;
     PyObject *torch_type, *torch_dtypes[3]; /* torch.Tensor; torch.float32, float16, bfloat16 (fattn_dtype order) */
     PyObject *torch_int32;                  /* torch.int32: index arrays */
     int describe; /* set in a per-call copy by the check-only calls (_C.check_forward / check_backward): torch

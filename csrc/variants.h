@@ -135,11 +135,15 @@ fattn_status fattn_gpu_device(int device, fattn_device *dev, char *name, int nam
 fattn_status fattn_plan_gpu(const attn_params *p, const fattn_device *dev, const struct fattn_tuned *tuned,
                             const char *forced, const fattn_overrides *ov, fattn_plan *plan);
 
-/* Runs a plan on `stream`: switches to plan->dev.id if needed (and back), prepares the device once, gives the plan
+/* Readies a plan on `stream`: switches to plan->dev.id if needed (and back), prepares the device once, gives the plan
  * its workspace -- or, when none can be had without risk (the stream is being captured into a CUDA graph), plans
- * p again with one key split -- and launches.  The plan that ran is left in *plan. */
-fattn_status fattn_run_gpu(const attn_params *p, const struct fattn_tuned *tuned, const char *forced,
-                           const fattn_overrides *ov, fattn_plan *plan, void *stream);
+ * p again with one key split -- and its counters.  The plan to launch is left in *plan.  Everything that can refuse
+ * a call before its kernels run happens here, so a caller that writes first (a KV cache's append) readies, then
+ * writes, then launches. */
+fattn_status fattn_ready_gpu(const attn_params *p, const struct fattn_tuned *tuned, const char *forced,
+                             const fattn_overrides *ov, fattn_plan *plan, void *stream);
+/* Launches a readied plan on `stream` (on plan->dev.id). */
+fattn_status fattn_launch_gpu(const attn_params *p, const fattn_plan *plan, void *stream);
 
 /* The backward's dispatch: plans p (the backward variant of forced variant `forced`, else the highest that runs on
  * dev, takes p's dtype and plans p) and runs it on `stream`.  p->dq_accum / p->dpsum set: a workspace the caller

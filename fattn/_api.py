@@ -80,8 +80,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
         if _args.refuse_transforms() or _args.needs_torch_op(q, k, v, out, lse) or _args.sinks_need_grad(sinks):
             return _torch_op(q, k, v, causal_code, scale, layout_code, window, softcap, variant, deterministic, out,
                              lse, return_lse, sinks, alibi_slopes)
-        dev = q.get_device()
-        dev_type, dev_id = (CUDA, dev) if dev >= 0 else (CPU, 0)
+        dev_type, dev_id = (CUDA, q.get_device()) if q.is_cuda else (CPU, 0)  # mps / xpu: refused by the C intake
     else:
         dev_type, dev_id = _C.dlpack_device(q)
     if out is not None or lse is not None:

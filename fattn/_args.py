@@ -179,10 +179,10 @@ def in_transform():
 
 
 def device_of(fw, q):
-    """(DLPack device type, device id) of q: torch's get_device() for torch tensors, else DLPack's."""
+    """(DLPack device type, device id) of q: torch's get_device() for CUDA torch tensors (the C intake refuses other
+    devices' -- mps, xpu -- which are taken for the CPU here), else DLPack's."""
     if fw == "torch":
-        dev = q.get_device()
-        return (_frameworks.CUDA, dev) if dev >= 0 else (_frameworks.CPU, 0)
+        return (_frameworks.CUDA, q.get_device()) if q.is_cuda else (_frameworks.CPU, 0)
     return _C.dlpack_device(q)
 
 

@@ -35,11 +35,10 @@ Tensor = torch.Tensor
 def _stream(t):
     """t's device's current stream (None on the CPU); and, once per process and device, the tuning cache's entries
     registered there (fattn/_tuned.py), as the lean path does -- every op calls this before it runs."""
-    dev = t.get_device()
-    key = (_frameworks.CUDA, dev) if dev >= 0 else (_frameworks.CPU, 0)
+    key = (_frameworks.CUDA, t.get_device()) if t.is_cuda else (_frameworks.CPU, 0)
     if key not in _tuned.LOADED:
         _tuned.ensure(*key)
-    return current_stream("torch", dev) if dev >= 0 else None
+    return current_stream("torch", key[1]) if t.is_cuda else None
 
 
 # The op's arguments after q, k, v: twelve parameters (causal .. deterministic), then sinks, alibi_slopes and

@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import tempfile
+import threading
 import warnings
 
 from . import _C, _frameworks
@@ -27,6 +28,8 @@ from . import _C, _frameworks
 FORMAT = "fattn-tuned/1"
 KEY_FIELDS = ("family", "device", "dtype", "head_dim", "causal", "seq_bucket")  # what identifies an entry
 LOADED = set()       # (device_type, device_id) whose entries are registered
+_loading = set()     # those being registered now (a registration that calls back in returns at once)
+_lock = threading.RLock()  # one registration at a time: a thread's first call waits for another's to finish
 _sources = None
 
 
@@ -127,22 +130,30 @@ def ensure(dev_type, dev_id):
     key = (dev_type, dev_id)
     if key in LOADED:
         return
-    LOADED.add(key)
-    kind = "cpu" if dev_type == _frameworks.CPU else "cuda"
-    for e in entries():
+    with _lock:  # LOADED names a device only once its entries are registered: concurrent first calls wait here
+        if key in LOADED or key in _loading:
+            return
+        _loading.add(key)
         try:
-            why = _register(e, kind, dev_id)
-        except Exception as exc:  # a malformed entry, a failed compile: warn and go on
-            why = f"{type(exc).__name__}: {exc}"
-        if why:
-            warnings.warn(f"fattn: ignoring tuned-config entry {e.get('family')}/{e.get('dtype')}/d{e.get('head_dim')}"
-                          f" ({why})", RuntimeWarning, stacklevel=3)
+            kind = "cpu" if dev_type == _frameworks.CPU else "cuda"
+            for e in entries():
+                try:
+                    why = _register(e, kind, dev_id)
+                except Exception as exc:  # a malformed entry, a failed compile: warn and go on
+                    why = f"{type(exc).__name__}: {exc}"
+                if why:
+                    warnings.warn(f"fattn: ignoring tuned-config entry {e.get('family')}/{e.get('dtype')}/"
+                                  f"d{e.get('head_dim')} ({why})", RuntimeWarning, stacklevel=3)
+        finally:
+            _loading.discard(key)
+            LOADED.add(key)
 
 
 def reset():
     """Forgets every registered entry (the next call re-reads the file)."""
-    LOADED.clear()
-    _C._dev.tuned_clear()
+    with _lock:
+        LOADED.clear()
+        _C._dev.tuned_clear()
 
 
 def save(new_entries, p=None):

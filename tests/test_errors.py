@@ -39,7 +39,11 @@ CASES = [
     ("lse dtype", lambda: (t(1, 2, 4, 8),) * 3, {"lse": torch.empty(1, 2, 4, dtype=torch.half)}, TypeError, r"lse: dtype"),
     ("lse shape", lambda: (t(1, 2, 4, 8),) * 3, {"lse": torch.empty(1, 2, 5)}, ValueError, r"lse: shape"),
     ("lse float64", lambda: (t(1, 2, 4, 8),) * 3, {"lse": torch.empty(1, 2, 4, dtype=torch.float64)}, TypeError,
-     r"lse: dtype must be float32"),  # not q's advice (float16, bfloat16 or float32): lse is float32 only
+     r"lse: dtype must be float32, got float64"),  # not q's advice (float16, bfloat16 or float32): float32 only
+    ("v None", lambda: (t(1, 2, 4, 8), t(1, 2, 4, 8), None), {}, TypeError, r"^v: expected an array, got None"),
+    ("k None", lambda: (t(1, 2, 4, 8), None, t(1, 2, 4, 8)), {}, TypeError, r"^k: expected an array, got None"),
+    ("window past 64 bits", lambda: (t(1, 2, 4, 8),) * 3, {"window": (2 ** 70, 0)}, ValueError,
+     r"^window: .* fit in 64 bits"),
     ("not an array", lambda: ([[1.0]], t(1, 2, 4, 8), t(1, 2, 4, 8)), {}, TypeError, r"q: expected an array"),
     ("k not an array", lambda: (t(1, 2, 4, 8), "k", t(1, 2, 4, 8)), {}, TypeError, r"k: expected an array"),
 ]
@@ -296,3 +300,38 @@ def test_out_overlap_matches_numpy_for_slices_of_one_buffer():
             assert "out:" in str(e)
             refused = True
         assert refused == shared, (offset, shared)
+
+
+def test_none_for_an_array_is_named_on_every_entry_point():
+    """None where an array is required is a TypeError naming it (each of these crashed the interpreter)."""
+    from fattn import _C
+
+    q = t(1, 2, 4, 8)
+    o, lse = fattn.attention(q, q, q, return_lse=True)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    calls = [
+        (lambda: fattn.attention_with_kvcache(q.transpose(1, 2), q.transpose(1, 2), None), "v_cache"),
+        (lambda: fattn.attention_varlen(q[0].transpose(0, 1), q[0].transpose(0, 1), None, cu, cu), "v"),
+        (lambda: fattn.attention_backward(o, q, q, q, None, lse), "out"),
+        (lambda: _C.forward(q, q, q, None, None), "out"),
+        (lambda: _C.check_forward(q, None, q, o, None), "k"),
+        (lambda: _C.sinks(o, lse, None), "sinks"),
+    ]
+    for call, name in calls:
+        with pytest.raises(TypeError, match=f"^{name}: expected an array, got None"):
+            call()
+
+
+def test_integers_past_c_longs_and_bad_streams_are_named():
+    from fattn import _C
+
+    q = t(1, 2, 4, 8)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^max_seqlen_q: \d+ is out of range"):
+        _C.forward(q[0], q[0], q[0], torch.empty_like(q[0]), None, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                   max_seqlen_q=2 ** 70, max_seqlen_k=4)
+    with pytest.raises(TypeError, match=r"^stream: expected a CUDA stream handle \(an int\) or None, got 'x'"):
+        _C.forward(q, q, q, torch.empty_like(q), None, stream="x")
+    with pytest.raises(ValueError, match=r"^backward_workspace_bytes: .* more than 2\^63 bytes"):
+        _C.backward_workspace_bytes(2 ** 40, 2 ** 40, 2 ** 40, 256)
+    assert _C.backward_workspace_bytes(1, 2, 64, 64) > 0

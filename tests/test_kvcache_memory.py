@@ -54,3 +54,39 @@ def test_kvcache_append_into_memory_it_reads_is_refused():
     q, kn, vn, cs = args["q"], args["k_new"], args["v_new"], args["cache_seqlens"]
     out = fattn.attention_with_kvcache(q, kv[:, :, 0], kv[:, :, 1], k_new=kn, v_new=vn, cache_seqlens=cs)
     assert out.shape == q.shape and torch.equal(kv[0, 3, 0], kn[0, 0]) and torch.equal(kv[1, 10, 1], vn[1, 0])
+
+
+SCRATCH_REFUSED = r"""
+import resource, numpy as np, fattn
+D = 256
+kc = np.zeros((2, 16, 1, D), np.float32); vc = kc.copy(); q = np.ones((1, 1, 1, D), np.float32)
+fattn.attention_with_kvcache(q, kc.copy(), vc.copy(), block_table=np.zeros((1, 1), np.int32))  # OpenMP warmed up
+vm = int(open("/proc/self/statm").read().split()[0]) * 4096
+resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 29), resource.RLIM_INFINITY))
+kn = np.full((1, 1, 1, D), 5, np.float32)
+table = np.zeros((1, 1 << 17), np.int32)  # 2M slots, every one on page 0
+try:  # the sequence uses 2M keys: the CPU backend's scratch for them (2 GB) cannot be had under the limit
+    fattn.attention_with_kvcache(q, kc, vc, k_new=kn, v_new=kn, cache_seqlens=np.array([(1 << 21) - 1], np.int32),
+                                 block_table=table)
+    print("ran")
+except RuntimeError as e:
+    print("refused:", e)
+print("written:", bool(kc.any() or vc.any()))
+ok = fattn.attention_with_kvcache(q, kc, vc, k_new=kn, v_new=kn, cache_seqlens=np.array([3], np.int32),
+                                  block_table=table)  # 4 keys used: the scratch follows them, not the 2M capacity
+print("small:", float(kc[0, 3, 0, 0]), bool(np.isfinite(ok).all()))
+"""
+
+
+def test_kvcache_refused_for_memory_writes_nothing():
+    """The CPU backend's scratch is allocated before the append (and sized by the keys the sequences use, not the
+    cache's capacity): a call refused for memory leaves the cache as it was; a small call on a large pool runs."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", SCRATCH_REFUSED], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("refused:") and "out of memory for scratch buffers" in lines[0], r.stdout
+    assert lines[1] == "written: False"
+    assert lines[2] == "small: 5.0 True"

@@ -298,3 +298,34 @@ def test_calls_through_the_torch_op_use_the_cache(cache, how):
         x = t[0].transpose(0, 1).contiguous()
         fattn.attention_varlen(x.clone().requires_grad_(), x, x, cu, cu).sum().backward()
     assert cpu_plan(q) == (16, 32, 1)
+
+
+def test_concurrent_first_calls_all_use_the_cache(cache):
+    """A device's entries are registered once, under a lock, before any call on it runs: threads that make their
+    first call at once all wait for them (some ran the default config while another registered)."""
+    import threading
+
+    q = np.random.default_rng(4).standard_normal((1, 2, 96, 32)).astype(np.float32)
+    _tuned.save([dict(family="cpu", device=_tuned.cpu_device(), dtype="fp32", head_dim=32, causal=False,
+                      seq_bucket=_C._dev.seq_bucket(96, 96), config={"br": 16, "bc": 32, "threads": 1},
+                      sources=_tuned.sources_id(), shape=[1, 2, 96, 96, 32])])
+    want = None
+    for _ in range(3):
+        _tuned.reset()
+        outs = [None] * 6
+        go = threading.Barrier(6)
+
+        def run(i):
+            go.wait()
+            outs[i] = fattn.attention(q, q, q)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        want = outs[0] if want is None else want
+        assert all(np.array_equal(o, want) for o in outs)  # one config: bitwise equal
+    assert cpu_plan(q) == (16, 32, 1)
+    _tuned.reset()
+    assert np.array_equal(fattn.attention(q, q, q), want)  # and that config was the tuned one
