@@ -1,7 +1,5 @@
 """Arguments as the public functions take them, turned into what fattn._C takes -- one place for each rule -- and
 the choice between fattn's lean torch path and the registered torch op."""
-import sys
-
 from . import _C, _frameworks
 from ._frameworks import EMPTY, framework_of
 
@@ -133,13 +131,12 @@ def autocast(q, k, v):
     torch.compile one global flag is read first, so calls without autocast pay nothing more."""
     if not (_frameworks.is_compiling() or _frameworks.any_autocast()):
         return q, k, v
-    torch = sys.modules["torch"]
     kind = "cuda" if q.is_cuda else "cpu"
-    if not torch.is_autocast_enabled(kind):
+    if not _frameworks.autocast_on(kind):
         return q, k, v
-    dt = torch.get_autocast_dtype(kind)
+    dt = _frameworks.autocast_dtype(kind)
     return tuple(t.to(dt) if isinstance(t, _frameworks.torch_tensor) and t.is_floating_point()
-                 and t.dtype not in (dt, torch.float64) else t for t in (q, k, v))
+                 and t.dtype != dt and t.dtype != _frameworks.torch_float64 else t for t in (q, k, v))
 
 
 def refuse_vmap():

@@ -72,6 +72,9 @@ grad_enabled = None  # torch.is_grad_enabled, once registered
 forward_ad = None    # torch.autograd.forward_ad, once registered
 is_capturing = None  # torch.cuda.is_current_stream_capturing, once registered
 any_autocast = None  # "is autocast on for any device" (one flag), once registered
+autocast_on = None   # torch.is_autocast_enabled(device_type), once registered
+autocast_dtype = None  # torch.get_autocast_dtype(device_type), once registered
+torch_float64 = None  # torch.float64, once registered (traced code reads no sys.modules: torch.compile cannot)
 increment_version = None  # torch.autograd.graph.increment_version, once registered
 functorch_top = None  # torch._C._functorch.peek_interpreter_stack (None: no torch.func transform), once registered
 
@@ -80,12 +83,13 @@ def register_torch(C):
     """Tell the C extension about torch's tensor type and dtypes (the lean path), once, on first torch use, and keep
     the few torch functions the call path asks each time (without attribute lookups through torch's modules)."""
     global _torch_raw_stream, torch_tensor, is_tracing, is_compiling, grad_enabled, is_capturing, torch_ready
-    global any_autocast
+    global any_autocast, autocast_on, autocast_dtype, torch_float64
     torch = sys.modules["torch"]
     is_compiling = torch.compiler.is_compiling
     grad_enabled = torch.is_grad_enabled
     is_capturing = torch.cuda.is_current_stream_capturing
     any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
+    autocast_on, autocast_dtype, torch_float64 = torch.is_autocast_enabled, torch.get_autocast_dtype, torch.float64
     C.register_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.int32)
     torch_tensor = torch.Tensor
     global forward_ad, increment_version, functorch_top
