@@ -64,6 +64,18 @@ int fattn_require_float32(const fattn_tensor *t) {
     return -1;
 }
 
+int fattn_refuse_shared(const fattn_tensor *a, const fattn_tensor *const *written, int n) {
+    if (!a || !a->t || a->described) return 0;
+    for (int i = 0; i < n; i++) {
+        const fattn_tensor *w = written[i];
+        if (w && w->t && !w->described && fattn_spans_meet(a->t, w->t)) {
+            PyErr_Format(PyExc_ValueError, "%s: shares memory with %s, which the call writes", a->arg, w->arg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- the user's words ---------------------------------------------------------------------------------------- */
 
 void fattn_device_str(DLDevice dev, char *buf, size_t n) {

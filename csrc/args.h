@@ -18,6 +18,9 @@ int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
 int fattn_refuse_none(PyObject *const *a, const char *const *names, int n);
 /* TypeError "<t's name>: dtype must be float32, got <dtype>" unless t is float32; 0 when it is. */
 int fattn_require_float32(const fattn_tensor *t);
+/* ValueError "<a>: shares memory with <b>, which the call writes" when array a, which the call reads, meets one of
+ * written[0..n) (entries that are NULL, absent or without memory are skipped); 0 when none. */
+int fattn_refuse_shared(const fattn_tensor *a, const fattn_tensor *const *written, int n);
 
 /* The user's words for a DLPack device ("cpu", "cuda:1") and dtype ("float64", "int32", "bfloat16"). */
 void fattn_device_str(DLDevice dev, char *buf, size_t n);

@@ -231,6 +231,8 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
         if (fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks, (int)layout, &rows, &c->sp)) return -1;
         c->p.sinks = c->sp.sinks;
     }
+    const fattn_tensor *written[2] = {&c->ts[3], &c->ts[4]}; /* out, lse: the kernels read these two meanwhile */
+    if (fattn_refuse_shared(&c->sinks, written, 2) || fattn_refuse_shared(&c->alibi, written, 2)) return -1;
     c->gpu = fattn_call_device(&c->ts[0], &c->device);
     if (c->gpu ? c->ov.cpu.br != 0 : c->ov.config >= 0) {
         PyErr_SetString(PyExc_TypeError, c->gpu ? "config: a GPU variant takes a config index"

@@ -73,6 +73,11 @@ static int take_sinks(const fattn_names *names, PyObject **a, PyObject *stream_o
         fattn_take_sink_rows(&c->ts[3], &c->ts[4], &c->sinks[0], layout, &o, &c->sp) ||
         fattn_take_sink_grads(&c->ts[5], &c->sinks[1], &c->ts[3], layout, &o, &c->sp))
         return -1;
+    /* sinks, read, share memory with no gradient; dsinks, written, with no array of the call */
+    const fattn_tensor *grads[4] = {&c->ts[6], &c->ts[7], &c->ts[8], &c->sinks[1]}; /* dq, dk, dv, dsinks */
+    if (fattn_refuse_shared(&c->sinks[0], grads, 4)) return -1;
+    for (int i = 0; i < 9; i++) /* q, k, v, out, lse, dout, dq, dk, dv */
+        if (fattn_refuse_shared(&c->ts[i], &grads[3], 1)) return -1;
     c->p.fwd.sinks = c->sp.sinks;
     c->p.dsinks = c->sp.dsinks;
     return 0;
@@ -162,6 +167,8 @@ static int call_take(const fattn_names *names, PyObject **a, call *c) {
         fattn_take(names, a[B_ALIBI], "alibi_slopes", stream_obj, &c->alibi))
         return -1;
     o.alibi_slopes = &c->alibi;
+    const fattn_tensor *grads[3] = {&c->ts[6], &c->ts[7], &c->ts[8]}; /* dq, dk, dv: written while the slopes are read */
+    if (fattn_refuse_shared(&c->alibi, grads, 3)) return -1;
     PyObject *seq_objs[3] = {a[B_CU_Q], a[B_CU_K], NULL};
     attn_params fwd;
     if (fattn_take_varlen_args(names, seq_objs, a[B_MAX_Q], a[B_MAX_K], stream_obj, c->seqs, &o) ||

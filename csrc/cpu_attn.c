@@ -53,6 +53,8 @@ typedef struct {
     float *acc;   /* Br x dp */
     float *m, *l; /* Br */
     float slope2; /* ALiBi's slope of the head in hand, log2 units */
+    int64_t keys; /* the keys kt and v have room for: a sequence's are clamped to it (its lengths are the caller's
+                     memory, which another thread may change while the call runs) */
 } scratch;
 
 /* K^T and V of keys [k0, k1) of kv head (b, hk) (k0 a multiple of bc), converted to float32, per key block of bc keys
@@ -170,6 +172,7 @@ static void attn_task(const attn_params *p, const fattn_cpu_config *cfg, scratch
     }
     attn_params seq;
     fattn_seq_params(p, b, &seq);
+    if (seq.sk > w->keys) seq.sk = w->keys;
     task_blocks(&seq, cfg, w, 0, hk, qb0, qb1);
 }
 
@@ -219,13 +222,13 @@ fattn_status fattn_cpu_work_alloc(const attn_params *p, const fattn_cpu_config *
     fattn_cpu_work *w = calloc(1, sizeof *w + (size_t)nthreads * sizeof(scratch));
     if (!w) return FATTN_FAIL(FATTN_ERR_NOMEM, "cpu backend: out of memory for scratch buffers");
     *w = (fattn_cpu_work){nthreads, chunks, per_chunk, ntask, nqb};
-    const int64_t dp = round_up(p->d, NR), kpad = round_up(keys_used(p), c.bc);
+    const int64_t keys = keys_used(p), dp = round_up(p->d, NR), kpad = round_up(keys, c.bc);
     int failed = 0;
     for (int i = 0; i < nthreads && !failed; i++) {
         scratch *x = &w->s[i];
         *x = (scratch){alloc_floats2(c.br, dp), alloc_floats2(kpad, dp), alloc_floats2(kpad, dp),
                        alloc_floats2(c.br, c.bc), alloc_floats2(c.br, dp), alloc_floats2(c.br, 1),
-                       alloc_floats2(c.br, 1), 0.f};
+                       alloc_floats2(c.br, 1), 0.f, keys};
         failed = !x->q || !x->kt || !x->v || !x->s || !x->acc || !x->m || !x->l;
     }
     if (failed) {

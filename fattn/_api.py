@@ -76,7 +76,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bhsd", window=(-1, -
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
-        q, k, v = _args.autocast(q, k, v)
+        if out is None:
+            q, k, v = _args.autocast(q, k, v)
         if _args.refuse_transforms() or _args.needs_torch_op(q, k, v, out, lse) or _args.sinks_need_grad(sinks):
             return _torch_op(q, k, v, causal_code, scale, layout_code, window, softcap, variant, deterministic, out,
                              lse, return_lse, sinks, alibi_slopes)
@@ -166,6 +167,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, lay
     fw = framework_of(q)
     if fw == "torch":
         _args.torch_registered()
+        if dq is None and dk is None and dv is None:  # in the dtype the forward ran in (under torch.autocast)
+            q, k, v, dout = _args.as_forward_ran(out, q, k, v, dout)
+        _args.refuse_grad_buffers(dq=dq, dk=dk, dv=dv)
         if _args.traced_or_fake(q):
             from . import _torch
 

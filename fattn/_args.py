@@ -125,18 +125,42 @@ def refuse_dual(**tensors):
                                       "reverse mode (backward / torch.autograd.grad)")
 
 
-def autocast(q, k, v):
-    """q, k, v as torch.autocast hands them to torch SDPA: under autocast for q's device (cuda / cpu), each floating
-    torch tensor other than float64 in the autocast dtype (a cast autograd records); otherwise unchanged.  Outside
-    torch.compile one global flag is read first, so calls without autocast pay nothing more."""
+def autocast(q, *rest):
+    """(q, *rest) as torch.autocast hands a call's inputs to torch SDPA: under autocast for q's device (cuda / cpu),
+    each floating torch tensor other than float64 in the autocast dtype (a cast autograd records); otherwise
+    unchanged.  The caller skips it for calls given arrays to write (out=, dq=): torch autocasts no call with out=.
+    Outside torch.compile one global flag is read first, so calls without autocast pay nothing more."""
     if not (_frameworks.is_compiling() or _frameworks.any_autocast()):
-        return q, k, v
+        return (q, *rest)
     kind = "cuda" if q.is_cuda else "cpu"
     if not _frameworks.autocast_on(kind):
-        return q, k, v
+        return (q, *rest)
     dt = _frameworks.autocast_dtype(kind)
     return tuple(t.to(dt) if isinstance(t, _frameworks.torch_tensor) and t.is_floating_point()
-                 and t.dtype != dt and t.dtype != _frameworks.torch_float64 else t for t in (q, k, v))
+                 and t.dtype != dt and t.dtype != _frameworks.torch_float64 else t for t in (q, *rest))
+
+
+def as_forward_ran(out, *arrays):
+    """The backward's torch arrays (q, k, v, dout) in the dtype its forward computed in, out's: a forward under
+    torch.autocast cast float32 inputs (autocast above), which a backward outside autocast -- an autograd Function's,
+    without torch.amp.custom_bwd -- receives as saved.  Only floating torch tensors other than float64 are cast, and
+    only where out is float16 / bfloat16; nothing changes when the dtypes already agree."""
+    dt = getattr(out, "dtype", None)
+    if not isinstance(out, _frameworks.torch_tensor) or dt == _frameworks.torch_float64 or dt.itemsize != 2:
+        return arrays
+    return tuple(t.to(dt) if isinstance(t, _frameworks.torch_tensor) and t.is_floating_point()
+                 and t.dtype != dt and t.dtype != _frameworks.torch_float64 else t for t in arrays)
+
+
+def refuse_grad_buffers(**buffers):
+    """ValueError naming the first given gradient buffer (dq=, dk=, dv=) that requires grad while grad mode is on:
+    the backward writes it in place where autograd cannot see (torch refuses such a write to a leaf too)."""
+    if not _frameworks.grad_enabled():
+        return
+    for name, t in buffers.items():
+        if getattr(t, "requires_grad", False):
+            raise ValueError(f"{name}: requires grad, but the backward writes it in place outside autograd; pass a "
+                             "tensor that does not require grad, or call under torch.no_grad()")
 
 
 def refuse_vmap():

@@ -96,7 +96,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     if fw == "torch":
         _args.torch_registered()
         _args.refuse_dual(q=q, k=k, v=v, sinks=sinks)
-        q, k, v = _args.autocast(q, k, v)
+        if out is None:
+            q, k, v = _args.autocast(q, k, v)
         if _args.refuse_transforms() or _args.needs_torch_op(q, k, v, out) or _args.sinks_need_grad(sinks):
             from . import _torch
 
@@ -164,6 +165,9 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     fw = framework_of(q)
     if fw == "torch":
         _args.torch_registered()
+        if dq is None and dk is None and dv is None:  # in the dtype the forward ran in (under torch.autocast)
+            q, k, v, dout = _args.as_forward_ran(out, q, k, v, dout)
+        _args.refuse_grad_buffers(dq=dq, dk=dk, dv=dv)
     dev_type, dev_id = _args.device_of(fw, q)
     stream = current_stream(fw, dev_id) if dev_type == CUDA else None
     lens = _Lengths(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k, check_indices, True, stream,

@@ -132,3 +132,46 @@ def test_autocast_casts_q_k_v_as_for_sdpa(device):
     assert ql.grad.dtype == torch.float32 and torch.isfinite(ql.grad).all()
     with torch.no_grad():  # outside autocast: float32 in, float32 out
         assert fattn.attention(q, k, v).dtype == torch.float32
+
+
+def test_autocast_skips_calls_with_out_and_pairs_with_the_backward():
+    """torch autocasts no call given out= (a float32 out keeps the call in float32); an autograd Function that saves
+    its float32 inputs and calls attention_backward works under autocast, with or without torch.amp.custom_bwd."""
+    q, k, v = qkv("cpu", dtype=torch.float32)
+    out = torch.empty_like(q)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fattn.attention(q, k, v, out=out) is out and out.dtype == torch.float32
+
+    class Attn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o, lse = fattn.attention(q, k, v, return_lse=True)
+            ctx.save_for_backward(q, k, v, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            return fattn.attention_backward(do.contiguous(), *ctx.saved_tensors)
+
+    ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = Attn.apply(ql, kl, vl)
+    assert o.dtype == torch.bfloat16
+    o.float().sum().backward()
+    want = [t.clone().requires_grad_() for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fattn.attention(*want).float().sum().backward()
+    for a, b in zip((ql, kl, vl), want):
+        assert a.grad.dtype == torch.float32
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_gradient_buffers_that_require_grad_are_refused():
+    q, k, v = qkv("cpu")
+    o, lse = fattn.attention(q, k, v, return_lse=True)
+    dq = torch.empty_like(q).requires_grad_()
+    with pytest.raises(ValueError, match="^dq: requires grad"):
+        fattn.attention_backward(torch.ones_like(o), q, k, v, o, lse, dq=dq)
+    with torch.no_grad():
+        fattn.attention_backward(torch.ones_like(o), q, k, v, o, lse, dq=dq)  # outside grad mode: written
+    assert dq._version > 0
