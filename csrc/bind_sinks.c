@@ -7,7 +7,6 @@
  * sinks float32 (H,); dsinks a writable float32 (H,).  Arrays on one device; GPU work runs on `stream`. */
 #include "module.h"
 
-#include "overlap.h"
 #include "sinks.h"
 #include "variants.h"
 #include "views.h"
@@ -122,10 +121,8 @@ PyObject *fattn_py_sinks(PyObject *module, PyObject *const *args, Py_ssize_t nar
         PyErr_Format(PyExc_ValueError, "%s: the array is read-only", ts[S_OUT].readonly ? "out" : "lse");
         goto done;
     }
-    if (fattn_spans_meet(ts[S_OUT].t, ts[S_LSE].t)) {
-        PyErr_SetString(PyExc_ValueError, "lse: shares memory with out");
-        goto done;
-    }
+    const fattn_tensor *written = &ts[S_OUT];
+    if (fattn_refuse_shared(&ts[S_LSE], &written, 1)) goto done;
     if (backward && fattn_take_sink_grads(&ts[S_DOUT], &ts[S_DSINKS], &ts[S_OUT], (int)layout, &o, &p)) goto done;
     if (run_sinks(&ts[S_OUT], &p, backward, stream)) goto done;
     result = Py_NewRef(Py_None);

@@ -135,9 +135,7 @@ def autocast(q, *rest):
     kind = "cuda" if q.is_cuda else "cpu"
     if not _frameworks.autocast_on(kind):
         return (q, *rest)
-    dt = _frameworks.autocast_dtype(kind)
-    return tuple(t.to(dt) if isinstance(t, _frameworks.torch_tensor) and t.is_floating_point()
-                 and t.dtype != dt and t.dtype != _frameworks.torch_float64 else t for t in (q, *rest))
+    return _cast_floating(_frameworks.autocast_dtype(kind), (q, *rest))
 
 
 def as_forward_ran(out, *arrays):
@@ -145,9 +143,13 @@ def as_forward_ran(out, *arrays):
     torch.autocast cast float32 inputs (autocast above), which a backward outside autocast -- an autograd Function's,
     without torch.amp.custom_bwd -- receives as saved.  Only floating torch tensors other than float64 are cast, and
     only where out is float16 / bfloat16; nothing changes when the dtypes already agree."""
-    dt = getattr(out, "dtype", None)
-    if not isinstance(out, _frameworks.torch_tensor) or dt == _frameworks.torch_float64 or dt.itemsize != 2:
+    if not isinstance(out, _frameworks.torch_tensor) or out.dtype.itemsize != 2:
         return arrays
+    return _cast_floating(out.dtype, arrays)
+
+
+def _cast_floating(dt, arrays):
+    """arrays with each floating torch tensor other than float64 in dtype dt (autograd records the casts)."""
     return tuple(t.to(dt) if isinstance(t, _frameworks.torch_tensor) and t.is_floating_point()
                  and t.dtype != dt and t.dtype != _frameworks.torch_float64 else t for t in arrays)
 

@@ -38,7 +38,7 @@ def _stream(t):
     key = (_frameworks.CUDA, t.get_device()) if t.is_cuda else (_frameworks.CPU, 0)
     if key not in _tuned.LOADED:
         _tuned.ensure(*key)
-    return current_stream("torch", key[1]) if t.is_cuda else None
+    return current_stream("torch", key[1]) if key[0] == _frameworks.CUDA else None
 
 
 # The op's arguments after q, k, v: twelve parameters (causal .. deterministic), then sinks, alibi_slopes and
