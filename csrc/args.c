@@ -2,7 +2,6 @@
 #include "args.h"
 
 #include "variants.h" /* fattn_gpu_read_many */
-#include "overlap.h"
 #include "views.h"
 
 #include <float.h>
@@ -55,27 +54,6 @@ int fattn_refuse_none(PyObject *const *a, const char *const *names, int n) {
     return 0;
 }
 
-int fattn_require_float32(const fattn_tensor *t) {
-    const DLDataType d = t->t->dtype;
-    if (d.code == kDLFloat && d.bits == 32 && d.lanes == 1) return 0;
-    char name[32];
-    fattn_dtype_str(d, name, sizeof name);
-    PyErr_Format(PyExc_TypeError, "%s: dtype must be float32, got %s", t->arg, name);
-    return -1;
-}
-
-int fattn_refuse_shared(const fattn_tensor *a, const fattn_tensor *const *written, int n) {
-    if (!a || !a->t || a->described) return 0;
-    for (int i = 0; i < n; i++) {
-        const fattn_tensor *w = written[i];
-        if (w && w->t && !w->described && fattn_spans_meet(a->t, w->t)) {
-            PyErr_Format(PyExc_ValueError, "%s: shares memory with %s, which the call writes", a->arg, w->arg);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* ---- the user's words ---------------------------------------------------------------------------------------- */
 
 void fattn_device_str(DLDevice dev, char *buf, size_t n) {
@@ -108,14 +86,18 @@ void fattn_dtype_str(DLDataType dt, char *buf, size_t n) {
     }
 }
 
-int fattn_require_int32(const fattn_tensor *t) {
+/* TypeError "<t's name>: dtype must be <want>, got <dtype>" unless t is one lane of (code, bits). */
+static int require_dtype(const fattn_tensor *t, uint8_t code, uint8_t bits, const char *want) {
     const DLDataType x = t->t->dtype;
-    if (x.code == kDLInt && x.bits == 32 && x.lanes == 1) return 0;
+    if (x.code == code && x.bits == bits && x.lanes == 1) return 0;
     char name[64];
     fattn_dtype_str(x, name, sizeof name);
-    PyErr_Format(PyExc_TypeError, "%s: dtype must be int32, got %s", t->arg, name);
+    PyErr_Format(PyExc_TypeError, "%s: dtype must be %s, got %s", t->arg, want, name);
     return -1;
 }
+
+int fattn_require_int32(const fattn_tensor *t) { return require_dtype(t, kDLInt, 32, "int32"); }
+int fattn_require_float32(const fattn_tensor *t) { return require_dtype(t, kDLFloat, 32, "float32"); }
 
 /* ---- scalars ------------------------------------------------------------------------------------------------- */
 
@@ -421,58 +403,6 @@ static int check_softcap(double c) {
     return -1;
 }
 
-/* -1 with the exception set when out shares memory with k or v, with q other than as q itself, or with itself. */
-static int out_overlaps(const bhsd_view *q, const bhsd_view *k, const bhsd_view *v, const bhsd_view *out,
-                        const char *k_arg, const char *v_arg) {
-    REQUIRE(!fattn_overlaps(out, k) && !fattn_overlaps(out, v), PyExc_ValueError, "out: shares memory with %s; the output "
-            "must not overlap %s or %s (nor q, except as q itself: out=q)", fattn_overlaps(out, k) ? k_arg : v_arg, k_arg,
-            v_arg);
-    REQUIRE(!fattn_overlaps(out, q) || fattn_same_view(out, q), PyExc_ValueError, "out: overlaps q without being q; the "
-            "output must not overlap q, k or v except as q itself (out=q)");
-    REQUIRE(fattn_self_disjoint(out), PyExc_ValueError, "out: its elements overlap one another (a stride of 0, or rows "
-            "closer than their length): each would be written more than once");
-    return 0;
-}
-
-/* -1 with the exception set when lse (B, H, Sq), or (H, total_q) packed, shares memory with q, k, v or out (ts[0..3],
- * a paged cache's whole pool) or its elements overlap one another. */
-static int lse_overlaps(const fattn_tensor *ts) {
-    const DLTensor *x = ts[4].t;
-    for (int i = 0; i < 4; i++)
-        REQUIRE(!fattn_spans_meet(x, ts[i].t), PyExc_ValueError, "lse: shares memory with %s; the LSE must not "
-                "overlap the call's arrays", ts[i].arg);
-    int64_t st[3] = {0, 0, 0};
-    fattn_strides_of(x, st);
-    const int packed = x->ndim == 2; /* (H, total_q): one batch */
-    const bhsd_view lse = {packed ? 1 : x->shape[0], x->shape[packed ? 0 : 1], x->shape[packed ? 1 : 2], 1,
-                           packed ? 0 : st[0], st[packed ? 0 : 1], st[packed ? 1 : 2],
-                           (char *)x->data + x->byte_offset, FATTN_F32};
-    REQUIRE(fattn_self_disjoint(&lse), PyExc_ValueError, "lse: its elements overlap one another (a stride of 0): each "
-            "would be written more than once");
-    return 0;
-}
-
-/* -1 with the exception set when an append (k_new, v_new -- views x, y -- into the caches' memory k_mem, v_mem)
- * would write what the call still reads: the two caches sharing elements (slots of one fused buffer are fine), a
- * cache whose elements overlap (a stride of 0: one slot written for several sequences), k_new or v_new inside a
- * cache, or q inside one (the append lands before q is read). */
-static int append_overlaps(const bhsd_view *x, const bhsd_view *y, const bhsd_view *q, const bhsd_view *k_mem,
-                           const bhsd_view *v_mem, const char *k_arg, const char *v_arg) {
-    REQUIRE(!fattn_overlaps(k_mem, v_mem), PyExc_ValueError, "%s: shares elements with %s; k_new and v_new are "
-            "written into them", v_arg, k_arg);
-    REQUIRE(fattn_self_disjoint(k_mem), PyExc_ValueError, "%s: its elements overlap one another (a stride of 0): "
-            "k_new would be written for several sequences at once", k_arg);
-    REQUIRE(fattn_self_disjoint(v_mem), PyExc_ValueError, "%s: its elements overlap one another (a stride of 0): "
-            "v_new would be written for several sequences at once", v_arg);
-    const bhsd_view *news[2] = {x, y};
-    for (int i = 0; i < 2; i++)
-        REQUIRE(!fattn_overlaps(news[i], k_mem) && !fattn_overlaps(news[i], v_mem), PyExc_ValueError,
-                "%s: shares memory with %s / %s, which it is written into", i ? "v_new" : "k_new", k_arg, v_arg);
-    REQUIRE(!fattn_overlaps(q, k_mem) && !fattn_overlaps(q, v_mem), PyExc_ValueError, "q: shares memory with %s / "
-            "%s, which k_new and v_new are written into before q is read", k_arg, v_arg);
-    return 0;
-}
-
 static int take_lse(const fattn_tensor *l, const bhsd_view *q, int read_only, attn_params *p) {
     const DLTensor *x = l->t;
     REQUIRE(x->ndim == 3, PyExc_ValueError, "lse: expected a 3-D float32 array (B, H, Sq), got %d-D", x->ndim);
@@ -564,7 +494,7 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
         return -1;
     }
     REQUIRE(!ts[3].readonly || o->read_only, PyExc_ValueError, "out: the array is read-only");
-    if (!fattn_any_described(ts, 4) && out_overlaps(&q, &k_mem, &v_mem, &out, k_arg, v_arg)) return -1;
+    if (!fattn_any_described(ts, 4) && fattn_out_overlaps(&q, &k_mem, &v_mem, &out, k_arg, v_arg)) return -1;
     if (check_softcap(o->softcap)) return -1;
 
     memset(p, 0, sizeof *p);
@@ -584,12 +514,12 @@ int fattn_build_params(fattn_tensor *ts, const fattn_call_opts *o, attn_params *
     if (has_lse && (varlen ? fattn_take_lse_varlen(&ts[4], &q, total_q, o->read_only, p)
                            : take_lse(&ts[4], &q, o->read_only, p)))
         return -1;
-    if (has_lse && !o->read_only && !fattn_any_described(ts, 5) && lse_overlaps(ts)) return -1; /* (written) */
+    if (has_lse && !o->read_only && !fattn_any_described(ts, 5) && fattn_lse_overlaps(ts)) return -1; /* (written) */
     if (o->k_new && o->k_new->t) { /* set by the forward's cache arguments, which give o->append with it */
         bhsd_view kn, vn;
         if (fattn_take_new_kv(o->k_new, o->v_new, &ts[1], &ts[2], o->seqused_k, p, o->append, &kn, &vn)) return -1;
         if (!fattn_any_described(ts, 4) && !o->k_new->described && !o->v_new->described &&
-            append_overlaps(&kn, &vn, &q, &k_mem, &v_mem, k_arg, v_arg))
+            fattn_append_overlaps(&kn, &vn, &q, &k_mem, &v_mem, k_arg, v_arg))
             return -1;
     } else {
         REQUIRE(!o->v_new || !o->v_new->t, PyExc_ValueError, "k_new: needed with v_new (v_new was given alone)");

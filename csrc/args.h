@@ -16,11 +16,6 @@ int fattn_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
 /* TypeError "<name>: expected an array, got None" for the first of a[0..n) that is None (names[i] the user's word for
  * a[i]); 0 when none is. */
 int fattn_refuse_none(PyObject *const *a, const char *const *names, int n);
-/* TypeError "<t's name>: dtype must be float32, got <dtype>" unless t is float32; 0 when it is. */
-int fattn_require_float32(const fattn_tensor *t);
-/* ValueError "<a>: shares memory with <b>, which the call writes" when array a, which the call reads, meets one of
- * written[0..n) (entries that are NULL, absent or without memory are skipped); 0 when none. */
-int fattn_refuse_shared(const fattn_tensor *a, const fattn_tensor *const *written, int n);
 
 /* The user's words for a DLPack device ("cpu", "cuda:1") and dtype ("float64", "int32", "bfloat16"). */
 void fattn_device_str(DLDevice dev, char *buf, size_t n);
@@ -29,6 +24,8 @@ void fattn_dtype_str(DLDataType dt, char *buf, size_t n);
 void fattn_shape_str(const DLTensor *t, char *buf, size_t n);
 /* 0 if index array t is int32, else -1 with a TypeError naming its argument and dtype. */
 int fattn_require_int32(const fattn_tensor *t);
+/* The same for float32 (an LSE, sinks, ALiBi slopes). */
+int fattn_require_float32(const fattn_tensor *t);
 
 /* An int / float argument with range checks; `arg` names it in errors.  NULL obj: the default stays. */
 int fattn_arg_long(PyObject *obj, const char *arg, long lo, long hi, long *v);
@@ -87,4 +84,8 @@ int fattn_longest_sequence(const fattn_tensor *cu, int64_t *longest, void *strea
 /* 1 if the call's tensors live on a CUDA device (then *device is its id), 0 for the CPU. */
 int fattn_call_device(const fattn_tensor *q, int *device);
 
+/* -1 with a ValueError "<a>: shares memory with <b>, which the call writes" when array a, which the call reads,
+ * meets one of written[0..n) (entries that are NULL, absent or without memory are skipped); else 0 (args_overlap.c,
+ * beside views.h's refusals of views that share memory). */
+int fattn_refuse_shared(const fattn_tensor *a, const fattn_tensor *const *written, int n);
 #endif

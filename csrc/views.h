@@ -66,4 +66,18 @@ int fattn_take_new_kv(const fattn_tensor *kn, const fattn_tensor *vn, const fatt
                       const fattn_tensor *cache_v, const fattn_tensor *cache_seqlens, attn_params *p, fattn_append *a,
                       bhsd_view *kx, bhsd_view *vy);
 
+/* Refusals of views that share memory (args_overlap.c; the rules: overlap.h): each -1 with a ValueError naming the
+ * arrays, else 0. */
+/* out sharing memory with k or v, with q other than as q itself, or with itself. */
+int fattn_out_overlaps(const bhsd_view *q, const bhsd_view *k, const bhsd_view *v, const bhsd_view *out,
+                       const char *k_arg, const char *v_arg);
+/* lse (ts[4]: (B, H, Sq), or (H, total_q) packed) sharing memory with q, k, v or out (ts[0..3], a paged cache's
+ * whole pool), or its elements one another. */
+int fattn_lse_overlaps(const fattn_tensor *ts);
+/* An append (k_new, v_new -- views x, y -- into the caches' memory k_mem, v_mem) that would write what the call still
+ * reads: the caches sharing elements (slots of one fused buffer are fine), a cache whose elements overlap, k_new or
+ * v_new inside a cache, or q inside one (the append lands before q is read). */
+int fattn_append_overlaps(const bhsd_view *x, const bhsd_view *y, const bhsd_view *q, const bhsd_view *k_mem,
+                          const bhsd_view *v_mem, const char *k_arg, const char *v_arg);
+
 #endif
