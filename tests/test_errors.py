@@ -335,3 +335,38 @@ def test_integers_past_c_longs_and_bad_streams_are_named():
     with pytest.raises(ValueError, match=r"^backward_workspace_bytes: .* more than 2\^63 bytes"):
         _C.backward_workspace_bytes(2 ** 40, 2 ** 40, 2 ** 40, 256)
     assert _C.backward_workspace_bytes(1, 2, 64, 64) > 0
+
+
+def test_sinks_pass_refuses_a_read_only_or_shared_lse():
+    """_C.sinks rewrites out and lse in place: a read-only lse is refused as a read-only out is (it was rewritten),
+    and an lse sharing memory with out too; nothing is written."""
+    np = pytest.importorskip("numpy")
+    from fattn import _C
+
+    q = np.random.default_rng(0).standard_normal((1, 2, 4, 8)).astype(np.float32)
+    o, lse = fattn.attention(q, q, q, return_lse=True)
+    before = lse.copy()
+    lse.setflags(write=False)
+    with pytest.raises(ValueError, match=r"^lse: the array is read-only"):
+        _C.sinks(o, lse, np.zeros(2, np.float32))
+    assert np.array_equal(lse, before)
+    buf = np.zeros(64 + 8, np.float32)
+    with pytest.raises(ValueError, match=r"^lse: shares memory with out"):
+        _C.sinks(buf[:64].reshape(1, 2, 4, 8), buf[56:64].reshape(1, 2, 4), np.zeros(2, np.float32))
+
+
+def test_sinks_and_slopes_sharing_memory_with_what_a_call_writes_are_refused():
+    """The kernels read sinks and ALiBi slopes while they write out, lse and the gradients: arrays sharing memory
+    with those were accepted and gave wrong results (out off by 0.6)."""
+    np = pytest.importorskip("numpy")
+    q = np.random.default_rng(1).standard_normal((1, 2, 4, 8)).astype(np.float32)
+    lse = np.zeros((1, 2, 4), np.float32)
+    with pytest.raises(ValueError, match=r"^sinks: shares memory with lse, which the call writes"):
+        fattn.attention(q, q, q, lse=lse, sinks=lse[0, 0, :2])
+    out = np.zeros_like(q)
+    with pytest.raises(ValueError, match=r"^alibi_slopes: shares memory with out, which the call writes"):
+        fattn.attention(q, q, q, out=out, alibi_slopes=out[0, 0, 0, :2])
+    o, lse = fattn.attention(q, q, q, return_lse=True, sinks=np.zeros(2, np.float32))
+    dq = np.zeros_like(q)
+    with pytest.raises(ValueError, match=r"^sinks: shares memory with dq, which the call writes"):
+        fattn.attention_backward(np.ones_like(o), q, q, q, o, lse, dq=dq, sinks=dq[0, 0, 0, :2])
