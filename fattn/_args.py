@@ -154,15 +154,21 @@ def _cast_floating(dt, arrays):
                  and t.dtype != dt and t.dtype != _frameworks.torch_float64 else t for t in arrays)
 
 
-def refuse_grad_buffers(**buffers):
-    """ValueError naming the first given gradient buffer (dq=, dk=, dv=) that requires grad while grad mode is on:
-    the backward writes it in place where autograd cannot see (torch refuses such a write to a leaf too)."""
+def refuse_requires_grad(reason, **tensors):
+    """While grad mode is on, ValueError "<name>: requires grad, but <reason>" for the first of tensors that requires
+    grad: arrays a call writes where autograd cannot see, or takes where it records nothing."""
     if not _frameworks.grad_enabled():
         return
-    for name, t in buffers.items():
+    for name, t in tensors.items():
         if getattr(t, "requires_grad", False):
-            raise ValueError(f"{name}: requires grad, but the backward writes it in place outside autograd; pass a "
-                             "tensor that does not require grad, or call under torch.no_grad()")
+            raise ValueError(f"{name}: requires grad, but {reason}")
+
+
+def refuse_grad_buffers(**buffers):
+    """The backward's given gradient buffers (dq=, dk=, dv=): written in place where autograd cannot see (torch
+    refuses such a write to a leaf too)."""
+    refuse_requires_grad("the backward writes it in place outside autograd; pass a tensor that does not require "
+                         "grad, or call under torch.no_grad()", **buffers)
 
 
 def refuse_vmap():

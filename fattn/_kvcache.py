@@ -50,8 +50,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
         raise ValueError(f"q: expected a 4-D array (B, Sq, H, D), got {len(shape)}-D")
     if fw == "torch":
         _args.torch_registered()
-        if _frameworks.grad_enabled():
-            _refuse_grad(q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, sinks=sinks, out=out)
+        # not differentiable, and it would write a cache that autograd tracks behind its back
+        _args.refuse_requires_grad("attention_with_kvcache is inference only (not differentiable); call it under "
+                                   "torch.no_grad() or torch.inference_mode(), or detach it", q=q, k_cache=k_cache,
+                                   v_cache=v_cache, k_new=k_new, v_new=v_new, sinks=sinks, out=out)
         if _args.traced_or_fake(q):  # torch.compile, fake or meta tensors: the op that declares its cache writes
             from . import _torch
 
@@ -89,11 +91,3 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cache
         _frameworks.written_in_place(given_out, *((k_cache, v_cache) if k_new is not None else ()))
     return (out, lse) if return_lse else out
 
-
-def _refuse_grad(**tensors):
-    """ValueError naming the first torch tensor that requires grad: the call is not differentiable, and would write a
-    cache that autograd tracks behind its back."""
-    for name, t in tensors.items():
-        if getattr(t, "requires_grad", False):
-            raise ValueError(f"{name}: requires grad, but attention_with_kvcache is inference only (not "
-                             "differentiable); call it under torch.no_grad() or torch.inference_mode(), or detach it")
